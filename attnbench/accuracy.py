@@ -1,0 +1,156 @@
+"""Error metrics, bounds and the pass/fail verdict of one case.
+
+All bounds live in this file. The rule (flash-attn's, and attention-gym's "bound kernel error by
+low-precision eager error against an FP64 measuring stick"): a backend passes a tensor when its
+relative L2 error against the fp64 reference is at most ``RATIO_FACTOR`` times the error of the
+``naive`` baseline in the same dtype on the same inputs, plus a small per-dtype floor that keeps
+the bound meaningful when the baseline happens to be very accurate. The ``naive`` baseline itself
+(and any backend whose baseline could not run) is held to absolute per-dtype bounds.
+
+Where a backend does not expose its dropout mask no reference exists for it; the reference-free
+identities of :mod:`attnbench.invariants` decide, with bounds of their own.
+
+Measured with ``python benchmarks/error_scales.py`` (naive / sdpa / reference, fp32 / fp16 / bf16,
+MHA/GQA/MQA, masks, ALiBi, dropout, softcap, seqlen 64-512, 5 seeds); the comments next to each
+bound give the largest value seen for correct backends.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from attnbench.records import TENSORS
+
+# A backend may lose at most this many times the naive baseline's error (flash-attn uses 2).
+RATIO_FACTOR = 2.0
+
+# Added to RATIO_FACTOR * baseline: about one unit roundoff of the dtype (fp32 gets more: a
+# different summation order over S keys costs ~sqrt(S) roundoffs).
+RATIO_FLOOR = {"fp32": 1e-6, "fp16": 5e-4, "bf16": 4e-3}
+
+# Absolute relative-L2 bounds for the naive baseline (and for backends without a baseline).
+# Largest seen for naive and sdpa (out / dq, dk / dv; large_logits and outliers inputs are the
+# worst): fp32 1.0e-6 / 2.2e-6 / 1.1e-6; fp16 1.5e-3 / 3.1e-3 / 1.5e-3;
+# bf16 1.25e-2 / 2.5e-2 / 1.3e-2. Bounds leave >= 3x headroom; the seed bugs sit near 1.
+ABSOLUTE_BOUND = {
+    "fp32": {"out": 5e-6, "dq": 1e-5, "dk": 1e-5, "dv": 5e-6},
+    "fp16": {"out": 5e-3, "dq": 1e-2, "dk": 1e-2, "dv": 5e-3},
+    "bf16": {"out": 4e-2, "dq": 8e-2, "dk": 8e-2, "dv": 4e-2},
+}
+# The fp64 reference through the backend protocol: exact, then rounded once to the case's dtype,
+# so its error is at most the unit roundoff (2^-24, 2^-11, 2^-8); seen: about 0.4 of it.
+REFERENCE_SELF_BOUND = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+
+# Identity residuals (normalised to read like relative errors, see invariants.py), per identity.
+# Largest seen for correct backends (dv_v / dq_q / dk_sum): fp32 5e-7 / 5e-7 / 2.3e-6,
+# fp16 5.7e-4 / 9.5e-4 / 1.4e-3, bf16 4.8e-3 / 4.7e-3 / 1.0e-2; bounds leave ~2.5x.
+# What they catch (bf16, seqlen 64-1024, measured by benchmarks/error_scales.py --bugs): a
+# backward replaying another dropout mask gives dv_v 0.015-0.21; dQ scaled by 1.05 gives
+# dq_q 0.013-0.08; stale softmax statistics give dk_sum ~0.1-1.
+IDENTITY_BOUND = {
+    "fp32": {"dv_v": 2e-6, "dq_q": 2e-6, "dk_sum": 8e-6},
+    "fp16": {"dv_v": 2e-3, "dq_q": 3e-3, "dk_sum": 4e-3},
+    "bf16": {"dv_v": 1.2e-2, "dq_q": 1.2e-2, "dk_sum": 3e-2},
+}
+
+
+@dataclass
+class Check:
+    check: str       # reference | baseline_ratio | identity | nonfinite
+    tensor: str      # out/dq/dk/dv, or the identity's name
+    metric: str
+    value: Optional[float]
+    bound: Optional[float]
+    passed: bool
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"check": self.check, "tensor": self.tensor, "metric": self.metric,
+                "value": _finite_or_none(self.value), "bound": _finite_or_none(self.bound),
+                "passed": self.passed, **({"note": self.note} if self.note else {})}
+
+    def describe(self) -> str:
+        if self.check == "nonfinite":
+            return f"{self.tensor} has {int(self.value or 0)} NaN/Inf values"
+        value = "n/a" if self.value is None or not math.isfinite(self.value) else f"{self.value:.3g}"
+        text = f"{self.tensor} {self.metric} {value} > bound {self.bound:.3g}"
+        return text + (f" ({self.note})" if self.note else "")
+
+
+def _finite_or_none(x: Optional[float]) -> Optional[float]:
+    # JSON has no Infinity/NaN; the nonfinite count carries that information.
+    return x if x is not None and math.isfinite(x) else None
+
+
+def tensor_errors(x: torch.Tensor, ref: torch.Tensor) -> dict:
+    """rel_l2, max_abs, cosine (fp64) and the count of NaN/Inf in ``x``."""
+    x64 = x.detach().to(torch.float64)
+    r64 = ref.detach().to(torch.float64)
+    nonfinite = int((~torch.isfinite(x64)).sum().item())
+    if nonfinite:
+        return {"rel_l2": math.inf, "max_abs": math.inf, "cosine": None, "nonfinite": nonfinite}
+    diff = x64 - r64
+    ref_norm = r64.norm().item()
+    err_norm = diff.norm().item()
+    rel = err_norm / ref_norm if ref_norm > 0 else err_norm
+    denom = x64.norm().item() * ref_norm
+    cosine = (x64 * r64).sum().item() / denom if denom > 0 else (1.0 if err_norm == 0 else 0.0)
+    return {"rel_l2": rel, "max_abs": diff.abs().max().item() if diff.numel() else 0.0,
+            "cosine": cosine, "nonfinite": 0}
+
+
+def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optional[dict],
+          identities: dict, softcap: float, reference_note: str) -> tuple[str, str, list[Check], dict]:
+    """Return (verdict, reason, checks, per-tensor table) from measured errors.
+
+    ``errors`` / ``baseline``: tensor -> tensor_errors() of the backend / the naive baseline
+    against their fp64 references (None when no reference applies).
+    """
+    checks: list[Check] = []
+    table: dict[str, dict] = {}
+    if errors is not None:
+        for name in TENSORS:
+            e = errors[name]
+            row = dict(e)
+            if e["nonfinite"]:
+                checks.append(Check("nonfinite", name, "count", float(e["nonfinite"]), 0.0, False))
+                row.update(bound=None, baseline_rel_l2=None, ratio=None)
+                table[name] = {k: _finite_or_none(v) if isinstance(v, float) else v
+                               for k, v in row.items()}
+                continue
+            if backend == "reference":
+                bound, note, kind = REFERENCE_SELF_BOUND[dtype], "fp64 rounded once", "reference"
+                base_err = None
+            elif baseline is not None and backend != "naive" and baseline[name]["nonfinite"] == 0:
+                base_err = baseline[name]["rel_l2"]
+                bound = RATIO_FACTOR * base_err + RATIO_FLOOR[dtype]
+                note = f"{RATIO_FACTOR:g} x naive {base_err:.3g} + {RATIO_FLOOR[dtype]:g}"
+                kind = "baseline_ratio"
+            else:
+                base_err = None
+                bound = ABSOLUTE_BOUND[dtype][name]
+                note, kind = f"absolute {dtype} bound", "reference"
+            passed = e["rel_l2"] <= bound
+            checks.append(Check(kind, name, "rel_l2", e["rel_l2"], bound, passed, note))
+            row.update(bound=bound, baseline_rel_l2=base_err,
+                       ratio=(e["rel_l2"] / base_err) if base_err else None)
+            table[name] = {k: _finite_or_none(v) if isinstance(v, float) else v
+                           for k, v in row.items()}
+    for name, value in identities.items():
+        bound = IDENTITY_BOUND[dtype][name]
+        ok = value is not None and math.isfinite(value) and value <= bound
+        if value is None or not math.isfinite(value):
+            continue  # non-finite gradients are reported by the nonfinite check
+        checks.append(Check("identity", name, "residual", value, bound, ok))
+    failed = [c for c in checks if not c.passed]
+    if errors is None and not identities:
+        return "fail", "no accuracy check could be made", checks, table
+    if failed:
+        worst = sorted(failed, key=lambda c: -(c.value or math.inf) / (c.bound or 1e-300))
+        return "fail", "; ".join(c.describe() for c in worst[:3]), checks, table
+    reason = "" if reference_note in ("exact", "exact-mask") else reference_note
+    return "pass", reason, checks, table

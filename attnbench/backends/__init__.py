@@ -1,0 +1,105 @@
+"""Backend registry: built-in names, ``module:object`` references and entry points.
+
+Dispatch lives here and nowhere else. Built-ins are imported lazily, so validating a sweep or
+running the Dask client never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from typing import Any, Callable, Optional
+
+from attnbench.backends.base import Backend, Forward, Unsupported
+
+__all__ = ["Backend", "Forward", "Unsupported", "BUILTIN", "get_backend", "check_backend_name",
+           "backend_names"]
+
+# name -> "module:factory"; a factory is called with no arguments and returns a Backend.
+BUILTIN: dict[str, str] = {
+    "reference": "attnbench.backends.reference_backend:ReferenceBackend",
+    "naive": "attnbench.backends.naive:NaiveBackend",
+    "sdpa": "attnbench.backends.sdpa:SdpaDefault",
+    "sdpa_math": "attnbench.backends.sdpa:SdpaMath",
+    "sdpa_flash": "attnbench.backends.sdpa:SdpaFlash",
+    "sdpa_efficient": "attnbench.backends.sdpa:SdpaEfficient",
+    "sdpa_cudnn": "attnbench.backends.sdpa:SdpaCudnn",
+    "triton": "attnbench.backends.triton_backend:TritonBackend",
+    "flash_attn": "attnbench.backends.adapters:FlashAttnBackend",
+    "transformer_engine": "attnbench.backends.adapters:TransformerEngineBackend",
+    "xformers": "attnbench.backends.adapters:XformersBackend",
+}
+# Test-only backends that misbehave on purpose (segfault, hang, ...): real code, never in
+# user sweeps by accident because their names say what they are.
+BUILTIN.update({
+    "testing.segfault": "attnbench.backends.testing:SegfaultBackend",
+    "testing.hang": "attnbench.backends.testing:HangBackend",
+    "testing.oom": "attnbench.backends.testing:OomBackend",
+    "testing.raises": "attnbench.backends.testing:RaisesBackend",
+    "testing.noop": "attnbench.backends.testing:NoopBackend",
+})
+ENTRY_POINT_GROUP = "attnbench.backends"
+
+_cache: dict[str, Backend] = {}
+
+
+def _entry_points() -> dict[str, str]:
+    try:
+        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # broken metadata of an unrelated package must not stop a sweep
+        return {}
+    return {ep.name: ep.value for ep in eps}
+
+
+def backend_names() -> list[str]:
+    return sorted(set(BUILTIN) | set(_entry_points()))
+
+
+def check_backend_name(name: str) -> Optional[str]:
+    """None if ``name`` can be resolved, else a user-facing explanation. Built-in names are
+    checked without importing anything; ``module:object`` is imported (the user named it)."""
+    if name in BUILTIN or name in _entry_points():
+        return None
+    if ":" in name:
+        try:
+            _load_object(name)
+        except Exception as exc:  # report any import problem as a validation error
+            return f"cannot load backend {name!r}: {type(exc).__name__}: {exc}"
+        return None
+    public = [n for n in backend_names() if not n.startswith("testing.")]
+    return (f"got {name!r}, expected one of {', '.join(public)} "
+            "or a third-party backend as 'module:object'")
+
+
+def _load_object(ref: str) -> Any:
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{ref!r} is not of the form 'module:object'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _instantiate(obj: Any, name: str) -> Backend:
+    backend = obj() if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "forward")) else obj
+    for attr in ("forward", "backward", "supports"):
+        if not callable(getattr(backend, attr, None)):
+            raise TypeError(f"backend {name!r} has no {attr}() (see attnbench.backends.base)")
+    if not hasattr(backend, "keep_mask"):
+        backend.keep_mask = None  # type: ignore[attr-defined]
+    if not getattr(backend, "name", None):
+        backend.name = name  # type: ignore[attr-defined]
+    return backend
+
+
+def get_backend(name: str) -> Backend:
+    """Resolve a backend by registered name, entry point or ``module:object``."""
+    if name in _cache:
+        return _cache[name]
+    ref = BUILTIN.get(name) or _entry_points().get(name) or (name if ":" in name else None)
+    if ref is None:
+        raise KeyError(check_backend_name(name))
+    backend = _instantiate(_load_object(ref), name)
+    _cache[name] = backend
+    return backend

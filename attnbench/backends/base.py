@@ -1,0 +1,63 @@
+"""The small protocol every attention implementation is measured through.
+
+Legend: B = batch, Hq / Hkv = query / key-value heads, Sq / Sk = lengths, D / Dv = head dims.
+q: (B, Hq, Sq, D), k: (B, Hkv, Sk, D), v: (B, Hkv, Sk, Dv), out and dout: (B, Hq, Sq, Dv),
+all in the case's dtype on the case's device. Semantics (masks, ALiBi, softcap, dropout, GQA
+head mapping, alignment) are fixed by :mod:`attnbench.problem`.
+
+A backend::
+
+    class MyBackend:
+        name = "mine"
+        keep_mask = None            # or a KeepMaskFn rebuilding the exact dropout mask it used
+
+        def supports(self, case, device) -> str | None: ...   # None, or why it cannot run
+        def forward(self, q, k, v, spec) -> Forward: ...
+        def backward(self, ctx, dout) -> tuple[dq, dk, dv]: ...
+
+``backward`` must use the dropout mask of the ``forward`` that made ``ctx`` and may be called
+several times on one ``ctx`` (the timer does). A backend that finds at run time that it cannot
+handle a case raises :class:`Unsupported`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnbench.problem import AttnSpec, KeepMaskFn
+    from attnbench.spec import Case
+
+
+class Unsupported(Exception):
+    """Raised by a backend for a case it cannot run; the case is recorded as ``unsupported``."""
+
+
+@dataclass
+class Forward:
+    out: "torch.Tensor"
+    """(B, Hq, Sq, Dv) in the input dtype."""
+    lse: Optional["torch.Tensor"]
+    """(B, Hq, Sq) float32 natural-log log-sum-exp of the final (scaled, capped, biased, masked)
+    scores, -inf for rows that see no key; None if the backend does not expose it."""
+    ctx: Any
+    """Whatever backward needs."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    keep_mask: Optional["KeepMaskFn"]
+
+    def supports(self, case: "Case", device: "torch.device") -> Optional[str]: ...
+
+    def forward(self, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor",
+                spec: "AttnSpec") -> Forward: ...
+
+    def backward(self, ctx: Any, dout: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor",
+                                                                 "torch.Tensor"]: ...
+
+

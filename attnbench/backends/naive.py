@@ -1,0 +1,76 @@
+"""``naive``: the textbook math in the case's dtype (Megatron's "local" attention).
+
+Scores, bias and P @ V are in the case's dtype; softmax runs in fp32 and is cast back, as
+Megatron does with --attention-softmax-in-fp32. K/V are repeated for GQA, the full S x S score
+matrix is materialised, and autograd provides the backward. This is the baseline whose error
+bounds what a fused kernel may lose (the flash-attn rule), so it must stay plain and obvious.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.backends.base import Forward
+from attnbench.dropout import hash_keep_mask
+
+
+def dense_masks(spec, batch: int, heads_q: int, sq: int, sk: int, dtype, device):
+    """(bias (Hq, Sq, Sk) or None, visible (Sq, Sk) or None, keep (B, Hq, Sq, Sk) or None) for
+    one call, from global positions. Shared by the dense backends (naive, sdpa)."""
+    q_pos, k_pos = spec.positions(sq, sk, device)
+    heads = torch.arange(spec.head_start, spec.head_start + heads_q, device=device)
+    bias = spec.alibi_bias(heads, q_pos, k_pos, dtype)
+    visible = spec.visible(q_pos, k_pos)
+    keep = None
+    if spec.dropout_p > 0:
+        batches = torch.arange(spec.batch_start, spec.batch_start + batch, device=device)
+        keep = hash_keep_mask(spec, batches, heads, q_pos, k_pos)
+    return bias, visible, keep
+
+
+class NaiveBackend:
+    name = "naive"
+    keep_mask = staticmethod(hash_keep_mask)
+
+    def supports(self, case, device):
+        return None
+
+    def forward(self, q, k, v, spec):
+        batch, heads_q, sq, _ = q.shape
+        sk = k.shape[2]
+        group = heads_q // k.shape[1]
+        q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
+        bias, visible, keep = dense_masks(spec, batch, heads_q, sq, sk, q.dtype, q.device)
+        with torch.enable_grad():
+            k_rep = k_in.repeat_interleave(group, dim=1)
+            v_rep = v_in.repeat_interleave(group, dim=1)
+            scores = torch.matmul(q_in, k_rep.transpose(-1, -2)) * spec.scale
+            if spec.softcap > 0:
+                scores = spec.softcap * torch.tanh(scores / spec.softcap)
+            if bias is not None:
+                scores = scores + bias
+            row_seen = None
+            if visible is not None:
+                scores = scores.masked_fill(~visible, float("-inf"))
+                row_seen = visible.any(-1, keepdim=True)
+                # A row that sees no key would softmax to NaN (and NaN gradients); give it
+                # finite scores here and zero its probabilities below.
+                scores = scores.masked_fill(~row_seen, 0.0)
+            # fp32 softmax for half types (Megatron's --attention-softmax-in-fp32); fp64 stays.
+            probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)),
+                                  dim=-1).to(q.dtype)
+            if row_seen is not None:
+                probs = probs * row_seen
+            if keep is not None:
+                probs = probs * (keep.to(q.dtype) / (1.0 - spec.dropout_p)).to(q.dtype)
+            out = torch.matmul(probs, v_rep)
+        with torch.no_grad():
+            lse = torch.logsumexp(scores.detach().float(), dim=-1)
+            if row_seen is not None:
+                lse = lse.masked_fill(~row_seen.squeeze(-1), float("-inf"))
+        return Forward(out=out.detach(), lse=lse, ctx=(out, q_in, k_in, v_in))
+
+    def backward(self, ctx, dout):
+        out, q_in, k_in, v_in = ctx
+        dq, dk, dv = torch.autograd.grad(out, (q_in, k_in, v_in), dout, retain_graph=True)
+        return dq, dk, dv

@@ -1,0 +1,25 @@
+"""The fp64 reference as a backend: its own errors are ~1e-16, a sanity check of the harness."""
+
+from __future__ import annotations
+
+from attnbench.backends.base import Forward
+from attnbench.dropout import hash_keep_mask
+from attnbench.reference import reference_backward, reference_forward
+
+
+class ReferenceBackend:
+    name = "reference"
+    keep_mask = staticmethod(hash_keep_mask)
+
+    def supports(self, case, device):
+        return None
+
+    def forward(self, q, k, v, spec):
+        out, lse = reference_forward(q, k, v, spec, keep_mask=self.keep_mask)
+        ctx = (q, k, v, out, lse, spec)
+        return Forward(out=out.to(q.dtype), lse=lse.float(), ctx=ctx)
+
+    def backward(self, ctx, dout):
+        q, k, v, out, lse, spec = ctx
+        dq, dk, dv = reference_backward(q, k, v, out, lse, dout, spec, keep_mask=self.keep_mask)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)

@@ -1,0 +1,95 @@
+"""``triton``: attnbench's own flash attention (:mod:`kernels`), forward and backward.
+
+Everything of :mod:`attnbench.problem` is native: MHA/GQA/MQA without repeating K/V, causal
+(bottom-right) and sliding-window masks, ALiBi, softcap, dropout, any lengths, Sq != Sk, global
+offsets of a context/tensor-parallel slice. The backward is deterministic (no atomics).
+
+Dropout draws Philox numbers keyed by global (batch, query head, query, key) positions;
+:attr:`TritonBackend.keep_mask` materializes that exact mask (the same device function the
+kernels call) so the fp64 reference reuses it.
+
+Without a CUDA device the kernels run under ``TRITON_INTERPRET=1`` (slow, exact fp32 math; fine
+for CI-sized cases). Triton reads that variable when ``@triton.jit`` decorates a kernel, so it
+must be set before the kernel modules are imported; importing the :mod:`kernels` package (first
+thing below) sets it when ``torch.cuda.is_available()`` is False — see ``kernels/__init__.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU, before any @triton.jit)
+import torch
+from kernels.dropout import keep_mask as _kernel_keep_mask
+from kernels.flash_bwd import flash_backward
+from kernels.flash_fwd import _attn_fwd, flash_forward
+from kernels.params import FlashParams, dropout_threshold, is_interpreted
+
+from attnbench.backends.base import Forward, Unsupported
+from attnbench.problem import AttnSpec
+
+MAX_HEAD_DIM = 256  # tiles are (BLOCK, head_dim) in registers/shared memory; 256 is the largest
+MAX_SEQLEN = 1 << 30  # kernels.common.UNBOUNDED stands for "no window bound"
+
+
+def flash_params(spec: AttnSpec) -> FlashParams:
+    """Kernel parameters of one call: the spec's global problem seen from this slice."""
+    return FlashParams(
+        sm_scale=spec.scale,
+        diag=spec.q_start + spec.diagonal_offset - spec.kv_start,
+        window_left=spec.window_left,
+        window_right=spec.window_right,
+        softcap=spec.softcap,
+        alibi_slopes=spec.alibi_slopes,
+        dropout_p=spec.dropout_p,
+        dropout_seed=spec.dropout_seed,
+        q_start=spec.q_start,
+        kv_start=spec.kv_start,
+        head_start=spec.head_start,
+        batch_start=spec.batch_start,
+    )
+
+
+def triton_keep_mask(spec: AttnSpec, b: torch.Tensor, h: torch.Tensor, i: torch.Tensor,
+                     j: torch.Tensor) -> torch.Tensor:
+    """KeepMaskFn: bool (len b, len h, len i, len j) for global indices, True = kept — the mask
+    the triton kernels draw for ``spec``."""
+    return _kernel_keep_mask(spec.dropout_seed, dropout_threshold(spec.dropout_p), b, h, i, j)
+
+
+@dataclass
+class _Context:
+    """What backward needs; read-only, so backward may run any number of times."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+    params: FlashParams
+
+
+class TritonBackend:
+    name = "triton"
+    keep_mask = staticmethod(triton_keep_mask)
+
+    def supports(self, case, device) -> str | None:
+        interpreted = is_interpreted(_attn_fwd)
+        if device.type != "cuda" and not interpreted:
+            return (f"triton kernels were compiled for CUDA; a {device.type} device needs "
+                    "TRITON_INTERPRET=1 (set by default only when no GPU is visible)")
+        if max(case.head_dim, case.head_dim_v) > MAX_HEAD_DIM:
+            return f"head_dim {max(case.head_dim, case.head_dim_v)} > {MAX_HEAD_DIM}"
+        if max(case.seqlen_q, case.seqlen_kv) > MAX_SEQLEN:
+            return f"sequence longer than {MAX_SEQLEN}"
+        return None
+
+    def forward(self, q, k, v, spec: AttnSpec) -> Forward:
+        if q.shape[1] % k.shape[1]:
+            raise Unsupported(f"heads_q={q.shape[1]} is not a multiple of heads_kv={k.shape[1]}")
+        params = flash_params(spec)
+        out, lse = flash_forward(q, k, v, params)
+        return Forward(out=out, lse=lse, ctx=_Context(q, k, v, out, lse, params))
+
+    def backward(self, ctx: _Context, dout):
+        return flash_backward(ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, dout, ctx.params)

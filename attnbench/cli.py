@@ -1,0 +1,207 @@
+"""``attnbench`` command line: run, validate, show, backends, report, compare.
+
+Exit status: 0 success; 1 a run finished with failing cases (fail, crash, timeout, ...) or a
+comparison found a regression; 2 bad input (sweep file, run directory, arguments); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+from attnbench.records import BAD_VERDICTS, VERDICTS
+from attnbench.spec import SweepError, load_sweep, single_case_sweep
+from attnbench.store import RunDirError, RunStore, default_run_dir, latest_run_dir, load_manifest, \
+    load_records
+
+EXIT_BAD_INPUT = 2
+
+
+def _error(message: str) -> int:
+    print(f"attnbench: error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+# -- run --------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from attnbench.cluster import connect
+    from attnbench.runner import run_pending
+
+    sweep = load_sweep(args.sweep)
+    if args.case:
+        sweep = single_case_sweep(sweep, args.case)
+    if args.out:
+        run_dir = Path(args.out)
+    elif args.resume:
+        run_dir = latest_run_dir(sweep) or default_run_dir(sweep)
+    else:
+        run_dir = default_run_dir(sweep)
+    store = RunStore(run_dir, sweep, command=sys.argv)
+    pending = store.pending()
+    print(f"attnbench: sweep {sweep.name!r}: {len(sweep.cases)} cases, "
+          f"{len(sweep.cases) - len(pending)} already in {run_dir}, {len(pending)} to run")
+    summary = None
+    if pending:
+        conn = connect(args.scheduler, args.workers)
+        try:
+            where = args.scheduler or f"embedded LocalCluster ({conn.slots} concurrent cases)"
+            print(f"attnbench: running on {where}; Dask dashboard {conn.client.dashboard_link}")
+            summary = run_pending(store, conn)
+        finally:
+            conn.close()
+    store.close()
+    records = load_records(run_dir)
+    print(summary_table(records))
+    if summary is not None:
+        share = 100 * summary.inside_s / (summary.wall_s * max(1, (conn.slots if pending else 1)))
+        print(f"attnbench: {summary.submitted} cases in {summary.wall_s:.1f} s "
+              f"(inside cases {summary.inside_s:.1f} s, {share:.0f}% of slot time)")
+    print(f"attnbench: results in {run_dir}/ (records.jsonl, manifest.json)")
+    if summary is not None and summary.interrupted:
+        print(f"attnbench: interrupted; resume with: attnbench run {sweep.path} --out {run_dir}",
+              file=sys.stderr)
+        return 130
+    if not args.no_report:
+        report = _write_report(run_dir)
+        if report:
+            print(f"attnbench: dashboard {report}")
+    bad = sum(1 for r in records if r["verdict"] in BAD_VERDICTS)
+    return 1 if bad else 0
+
+
+def _write_report(run_dir: Path) -> Optional[Path]:
+    try:
+        from attnbench.report.commands import write_report
+    except ImportError:
+        return None
+    return write_report(run_dir)
+
+
+# -- validate ---------------------------------------------------------------------------------
+def cmd_validate(args: argparse.Namespace) -> int:
+    sweep = load_sweep(args.sweep)
+    counts = collections.Counter(c.backend for c in sweep.cases)
+    print(f"{sweep.path}: ok: sweep {sweep.name!r}, {len(sweep.cases)} cases "
+          f"({', '.join(f'{b}: {n}' for b, n in sorted(counts.items()))})")
+    if args.list:
+        for case in sweep.cases:
+            print(f"  {case.id}  {case.label}")
+    return 0
+
+
+# -- show -------------------------------------------------------------------------------------
+def summary_table(records: list[dict]) -> str:
+    """Verdict counts per backend, then the failing cases."""
+    table: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in records:
+        table[r["case"]["backend"]][r["verdict"]] += 1
+    present = [v for v in VERDICTS if any(c[v] for c in table.values())]
+    width = max([len("backend")] + [len(b) for b in table])
+    lines = [f"{'backend':<{width}}  " + "  ".join(f"{v:>11}" for v in present)]
+    for backend in sorted(table):
+        lines.append(f"{backend:<{width}}  "
+                     + "  ".join(f"{table[backend][v]:>11}" for v in present))
+    bad = [r for r in records if r["verdict"] in BAD_VERDICTS]
+    if bad:
+        lines.append(f"{len(bad)} failing cases:")
+        for r in sorted(bad, key=lambda r: (r["verdict"], r["label"]))[:50]:
+            lines.append(f"  {r['verdict']:<8} {r['id'][:10]}  {r['label']}: {r['reason']}")
+        if len(bad) > 50:
+            lines.append(f"  ... {len(bad) - 50} more (attnbench show RUN --all)")
+    return "\n".join(lines)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run)
+    manifest = load_manifest(run_dir)
+    records = load_records(run_dir)
+    sweep = manifest.get("sweep", {})
+    print(f"run {manifest.get('run_id')}: sweep {sweep.get('name')!r} ({sweep.get('path')}), "
+          f"{len(records)}/{sweep.get('cases')} cases recorded, created {manifest.get('created')}")
+    devices = sorted({d.get("device_name") or "?" for d in manifest.get("devices", [])})
+    print(f"hosts: {', '.join(manifest.get('hosts', [])) or '-'}; devices: {', '.join(devices) or '-'}")
+    print(summary_table(records))
+    if args.all:
+        for r in sorted(records, key=lambda r: r["label"]):
+            t = r.get("timing") or {}
+            fwd = (t.get("fwd") or {}).get("median_ms")
+            bwd = (t.get("bwd") or {}).get("median_ms")
+            times = f"fwd {fwd:.3g} ms bwd {bwd:.3g} ms" if fwd and bwd else ""
+            print(f"  {r['verdict']:<11} {r['id'][:10]}  {r['label']}  {times}  {r['reason']}")
+    return 0
+
+
+# -- backends ---------------------------------------------------------------------------------
+def cmd_backends(args: argparse.Namespace) -> int:
+    from attnbench.backends import backend_names, get_backend
+
+    for name in backend_names():
+        if name.startswith("testing.") and not args.all:
+            continue
+        try:
+            get_backend(name)
+            state = "available"
+        except Exception as exc:
+            state = f"unavailable ({type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''})"
+        print(f"{name:<20} {state}")
+    return 0
+
+
+# -- entry point ------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a sweep (resumes when --out names an existing run)")
+    run.add_argument("sweep", help="sweep file (YAML)")
+    run.add_argument("--out", help="run directory (default results/<sweep>-<UTC time>)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue the newest run of this sweep under results/")
+    run.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786)")
+    run.add_argument("--workers", type=int, help="concurrent cases on the embedded cluster")
+    run.add_argument("--case", action="append", metavar="ID",
+                     help="run only this case id (or unique prefix); repeatable")
+    run.add_argument("--no-report", action="store_true", help="do not write the dashboard")
+    run.set_defaults(func=cmd_run)
+
+    val = sub.add_parser("validate", help="check a sweep file without running it")
+    val.add_argument("sweep")
+    val.add_argument("--list", action="store_true", help="list every case with its id")
+    val.set_defaults(func=cmd_validate)
+
+    show = sub.add_parser("show", help="summary of a run directory")
+    show.add_argument("run")
+    show.add_argument("--all", action="store_true", help="one line per case")
+    show.set_defaults(func=cmd_show)
+
+    be = sub.add_parser("backends", help="list backends and whether they load here")
+    be.add_argument("--all", action="store_true", help="include test-only backends")
+    be.set_defaults(func=cmd_backends)
+
+    try:
+        from attnbench.report.commands import add_report_commands
+    except ImportError:
+        pass
+    else:
+        add_report_commands(sub)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (SweepError, RunDirError) as exc:
+        return _error(str(exc))
+    except KeyboardInterrupt:
+        print("attnbench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,721 @@
+"""Rank pools: warm child processes that run cases outside the Dask worker's own process.
+
+A :class:`RankPool` owns ``world_size`` rank processes (see :mod:`attnbench.execution.child`),
+started lazily with :class:`subprocess.Popen` (Dask workers are daemonic, so ``multiprocessing``
+cannot start children there), each in its own session so that its whole process group can be
+killed. They stay warm across calls::
+
+    pool = RankPool(world_size=1, threads=1)
+    outcome = pool.run("attnbench.execution.case_runner:run_payload", payload, timeout=300)
+    if outcome.kind == "ok":
+        record = outcome.result
+
+Every rank receives the same call; rank ``r`` sees ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
+``LOCAL_WORLD_SIZE`` in its environment, and rank 0's result is returned. Whatever goes wrong
+comes back as an :class:`Outcome` instead of an exception:
+
+======== ========================================================== ==========================
+kind     what happened                                              the ranks afterwards
+======== ========================================================== ==========================
+ok       every rank returned                                        kept warm
+error    an exception escaped the function (traceback kept)         replaced (state unknown:
+                                                                    sticky CUDA errors, half-
+                                                                    done collectives)
+oom      MemoryError / torch.OutOfMemoryError / allocator failure   kept (after gc and
+                                                                    ``empty_cache``) when
+                                                                    world_size is 1, else
+                                                                    replaced
+crash    a rank died: signal (SIGSEGV, SIGABRT, SIGKILL, ...) or    replaced
+         exit status, or it could not start
+timeout  no answer in time: the hung ranks get SIGUSR1 (Python      replaced
+         stacks into the log), then their groups SIGTERM and,
+         after a short grace, SIGKILL
+======== ========================================================== ==========================
+
+"Replaced" means the ranks are stopped now and the next :meth:`RankPool.run` starts fresh ones.
+
+The parent (a Dask worker) never imports torch: results cross the pipe as pickles and are
+unpickled with torch and triton refused, so a function must return plain data (``.tolist()``,
+``float(...)``), not tensors. Each rank's stdout and stderr go to one log file (in that order of
+lines as written; the child runs unbuffered); ``Outcome.stderr_tail`` is the last lines written
+during the call.
+
+:class:`PoolSet` hands warm pools to concurrent Dask worker threads; :func:`get_default_poolset`
+is the per-process one, closed at interpreter exit. A rank also exits by itself when its parent
+dies: its request pipe hangs up and a watchdog thread kills the rank's process group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import json
+import logging
+import math
+import os
+import pickle
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+
+from attnbench.execution.child import HEADER, write_frame, write_message
+
+log = logging.getLogger("attnbench.execution")
+
+__all__ = ["Outcome", "RankPool", "PoolSet", "get_default_poolset", "OUTCOME_KINDS"]
+
+OUTCOME_KINDS = ("ok", "crash", "timeout", "oom", "error")
+
+TAIL_LINES = 40
+"""Lines of a rank's log kept in an outcome."""
+_TAIL_BYTES = 64 * 1024
+"""Read at most this much of the end of a log to find those lines."""
+_LOG_TRUNCATE_BYTES = 1 << 20
+"""A warm rank's log is emptied before a call once it is larger than this."""
+_DUMP_WAIT_S = 0.3
+"""After SIGUSR1, time for faulthandler to write the stacks of a hung rank (it is a few kB)."""
+_EXIT_WAIT_S = 2.0
+"""After a rank's pipe hangs up, how long it may take to finish dying before we kill it."""
+_POLL_SLICE_S = 0.5
+"""Longest single wait without checking rank liveness, where pidfd_open is missing."""
+_REFUSED_MODULES = ("torch", "triton")
+"""Modules the parent will not import to unpickle a result (it must never import torch)."""
+
+EnvSpec = Union[None, Mapping[str, str], Sequence[Mapping[str, str]]]
+
+# Bootstrap of a rank: make this attnbench importable whatever the worker's cwd, then hand over.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_BOOT = ("import sys; sys.path.insert(0, {root!r}); "
+         "from attnbench.execution.child import main; sys.exit(main())")
+
+
+@dataclass(kw_only=True, slots=True)
+class Outcome:
+    """What one :meth:`RankPool.run` call came to."""
+
+    kind: str
+    """One of ``ok``, ``crash``, ``timeout``, ``oom``, ``error``."""
+    result: Any = None
+    """Rank 0's return value when ``kind == "ok"``."""
+    signal: Optional[str] = None
+    """For a crash by signal: its name, e.g. ``"SIGSEGV"``."""
+    exit_code: Optional[int] = None
+    """For a crash: the Popen-style return code (``-11`` for SIGSEGV, ``3`` for exit(3))."""
+    rank: Optional[int] = None
+    """The rank the outcome is about (the first to fail; for a timeout, the first still busy)."""
+    stderr_tail: str = ""
+    """Last lines that rank wrote to stdout/stderr during the call (faulthandler stacks for
+    crashes and timeouts land here)."""
+    traceback: str = ""
+    """For ``error`` and ``oom``: the Python traceback of the exception that escaped."""
+    summary: str = ""
+    """One line: ``"RuntimeError: deliberate failure"``, ``"killed by SIGSEGV"``, ..."""
+    note: str = ""
+    """Anything a reader needs to interpret the outcome (e.g. SIGKILL may be the OOM killer)."""
+    wall_s: float = 0.0
+    """Seconds inside :meth:`RankPool.run`, starting ranks included."""
+    start_s: float = 0.0
+    """Part of ``wall_s`` spent starting rank processes (0 when the pool was warm)."""
+    duration_s: Optional[float] = None
+    """Seconds rank 0 spent inside the function, when it answered."""
+    pids: tuple[int, ...] = ()
+    """Process ids of the ranks that handled the call."""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+    def crash_info(self) -> Optional[dict[str, Any]]:
+        """The record's ``crash`` field (see :mod:`attnbench.records`), None when ``ok``."""
+        if self.kind == "ok":
+            return None
+        return {"signal": self.signal, "exit_code": self.exit_code, "rank": self.rank,
+                "stderr_tail": self.stderr_tail, "traceback": self.traceback}
+
+
+class _GuardedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module.split(".")[0] in _REFUSED_MODULES:
+            raise pickle.UnpicklingError(
+                f"the result contains {module}.{name}; rank functions must return plain data "
+                "(the Dask worker process never imports torch): use .tolist() or float()")
+        return super().find_class(module, name)
+
+
+class _FrameReader:
+    """Incremental reader of length-prefixed pickles from a non-blocking pipe."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buffer = bytearray()
+        self.eof = False
+
+    def read(self) -> list[Any]:
+        """Everything complete that can be read now. Sets ``eof`` when the writer is gone."""
+        while not self.eof:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self.eof = True
+            self.buffer += chunk
+        messages = []
+        while len(self.buffer) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self.buffer)
+            end = HEADER.size + length
+            if len(self.buffer) < end:
+                break
+            data = bytes(self.buffer[HEADER.size:end])
+            del self.buffer[:end]
+            try:
+                messages.append(_GuardedUnpickler(io.BytesIO(data)).load())
+            except Exception as exc:  # noqa: BLE001 - becomes an "error" outcome
+                messages.append({"type": "undecodable", "error": f"{type(exc).__name__}: {exc}"})
+        return messages
+
+
+class _Rank:
+    """One rank process and the parent's ends of its pipes."""
+
+    def __init__(self, rank: int, popen: subprocess.Popen, req_w: int, resp_r: int,
+                 log_path: Path):
+        self.rank = rank
+        self.popen = popen
+        self.pid = popen.pid
+        self.req_w = req_w
+        self.resp_r = resp_r
+        self.reader = _FrameReader(resp_r)
+        self.log_path = log_path
+        self.log_offset = 0
+        self.pidfd: Optional[int] = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                self.pidfd = os.pidfd_open(self.pid)
+            except OSError:  # old kernel or seccomp: fall back to timed liveness checks
+                self.pidfd = None
+
+    def returncode(self) -> Optional[int]:
+        """Popen-style return code if the process has ended, without reaping it (so its pid,
+        and so its process group id, cannot be reused while we may still signal it)."""
+        if self.popen.returncode is not None:
+            return self.popen.returncode
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # already reaped by someone else
+            return self.popen.poll()
+        if info is None:
+            return None
+        if info.si_code == os.CLD_EXITED:
+            return info.si_status
+        return -info.si_status  # CLD_KILLED / CLD_DUMPED: killed by a signal
+
+    def signal_group(self, sig: int) -> None:
+        if self.popen.returncode is not None:  # reaped: the group id may belong to others now
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def mark_log(self) -> None:
+        """Remember where this call's output starts; empty an oversized log first."""
+        try:
+            size = self.log_path.stat().st_size
+            if size > _LOG_TRUNCATE_BYTES:
+                os.truncate(self.log_path, 0)  # the rank writes with O_APPEND
+                size = 0
+        except OSError:
+            size = 0
+        self.log_offset = size
+
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size <= self.log_offset:
+                    return ""
+                start = max(self.log_offset, size - _TAIL_BYTES)
+                f.seek(start)
+                data = f.read()
+        except OSError:
+            return ""
+        text = data.decode("utf-8", errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def close_fds(self) -> None:
+        for fd in (self.req_w, self.resp_r, self.pidfd):
+            if fd is not None and fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.req_w = self.resp_r = -1
+        self.pidfd = None
+
+
+def _signal_name(returncode: int) -> Optional[str]:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _is_bad(message: dict) -> bool:
+    return message["type"] in ("failed", "undecodable") or (
+        message["type"] == "reply" and message["kind"] != "ok")
+
+
+def _freeze_env(env: EnvSpec) -> Any:
+    if env is None:
+        return None
+    if isinstance(env, Mapping):
+        return tuple(sorted((str(k), str(v)) for k, v in env.items()))
+    return tuple(_freeze_env(e) for e in env)
+
+
+class RankPool:
+    """``world_size`` warm rank processes running one call at a time.
+
+    ``env``: extra environment variables for every rank (a mapping), or one mapping per rank
+    (a sequence of ``world_size`` mappings), over this process's environment.
+    ``threads``: ``torch.set_num_threads`` in each rank (imports torch when the rank starts, and
+    sets ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``); None leaves torch alone.
+    ``preload``: modules each rank imports when it starts, so their import time is paid by the
+    start and not by the first call's timeout.
+    ``start_timeout``: seconds a rank may take to start (separate from each call's timeout).
+    ``term_grace``: seconds between SIGTERM and SIGKILL when ranks are stopped.
+    ``log_dir``: where rank logs go (default: a temporary directory removed by :meth:`close`).
+
+    Thread-safe, but calls are serialised: lease pools from a :class:`PoolSet` for concurrency.
+    """
+
+    def __init__(self, world_size: int = 1, env: EnvSpec = None, threads: Optional[int] = None,
+                 *, preload: Sequence[str] = (), start_timeout: float = 120.0,
+                 term_grace: float = 1.0, log_dir: Union[str, Path, None] = None):
+        if world_size < 1:
+            raise ValueError(f"world_size: got {world_size}, expected >= 1")
+        if env is not None and not isinstance(env, Mapping) and len(env) != world_size:
+            raise ValueError(f"env: got {len(env)} per-rank mappings, expected world_size="
+                             f"{world_size}")
+        self.world_size = world_size
+        self.env = env
+        self.threads = threads
+        self.preload = tuple(preload)
+        self.start_timeout = start_timeout
+        self.term_grace = term_grace
+        self.starts = 0
+        """How many times ranks were started (1 + replacements)."""
+        self._log_dir_given = log_dir is not None
+        self._log_dir = Path(log_dir) if log_dir is not None else None
+        self._ranks: list[_Rank] = []
+        self._lock = threading.Lock()
+        self._call_id = 0
+        self._closed = False
+        self._owner_pid = os.getpid()
+
+    # -- public ---------------------------------------------------------------------------------
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Process ids of the current ranks (empty when none are running)."""
+        return tuple(r.pid for r in self._ranks)
+
+    @property
+    def log_dir(self) -> Optional[Path]:
+        return self._log_dir
+
+    def start(self) -> Optional[Outcome]:
+        """Start the ranks now if they are not running. None on success, else the failure."""
+        with self._lock:
+            self._check_open()
+            return self._ensure_started()[1]
+
+    def run(self, func_ref: str, payload: Any, timeout: Optional[float]) -> Outcome:
+        """Call ``func_ref`` ("module:function") with ``payload`` on every rank; see the module
+        docstring for the outcomes. ``timeout`` (seconds, None for no limit) covers the call,
+        not the start of fresh ranks. Raises only for the caller's own mistakes (closed pool,
+        unpicklable payload)."""
+        with self._lock:
+            self._check_open()
+            data = pickle.dumps({"type": "call", "id": self._call_id + 1, "func": func_ref,
+                                 "payload": payload}, protocol=pickle.HIGHEST_PROTOCOL)
+            self._call_id += 1
+            t0 = time.perf_counter()
+            started, failed = self._ensure_started()
+            start_s = time.perf_counter() - t0 if started else 0.0
+            if failed is not None:
+                failed.wall_s = failed.start_s = start_s
+                return failed
+            pids = self.pids
+            deadline = math.inf if timeout is None else time.monotonic() + timeout
+            outcome = self._send_all(data) or self._collect(self._call_id, deadline, timeout)
+            outcome.pids = pids
+            outcome.start_s = start_s
+            outcome.wall_s = time.perf_counter() - t0
+            if outcome.kind != "ok" and not (outcome.kind == "oom" and self.world_size == 1):
+                self._stop()
+            return outcome
+
+    def close(self) -> None:
+        """Stop the ranks (politely, then by force) and remove the log directory."""
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() != self._owner_pid:  # a forked copy: the ranks belong to the original
+            return
+        if not self._lock.acquire(timeout=0.1):
+            # A call is in flight in another thread: kill the ranks so that it returns (as a
+            # crash) at once; that thread reaps them.
+            for rank in list(self._ranks):
+                rank.signal_group(signal.SIGKILL)
+            self._lock.acquire()
+        try:
+            self._stop(polite=True)
+            if self._log_dir is not None and not self._log_dir_given:
+                shutil.rmtree(self._log_dir, ignore_errors=True)
+                self._log_dir = None
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else (f"pids={list(self.pids)}" if self._ranks else "cold")
+        return f"RankPool(world_size={self.world_size}, threads={self.threads}, {state})"
+
+    # -- starting -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this RankPool is closed")
+        if os.getpid() != self._owner_pid:
+            raise RuntimeError("a RankPool cannot be used in a forked copy of its process")
+
+    def _ensure_started(self) -> tuple[bool, Optional[Outcome]]:
+        """Start ranks if none run or one died while idle (then all are replaced).
+        Returns (whether ranks were started, the failure if starting failed)."""
+        if self._ranks and all(r.returncode() is None for r in self._ranks):
+            return False, None
+        if self._ranks:
+            dead = next(r for r in self._ranks if r.returncode() is not None)
+            log.warning("rank pool: rank %d (pid %d) died while idle (code %s); restarting",
+                        dead.rank, dead.pid, dead.returncode())
+            self._stop()
+        return True, self._start()
+
+    def _child_env(self, rank: int) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.threads:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
+        extra = self.env if isinstance(self.env, Mapping) or self.env is None else self.env[rank]
+        env.update({str(k): str(v) for k, v in (extra or {}).items()})
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world_size),
+                   LOCAL_WORLD_SIZE=str(self.world_size), PYTHONUNBUFFERED="1")
+        return env
+
+    def _spawn(self, rank: int) -> _Rank:
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="attnbench-pool-"))
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self._log_dir / f"rank{rank}.log"
+        # O_APPEND: the parent may truncate the log under a running rank.
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        req_r, req_w = os.pipe()
+        resp_r, resp_w = os.pipe()
+        config = json.dumps({"rank": rank, "world_size": self.world_size,
+                             "rfd": req_r, "wfd": resp_w})
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-c", _BOOT.format(root=_PACKAGE_ROOT), config],
+                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                pass_fds=(req_r, resp_w), start_new_session=True, close_fds=True,
+                env=self._child_env(rank))
+        except BaseException:
+            for fd in (req_w, resp_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (req_r, resp_w, log_fd):
+                os.close(fd)
+        os.set_blocking(resp_r, False)
+        return _Rank(rank, popen, req_w, resp_r, log_path)
+
+    def _start(self) -> Optional[Outcome]:
+        self.starts += 1
+        deadline = time.monotonic() + self.start_timeout
+        init = {"type": "init", "sys_path": list(sys.path), "threads": self.threads,
+                "preload": list(self.preload)}
+        try:
+            for rank in range(self.world_size):
+                self._ranks.append(self._spawn(rank))
+        except BaseException:
+            self._stop()
+            raise
+        failed = None
+        for rank in self._ranks:
+            try:
+                write_message(rank.req_w, init)  # small: fits in the pipe, never blocks
+            except BrokenPipeError:
+                failed = self._dead_outcome(rank, "")
+                break
+        if failed is None:
+            replies, failed = self._gather(
+                lambda m: m["type"] in ("ready", "failed", "undecodable"), deadline)
+            if failed is not None and failed.kind == "timeout":
+                failed.kind = "crash"
+                failed.summary = f"did not start within {self.start_timeout:g} s"
+            for rank, message in sorted(replies.items()):
+                if failed is None and message["type"] != "ready":
+                    text = message.get("traceback") or message.get("error", "")
+                    failed = Outcome(kind="error", rank=rank, traceback=text,
+                                     summary=(text.strip().splitlines() or ["?"])[-1][:500],
+                                     stderr_tail=self._ranks[rank].tail())
+        if failed is None:
+            log.debug("rank pool started: world_size=%d pids=%s", self.world_size, self.pids)
+            return None
+        failed.note = "; ".join(filter(None, ["the rank processes failed to start", failed.note]))
+        failed.pids = self.pids
+        self._stop()
+        return failed
+
+    # -- one call -------------------------------------------------------------------------------
+
+    def _send_all(self, data: bytes) -> Optional[Outcome]:
+        for rank in self._ranks:
+            rank.mark_log()
+        for rank in self._ranks:
+            try:
+                write_frame(rank.req_w, data)
+            except BrokenPipeError:
+                return self._dead_outcome(rank, "")
+        return None
+
+    def _collect(self, call_id: int, deadline: float, timeout: Optional[float]) -> Outcome:
+        replies, failed = self._gather(
+            lambda m: m["type"] == "undecodable" or (m["type"] == "reply" and m["id"] == call_id),
+            deadline, timeout)
+        if failed is not None:
+            return failed
+        for rank, message in sorted(replies.items()):
+            if message["type"] == "undecodable":
+                return Outcome(kind="error", rank=rank, summary=message["error"][:500],
+                               traceback=message["error"], stderr_tail=self._ranks[rank].tail(),
+                               note="the rank's answer could not be unpickled by the parent")
+            if message["kind"] != "ok":
+                return self._reply_outcome(rank, message)
+        first = replies[0]
+        return Outcome(kind="ok", result=first["result"], rank=0, duration_s=first["duration_s"],
+                       stderr_tail=self._ranks[0].tail())
+
+    def _reply_outcome(self, rank: int, message: dict) -> Outcome:
+        return Outcome(kind=message["kind"], rank=rank, traceback=message["traceback"],
+                       summary=message["summary"], duration_s=message["duration_s"],
+                       stderr_tail=self._ranks[rank].tail())
+
+    def _gather(self, wanted, deadline: float,
+                timeout: Optional[float] = None) -> tuple[dict[int, dict], Optional[Outcome]]:
+        """Wait for one ``wanted`` message from every rank. Returns early when a rank sends a
+        bad one (the caller finds it in the replies), dies without answering, or the deadline
+        passes (then the failure outcome is returned)."""
+        replies: dict[int, dict] = {}
+        poller = select.poll()
+        by_fd: dict[int, _Rank] = {}
+        for rank in self._ranks:
+            for fd in (rank.resp_r, rank.pidfd):
+                if fd is not None:
+                    poller.register(fd, select.POLLIN)
+                    by_fd[fd] = rank
+        # Without pidfds, a rank whose pipe a grandchild keeps open is noticed by polling.
+        slice_s = 3600.0 if all(r.pidfd is not None for r in self._ranks) else _POLL_SLICE_S
+        pending = list(self._ranks)
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return replies, self._timeout_outcome(pending, timeout)
+            events = poller.poll(max(1, math.ceil(min(remaining, slice_s) * 1000)))
+            active = {by_fd[fd].rank for fd, _ in events} if events else {r.rank for r in pending}
+            for rank in pending:
+                if rank.rank not in active:
+                    continue
+                for message in rank.reader.read():
+                    if wanted(message):  # others are stale replies of abandoned calls
+                        replies[rank.rank] = message
+                if rank.rank in replies:
+                    if _is_bad(replies[rank.rank]):
+                        return replies, None
+                    for fd in (rank.resp_r, rank.pidfd):
+                        if fd is not None:
+                            poller.unregister(fd)
+                elif rank.reader.eof or rank.returncode() is not None:
+                    return replies, self._dead_outcome(rank, "")
+            pending = [r for r in pending if r.rank not in replies]
+        return replies, None
+
+    def _dead_outcome(self, rank: _Rank, note: str) -> Outcome:
+        """A rank's pipe hung up or its process ended without answering."""
+        code = rank.returncode()
+        waited = time.monotonic() + _EXIT_WAIT_S
+        while code is None and time.monotonic() < waited:  # the pipe hangs up before the exit
+            if rank.pidfd is not None:
+                select.select([rank.pidfd], [], [], waited - time.monotonic())
+            else:
+                time.sleep(0.005)
+            code = rank.returncode()
+        notes = [note] if note else []
+        if code is None:
+            notes.append("it closed its reply pipe but did not exit; killed")
+            rank.signal_group(signal.SIGKILL)
+        sig = _signal_name(code) if code is not None else None
+        if sig is not None:
+            summary = f"killed by {sig}"
+        elif code is not None:
+            summary = f"exited with status {code} without answering"
+        else:
+            summary = "hung up without answering"
+        if self._closed:
+            notes.append("the pool was closed during the call")
+        elif code == -signal.SIGKILL:
+            notes.append("the harness did not send this SIGKILL: the kernel OOM killer is the "
+                         "usual sender (check dmesg or the cgroup's memory.events)")
+        return Outcome(kind="crash", rank=rank.rank, signal=sig, exit_code=code, summary=summary,
+                       note="; ".join(notes), stderr_tail=rank.tail())
+
+    def _timeout_outcome(self, hung: list[_Rank], timeout: Optional[float]) -> Outcome:
+        for rank in hung:  # faulthandler prints every thread's Python stack into the log
+            if rank.returncode() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank.pid, signal.SIGUSR1)
+        time.sleep(_DUMP_WAIT_S)
+        first = hung[0]
+        limit = f"{timeout:g} s" if timeout is not None else "the start timeout"
+        return Outcome(kind="timeout", rank=first.rank,
+                       summary=f"no answer within {limit}",
+                       note=(f"ranks {[r.rank for r in hung]} hung; their process groups were "
+                             f"killed (SIGTERM, then SIGKILL after {self.term_grace:g} s); "
+                             "Python stacks at the time are in stderr_tail"),
+                       stderr_tail=first.tail())
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    def _stop(self, polite: bool = False) -> None:
+        """End every rank and its process group, reap them and forget them."""
+        ranks, self._ranks = self._ranks, []
+        if not ranks:
+            return
+        if polite:
+            for rank in ranks:
+                with contextlib.suppress(OSError):
+                    write_message(rank.req_w, {"type": "exit"})
+        for rank in ranks:  # EOF on the request pipe also ends an idle rank
+            with contextlib.suppress(OSError):
+                os.close(rank.req_w)
+            rank.req_w = -1
+        if polite:
+            self._wait_exit(ranks, self.term_grace)
+        for rank in ranks:
+            if rank.returncode() is None:
+                rank.signal_group(signal.SIGTERM)
+        self._wait_exit(ranks, self.term_grace)
+        for rank in ranks:  # also whatever the rank started in its group
+            rank.signal_group(signal.SIGKILL)
+        for rank in ranks:
+            try:
+                rank.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # unkillable (D state): leave it, say so
+                log.error("rank pool: pid %d did not die after SIGKILL", rank.pid)
+            rank.close_fds()
+
+    @staticmethod
+    def _wait_exit(ranks: list[_Rank], seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while any(r.returncode() is None for r in ranks) and time.monotonic() < end:
+            time.sleep(0.005)
+
+
+class PoolSet:
+    """Warm pools shared by the threads of one process (a Dask worker's task threads).
+
+    ``lease`` hands out a free pool of the wanted shape, creating one when none is free, and
+    takes it back afterwards. Pools are keyed by ``world_size`` and ``env`` (a pool whose ranks
+    are bound to some GPUs through ``CUDA_VISIBLE_DEVICES`` serves only leases of those GPUs).
+    """
+
+    def __init__(self, threads_per_pool: Optional[int] = None, *, preload: Sequence[str] = (),
+                 start_timeout: float = 120.0):
+        self.threads_per_pool = threads_per_pool
+        self.preload = tuple(preload)
+        self.start_timeout = start_timeout
+        self._lock = threading.Lock()
+        self._free: dict[Any, list[RankPool]] = {}
+        self._all: list[RankPool] = []
+        self._closed = False
+
+    @contextlib.contextmanager
+    def lease(self, world_size: int = 1, env: EnvSpec = None) -> Iterator[RankPool]:
+        key = (world_size, _freeze_env(env))
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this PoolSet is closed")
+            free = self._free.get(key)
+            pool = free.pop() if free else None
+            if pool is None:
+                pool = RankPool(world_size, env, self.threads_per_pool, preload=self.preload,
+                                start_timeout=self.start_timeout)
+                self._all.append(pool)
+        try:
+            yield pool
+        finally:
+            with self._lock:
+                if self._closed:
+                    pool.close()
+                else:
+                    self._free.setdefault(key, []).append(pool)
+
+    def close_idle(self) -> int:
+        """Close every pool that is not leased (frees their processes and GPU memory)."""
+        with self._lock:
+            idle = [p for pools in self._free.values() for p in pools]
+            self._free.clear()
+            self._all = [p for p in self._all if p not in idle]
+        for pool in idle:
+            pool.close()
+        return len(idle)
+
+    def close(self) -> None:
+        """Close every pool, leased ones included (their calls end as crashes)."""
+        with self._lock:
+            self._closed = True
+            pools, self._all = self._all, []
+            self._free.clear()
+        for pool in pools:
+            pool.close()
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+
+_default: Optional[PoolSet] = None
+_default_lock = threading.Lock()
+
+
+def get_default_poolset() -> PoolSet:
+    """This process's PoolSet, created on first use and closed at interpreter exit. Set its
+    ``threads_per_pool`` before the first lease to give ranks a torch thread count."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = PoolSet()
+            atexit.register(_default.close)
+        return _default

@@ -1,0 +1,130 @@
+"""``attnbench report`` and ``attnbench compare``: argparse wiring and the functions behind them.
+
+The CLI (``attnbench/cli.py``) calls :func:`add_report_commands` on its subparsers; ``attnbench
+run`` calls :func:`write_report` at the end of a run. Bad input (a RUN without records.jsonl, a
+malformed dashboard) is a :class:`ReportError`: one line naming the file and field, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from attnbench.report.dashboard import Dashboard, default_dashboard, load_dashboard
+from attnbench.report.data import ReportError, load_run
+
+log = logging.getLogger("attnbench.report")
+
+EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The nearest directory upward from ``start`` (cwd) holding pyproject.toml, else ``start``."""
+    start = (start or Path.cwd()).resolve()
+    for d in (start, *start.parents):
+        if (d / "pyproject.toml").is_file():
+            return d
+    return start
+
+
+def resolve_dashboard(dashboard: Path | None, name: str = "default") -> Dashboard:
+    """The named file, else ``dashboards/<name>.yaml`` of the project, else the built-in one."""
+    if dashboard is not None:
+        return load_dashboard(dashboard)
+    candidate = project_root() / "dashboards" / f"{name}.yaml"
+    if candidate.is_file():
+        return load_dashboard(candidate)
+    return default_dashboard()
+
+
+def write_report(run_dir: Path, dashboard: Path | None = None, out_dir: Path | None = None) -> Path:
+    """Draw the dashboard for one run; returns the path of its ``index.html``.
+
+    ``out_dir`` defaults to ``dashboards/<run-id>/`` under the project root. Raises
+    :class:`ReportError` on bad input.
+    """
+    from attnbench.report.page import build_report  # matplotlib only when drawing
+
+    spec = resolve_dashboard(Path(dashboard) if dashboard else None)
+    run = load_run(Path(run_dir))
+    out = Path(out_dir) if out_dir else project_root() / "dashboards" / _safe_name(run.run_id)
+    return build_report(run, spec, out)
+
+
+def _safe_name(run_id: str) -> str:
+    name = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in run_id).strip(".")
+    return name or "run"
+
+
+def add_report_commands(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report", help="draw the dashboard of a run (dashboards/<run-id>/index.html)",
+        description="Draw a run's dashboard: figures (PNG and SVG) and a self-contained "
+                    "index.html. Prints the path of index.html.")
+    p.add_argument("run", type=Path, metavar="RUN", help="run directory (results/<run-id>)")
+    p.add_argument("--dashboard", type=Path, default=None, metavar="YAML",
+                   help="dashboard definition (default: dashboards/default.yaml)")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="output directory (default: dashboards/<run-id>/ in the project root)")
+    p.set_defaults(func=cmd_report)
+
+    c = subparsers.add_parser(
+        "compare", help="compare runs (GPU kinds, versions): faster, slower, same, ambiguous",
+        description="Match the same cases (ignoring the gpu field) in runs and compare each run "
+                    "with the first: timing as FAST / SLOW / SAME / AMBIGUOUS on the same GPU "
+                    "kind (ratios only across GPU kinds), accuracy as verdict changes and error "
+                    "ratios. Writes a comparison dashboard and prints a summary. Exit status 1 "
+                    "when a case got slower or went from pass to a failing verdict on the same "
+                    "GPU kind, so it can gate CI.")
+    c.add_argument("runs", type=Path, nargs="+", metavar="RUN",
+                   help="run directories; the first is the baseline")
+    c.add_argument("--threshold", type=float, default=0.05,
+                   help="relative gap the robust intervals must clear to count (default 0.05)")
+    c.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="output directory (default: dashboards/compare-<A>-vs-<B>/)")
+    c.add_argument("--no-dashboard", action="store_true", help="print the summary only")
+    c.set_defaults(func=cmd_compare)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    try:
+        index = write_report(args.run, args.dashboard, args.out)
+    except ReportError as exc:
+        print(f"attnbench report: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(index)
+    return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from attnbench.report.compare import run_compare
+
+    if len(args.runs) < 2:
+        print("attnbench compare: RUN: give at least two run directories (the first is the "
+              "baseline)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not 0 <= args.threshold < 1:
+        print(f"attnbench compare: --threshold: got {args.threshold}, expected a number in "
+              "[0, 1) such as 0.05", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return run_compare(args.runs, threshold=args.threshold, out_dir=args.out,
+                           dashboard=not args.no_dashboard, stream=sys.stdout)
+    except ReportError as exc:
+        print(f"attnbench compare: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry (``python -m attnbench.report.commands``) until cli.py wires these."""
+    parser = argparse.ArgumentParser(prog="attnbench")
+    add_report_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

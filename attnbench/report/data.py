@@ -1,0 +1,231 @@
+"""A run directory as data: its manifest, its records, and one flat pandas row per record.
+
+Columns of :func:`frame` (one row per record)::
+
+    id, label, features, verdict, reason          # from the record
+    <every Case field>                            # backend, dtype, seqlen_q, cp, tp, gpu, ...
+    world_size, attention_kind                    # derived from the case
+    gpu_kind, host, device_name,                  # from record.env
+    env_torch, env_triton, env_attnbench
+    flops_fwd, flops_bwd, clock                   # from record.timing
+    fwd_median_ms, fwd_q1_ms, fwd_q3_ms, fwd_min_ms, fwd_n, fwd_tflops, fwd_pct_peak, (bwd_ too)
+    <t>_rel_l2, <t>_bound, <t>_ratio, <t>_nonfinite, <t>_over  for t in out, dq, dk, dv
+    worst_over                                    # max over tensors of rel_l2 / bound
+    crash_signal, crash_exit_code
+    run_id
+
+Missing values are NaN / None; nothing is invented.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from attnbench.records import TENSORS
+from attnbench.spec import CASE_FIELDS
+
+
+class ReportError(ValueError):
+    """Bad input to report / compare; the message names the file and field and is user-ready."""
+
+
+# Columns a dashboard filter may name besides the Case fields (validated without data).
+EXTRA_COLUMNS: tuple[str, ...] = (
+    "id", "label", "features", "verdict", "reason", "world_size", "attention_kind", "gpu_kind",
+    "host", "device_name", "env_torch", "env_triton", "env_attnbench", "clock", "run_id",
+)
+FILTER_COLUMNS: tuple[str, ...] = tuple(CASE_FIELDS) + EXTRA_COLUMNS
+TIMING_STATS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops", "pct_peak")
+DIRECTIONS = ("fwd", "bwd")
+
+
+# ------------------------------------------------------------------------------------------
+# loading (through attnbench.store, which owns the run directory format)
+
+
+def load_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's records (last one per case id; a torn last line is skipped)."""
+    from attnbench.store import RunDirError, load_records as store_load_records
+
+    path = Path(run_dir) / "records.jsonl"
+    if not path.is_file():
+        raise ReportError(f"{path}: no such file; RUN must be a run directory written by "
+                          "`attnbench run` (it holds records.jsonl and manifest.json)")
+    try:
+        records = store_load_records(Path(run_dir))
+    except RunDirError as exc:
+        raise ReportError(str(exc)) from None
+    except KeyError as exc:
+        raise ReportError(f"{path}: a record has no {exc} field (see attnbench/records.py)") from None
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict) or not isinstance(rec.get("case"), dict) or "verdict" not in rec:
+            raise ReportError(f"{path}: record {i + 1}: expected an object with 'case' and "
+                              "'verdict' (see attnbench/records.py)")
+    return records
+
+
+def load_manifest(run_dir: Path) -> dict[str, Any]:
+    """The manifest, or a minimal stand-in (run_id from the directory name) when it is absent:
+    a report of records without their manifest is still worth drawing."""
+    from attnbench.store import RunDirError, load_manifest as store_load_manifest
+
+    path = Path(run_dir) / "manifest.json"
+    if not path.is_file():
+        return {"run_id": Path(run_dir).resolve().name, "missing": True}
+    try:
+        manifest = store_load_manifest(Path(run_dir))
+    except RunDirError as exc:
+        raise ReportError(str(exc)) from None
+    if not isinstance(manifest, dict):
+        raise ReportError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    manifest.setdefault("run_id", Path(run_dir).resolve().name)
+    return manifest
+
+
+@dataclass
+class Run:
+    """One run directory, loaded."""
+
+    path: Path
+    manifest: dict[str, Any]
+    records: list[dict[str, Any]]
+    frame: pd.DataFrame = field(repr=False)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest.get("run_id") or self.path.name)
+
+    @property
+    def sweep_path(self) -> str | None:
+        sweep = self.manifest.get("sweep") or {}
+        return sweep.get("path") if isinstance(sweep, dict) else None
+
+    @property
+    def gpu_kinds(self) -> list[str]:
+        kinds = {d.get("gpu_kind") for d in self.manifest.get("devices") or [] if isinstance(d, dict)}
+        kinds |= set(self.frame["gpu_kind"].dropna()) if len(self.frame) else set()
+        return sorted(k for k in kinds if k)
+
+
+def load_run(run_dir: str | Path) -> Run:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run directory")
+    records = load_records(run_dir)
+    manifest = load_manifest(run_dir)
+    run_id = str(manifest.get("run_id") or run_dir.name)
+    return Run(path=run_dir, manifest=manifest, records=records, frame=frame(records, run_id))
+
+
+# ------------------------------------------------------------------------------------------
+# records -> frame
+
+
+def _num(x: Any) -> float:
+    if isinstance(x, bool) or x is None:
+        return math.nan
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
+    case = rec.get("case") or {}
+    row: dict[str, Any] = {name: case.get(name) for name in CASE_FIELDS}
+    cp, tp = case.get("cp") or 1, case.get("tp") or 1
+    hq, hkv = case.get("heads_q"), case.get("heads_kv")
+    row.update(
+        id=rec.get("id", ""),
+        label=rec.get("label", ""),
+        features=rec.get("features", ""),
+        verdict=rec.get("verdict", ""),
+        reason=rec.get("reason") or "",
+        world_size=int(cp) * int(tp),
+        attention_kind=("MHA" if hq == hkv else "MQA" if hkv == 1 else "GQA"),
+        run_id=run_id,
+    )
+    env = rec.get("env") or {}
+    row.update(gpu_kind=env.get("gpu_kind"), host=env.get("host"),
+               device_name=env.get("device_name"), env_torch=env.get("torch"),
+               env_triton=env.get("triton"), env_attnbench=env.get("attnbench"))
+
+    timing = rec.get("timing") or {}
+    row["clock"] = timing.get("clock")
+    row["flops_fwd"] = _num(timing.get("flops_fwd"))
+    row["flops_bwd"] = _num(timing.get("flops_bwd"))
+    for d in DIRECTIONS:
+        stats = timing.get(d) or {}
+        for s in TIMING_STATS:
+            row[f"{d}_{s}"] = _num(stats.get(s))
+
+    acc = rec.get("accuracy") or {}
+    tensors = acc.get("tensors") or {}
+    overs = []
+    for t in TENSORS:
+        m = tensors.get(t) or {}
+        rel, bound = _num(m.get("rel_l2")), _num(m.get("bound"))
+        row[f"{t}_rel_l2"] = rel
+        row[f"{t}_bound"] = bound
+        row[f"{t}_ratio"] = _num(m.get("ratio"))
+        row[f"{t}_nonfinite"] = _num(m.get("nonfinite"))
+        over = rel / bound if bound and bound > 0 and not math.isnan(rel) else math.nan
+        if m and (not math.isnan(row[f"{t}_nonfinite"]) and row[f"{t}_nonfinite"] > 0):
+            over = math.inf  # NaN/Inf in a tensor is as wrong as it gets
+        row[f"{t}_over"] = over
+        overs.append(over)
+    finite = [o for o in overs if not math.isnan(o)]
+    row["worst_over"] = max(finite) if finite else math.nan
+
+    crash = rec.get("crash") or {}
+    row["crash_signal"] = crash.get("signal")
+    row["crash_exit_code"] = crash.get("exit_code")
+    return row
+
+
+def frame(records: Iterable[dict[str, Any]], run_id: str = "") -> pd.DataFrame:
+    rows = [flatten(r, run_id) for r in records]
+    if not rows:
+        return pd.DataFrame(columns=list(flatten({"case": {}}, run_id)))
+    return pd.DataFrame(rows)
+
+
+def parity_checks(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Every ``check == "parity"`` entry, one row each, with its record's case columns."""
+    rows = []
+    for rec in records:
+        for chk in rec.get("checks") or []:
+            if isinstance(chk, dict) and chk.get("check") == "parity":
+                base = flatten(rec)
+                rows.append({**{k: base[k] for k in ("id", "label", "backend", "dtype", "seqlen_q",
+                                                     "cp", "tp", "cp_algo", "world_size",
+                                                     "features", "verdict", "gpu_kind")},
+                             "tensor": chk.get("tensor"), "metric": chk.get("metric"),
+                             "value": _num(chk.get("value")), "bound": _num(chk.get("bound")),
+                             "passed": chk.get("passed")})
+    return pd.DataFrame(rows)
+
+
+def case_key(case: dict[str, Any], ignore: Iterable[str] = ("gpu",)) -> str:
+    """The case minus some fields, as a canonical string: how one case is found in two runs."""
+    drop = set(ignore)
+    return json.dumps({k: v for k, v in sorted(case.items()) if k not in drop},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def apply_filter(df: pd.DataFrame, include: dict[str, list[Any]] | None,
+                 exclude: dict[str, list[Any]] | None = None) -> pd.DataFrame:
+    """Keep rows whose column is one of the listed values (``include``), drop those in ``exclude``."""
+    mask = pd.Series(True, index=df.index)
+    for col, values in (include or {}).items():
+        mask &= df[col].isin(values) if col in df else False
+    for col, values in (exclude or {}).items():
+        if col in df:
+            mask &= ~df[col].isin(values)
+    return df[mask]

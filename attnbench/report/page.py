@@ -1,0 +1,187 @@
+"""The report of one run: draw the dashboard's panels, then write ``index.html`` beside them."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnbench.records import BAD_VERDICTS
+from attnbench.report.dashboard import Dashboard
+from attnbench.report.data import Run
+from attnbench.report.html import (esc, filter_controls, fmt, page, panel_section, repro_command,
+                                   sort_key, totals_html, verdict_badge)
+from attnbench.report.panels import Context, PanelOutput, draw_panel, page_colors
+from attnbench.report.style import SEVERITY
+
+TABLE_ID = "records"
+MAX_FAILURES_LISTED = 300
+
+
+def build_report(run: Run, dashboard: Dashboard, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in list(out_dir.glob("p[0-9][0-9]-*.png")) + list(out_dir.glob("p[0-9][0-9]-*.svg")):
+        old.unlink()  # figures of an earlier report of this run (the panel list may differ)
+    ctx = Context(out_dir=out_dir, colors=page_colors([run.frame]))
+    outputs = [draw_panel(p, run, ctx) for p in dashboard.panels]
+    index = out_dir / "index.html"
+    index.write_text(render(run, dashboard, outputs), encoding="utf-8")
+    return index
+
+
+def render(run: Run, dashboard: Dashboard, outputs: list[PanelOutput]) -> str:
+    nav = [("summary", "Summary")]
+    nav += [(o.panel.slug, o.panel.title.split(":")[0]) for o in outputs]
+    nav += [("failures", "Failures"), ("all-records", "All records")]
+    body = [summary_section(run, dashboard)]
+    body += [panel_section(o) for o in outputs]
+    body.append(failures_section(run))
+    body.append(records_section(run, dashboard))
+    sweep_name = (run.manifest.get("sweep") or {}).get("name") or run.run_id
+    return page(f"attnbench · {sweep_name} · {run.run_id}", run_header(run, dashboard), nav,
+                "\n".join(body))
+
+
+def run_header(run: Run, dashboard: Dashboard) -> str:
+    m = run.manifest
+    sweep = m.get("sweep") or {}
+    devices = m.get("devices") or []
+    kinds: dict[str, set[str]] = {}
+    for d in devices:
+        if isinstance(d, dict) and d.get("gpu_kind"):
+            kinds.setdefault(d["gpu_kind"], set()).add(d.get("device_name") or "")
+    for kind, name in run.frame[["gpu_kind", "device_name"]].dropna().drop_duplicates().itertuples(
+            index=False):
+        kinds.setdefault(kind, set()).add(name)
+    where = ", ".join(f"{k} ({', '.join(sorted(n for n in names if n))})" if any(names) else k
+                      for k, names in sorted(kinds.items())) or "unknown"
+    hosts = m.get("hosts") or sorted(set(run.frame.host.dropna()))
+    versions = dict(m.get("versions") or {})
+    if m.get("attnbench"):
+        versions = {"attnbench": m["attnbench"], **versions}
+    rows = [
+        ("Sweep", f"{sweep.get('name', '?')} — <code>{esc(sweep.get('path', '?'))}</code>"
+                  f" (digest {esc(sweep.get('digest', '?'))})", True),
+        ("When", m.get("created", "?"), False),
+        ("Where", f"{where}; hosts: {', '.join(map(str, hosts)) or '?'}", False),
+        ("Versions", ", ".join(f"{k} {v}" for k, v in versions.items()) or "?", False),
+        ("Command", f"<code>{esc(shlex.join(map(str, m.get('command') or [])) or '?')}</code>", True),
+    ]
+    planned = sweep.get("cases")
+    recorded = f"{len(run.records)} records" + (f" of {planned} planned cases" if planned else "")
+    dl = "".join(f"<dt>{esc(k)}</dt><dd>{v if raw else esc(v)}</dd>" for k, v, raw in rows)
+    missing = ('<p class="sub">manifest.json is missing: run details unknown.</p>'
+               if m.get("missing") else "")
+    title = sweep.get("name") or run.run_id
+    return (f'<header class="run"><h1>{esc(dashboard.title)} · {esc(title)}</h1>'
+            f'<div class="sub">run <code>{esc(run.run_id)}</code> · {esc(recorded)} · dashboard '
+            f'<code>{esc(dashboard.path)}</code></div>{missing}<dl>{dl}</dl>'
+            f'<div class="totals" id="totals">{totals_html(run.frame.verdict)}</div></header>')
+
+
+def summary_section(run: Run, dashboard: Dashboard) -> str:
+    df = run.frame
+    bad = df[df.verdict.isin(BAD_VERDICTS)]
+    parts = ['<section id="summary"><h2>Summary</h2>']
+    if dashboard.description:
+        parts.append(f'<p class="desc">{esc(dashboard.description)}</p>')
+    if len(df) == 0:
+        parts.append('<p class="note">This run has no records yet.</p>')
+    elif bad.empty:
+        parts.append(f"<p>All {len(df)} recorded cases passed or were not applicable.</p>")
+    else:
+        by = bad.groupby(["backend", "verdict"]).size().reset_index(name="n")
+        items = []
+        for backend, sub in by.groupby("backend"):
+            counts = " ".join(verdict_badge(v, int(n)) for v, n in
+                              sorted(zip(sub.verdict, sub.n), key=lambda vn: SEVERITY.index(vn[0])))
+            feats = sorted(set(bad[bad.backend == backend].features))
+            shown = ", ".join(feats[:8]) + (f" and {len(feats) - 8} more" if len(feats) > 8 else "")
+            items.append(f"<li><b>{esc(backend)}</b> {counts} — in {esc(shown)}</li>")
+        parts.append(f"<p>{len(bad)} of {len(df)} cases did not pass:</p><ul>{''.join(items)}</ul>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def failures_section(run: Run) -> str:
+    df = run.frame
+    bad = df[df.verdict.isin(BAD_VERDICTS)].copy()
+    parts = ['<section id="failures"><h2>Failures</h2>']
+    if bad.empty:
+        parts.append("<p>None.</p></section>")
+        return "\n".join(parts)
+    parts.append('<p class="desc">Each command reruns that case alone.</p>')
+    bad["_s"] = bad.verdict.map({v: i for i, v in enumerate(SEVERITY)})
+    bad = bad.sort_values(["_s", "backend", "features", "label"])
+    crashes = {r.get("id"): r.get("crash") for r in run.records if r.get("crash")}
+    rows = []
+    for r in bad.head(MAX_FAILURES_LISTED).itertuples():
+        detail = ""
+        crash = crashes.get(r.id)
+        if crash:
+            text = (crash.get("stderr_tail") or "") + ("\n" + crash["traceback"]
+                                                      if crash.get("traceback") else "")
+            head = f"{crash.get('signal') or ''} exit {crash.get('exit_code')} rank {crash.get('rank')}"
+            detail = f"<details><summary>{esc(head)}</summary><pre>{esc(text)}</pre></details>"
+        rows.append(
+            f'<tr data-verdict="{esc(r.verdict)}"><td>{verdict_badge(r.verdict)}</td>'
+            f"<td>{esc(r.label)}<br><code>{esc(r.id)}</code></td><td>{esc(r.reason)}{detail}</td>"
+            f'<td><code class="cmd">{esc(repro_command(run.sweep_path, r.id))}</code></td></tr>')
+    more = len(bad) - MAX_FAILURES_LISTED
+    parts.append('<table class="records"><thead><tr><th>verdict</th><th>case</th><th>reason</th>'
+                 f"<th>reproduce</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+    if more > 0:
+        parts.append(f'<p class="note">{more} more; the table below lists them all.</p>')
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def records_section(run: Run, dashboard: Dashboard) -> str:
+    df = run.frame
+    filters = list(dashboard.table_filters)
+    controls = filter_controls(TABLE_ID, [
+        (col, col, sorted({str(v) for v in df[col].dropna()}, key=_filter_order(col)))
+        for col in filters if col in df])
+    severity = {v: i for i, v in enumerate(SEVERITY)}
+    head = ("<tr><th>verdict</th><th>backend</th><th>features</th><th>dtype</th>"
+            "<th>seqlen q/kv</th><th>heads q/kv</th><th>GPU</th><th>worst err/bound</th>"
+            "<th>fwd TFLOP/s</th><th>bwd TFLOP/s</th><th>reason</th><th>case</th>"
+            "<th>reproduce</th></tr>")
+    rows = []
+    for r in df.itertuples():
+        attrs = " ".join(f'data-{esc(col)}="{esc(_cell(getattr(r, col)))}"' for col in filters
+                         if col in df)
+        over = r.worst_over
+        over_cls = ' over' if isinstance(over, float) and over > 1 else ""
+        cmd = (f'<code class="cmd">{esc(repro_command(run.sweep_path, r.id))}</code>'
+               if r.verdict in BAD_VERDICTS else "")
+        rows.append(
+            f"<tr {attrs}>"
+            f'<td data-sort="{severity.get(r.verdict, 99)}">{verdict_badge(r.verdict)}</td>'
+            f"<td>{esc(r.backend)}</td><td>{esc(r.features)}</td><td>{esc(r.dtype)}</td>"
+            f'<td class="num" data-sort="{sort_key(r.seqlen_q)}">{esc(r.seqlen_q)}/{esc(r.seqlen_kv)}</td>'
+            f'<td class="num" data-sort="{sort_key(r.heads_q)}">{esc(r.heads_q)}/{esc(r.heads_kv)}</td>'
+            f"<td>{esc(_cell(r.gpu_kind))}</td>"
+            f'<td class="num{over_cls}" data-sort="{sort_key(over)}">{esc(fmt(over))}</td>'
+            f'<td class="num" data-sort="{sort_key(r.fwd_tflops)}">{esc(fmt(r.fwd_tflops))}</td>'
+            f'<td class="num" data-sort="{sort_key(r.bwd_tflops)}">{esc(fmt(r.bwd_tflops))}</td>'
+            f"<td>{esc(r.reason)}</td>"
+            f'<td>{esc(r.label)}<br><code>{esc(r.id)}</code></td><td>{cmd}</td></tr>')
+    return (f'<section id="all-records"><h2>All records</h2>'
+            '<p class="desc">Click a column header to sort; pick values to filter.</p>'
+            f'{controls}<table class="records sortable" id="{TABLE_ID}"><thead>{head}</thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></section>")
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    return str(value)
+
+
+def _filter_order(col: str):
+    if col == "verdict":
+        return lambda v: (SEVERITY.index(v) if v in SEVERITY else 99, v)
+    return lambda v: (len(v), v) if v.isdigit() else (0, v)

@@ -1,0 +1,711 @@
+"""Panels: a run's frame in, PNG + SVG figures out (matplotlib object API, never pyplot).
+
+Each ``draw_<kind>(panel, run, ctx)`` returns a :class:`PanelOutput`: the figures it wrote and
+notes for the page (what was not drawn and why). A panel with nothing to show says so in a
+note instead of drawing an empty axis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import matplotlib
+import matplotlib.text
+import numpy as np
+import pandas as pd
+from matplotlib.colors import ListedColormap, LogNorm, to_rgb
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter, NullLocator
+
+from attnbench.records import TENSORS
+from attnbench.report.dashboard import Panel
+from attnbench.report.data import DIRECTIONS, Run, apply_filter, case_key, parity_checks
+from attnbench.report.style import (BACKEND_PALETTE, RC, SEVERITY, VERDICT_COLORS,
+                                    backend_colors, text_color_on, worst)
+
+TENSOR_LABELS = {"out": "out", "dq": "dQ", "dk": "dK", "dv": "dV"}
+DIRECTION_LABELS = {"fwd": "forward", "bwd": "backward"}
+RAN = ("pass", "fail")  # verdicts of cases that ran to the end (and so may carry numbers)
+NO_RESULT = ("crash", "timeout", "oom", "error", "lost")
+PNG_DPI = 120
+
+
+@dataclass
+class FigureFile:
+    stem: str
+    caption: str
+    png: Path
+    svg: Path
+    width_px: int = 0
+    height_px: int = 0
+
+
+@dataclass
+class PanelOutput:
+    panel: Panel
+    figures: list[FigureFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    out_dir: Path
+    colors: dict[str, str] = field(default_factory=dict)
+    """series value (usually backend) -> colour, shared by every panel of a page; values not
+    in it (a series other than backend) get the next free palette colour."""
+
+    def color(self, value: Any) -> str:
+        key = str(value)
+        if key not in self.colors:
+            used = set(self.colors.values())
+            free = [c for c in BACKEND_PALETTE if c not in used]
+            self.colors[key] = (free or BACKEND_PALETTE)[0 if free else
+                                                         len(self.colors) % len(BACKEND_PALETTE)]
+        return self.colors[key]
+
+
+# ------------------------------------------------------------------------------------------
+# helpers
+
+
+def _figure(width: float, height: float) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def mpl_text(value: Any) -> str:
+    """A string from a record, safe for matplotlib: ``$`` would start mathtext."""
+    return str(value).replace("$", r"\$")
+
+
+def _save(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFile:
+    # Titles and legends may carry backend names or case strings from records: escape "$"
+    # everywhere (tick labels set from data are escaped where they are set).
+    for text in fig.findobj(matplotlib.text.Text):
+        raw = text.get_text()
+        if "$" in raw and "\\$" not in raw and not raw.startswith("$\\mathdefault"):
+            text.set_text(mpl_text(raw))
+    png, svg = ctx.out_dir / f"{stem}.png", ctx.out_dir / f"{stem}.svg"
+    fig.savefig(png, dpi=PNG_DPI, metadata={"Software": None})
+    fig.set_layout_engine("none")  # keep the layout just computed: the SVG needs no second pass
+    fig.savefig(svg, metadata={"Date": None})
+    w, h = fig.get_size_inches()
+    return FigureFile(stem=stem, caption=caption, png=png, svg=svg,
+                      width_px=int(round(w * PNG_DPI)), height_px=int(round(h * PNG_DPI)))
+
+
+def _fmt_len(v: float, _pos: Any = None) -> str:
+    v = int(round(v))
+    return f"{v // 1024}k" if v >= 1024 and v % 1024 == 0 else str(v)
+
+
+def _setup_x(ax, values: Iterable[Any], label: str, log2: bool = False) -> Callable[[Any], float]:
+    """Log2 axis for positive numbers spanning 4x or more (or always, with ``log2``), linear for
+    other numbers, categories otherwise. Returns value -> position."""
+    vals = sorted(set(v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))),
+                  key=lambda v: (isinstance(v, str), v))
+    ax.set_xlabel(label)
+    numeric = all(isinstance(v, (int, float, np.integer, np.floating)) for v in vals)
+    if numeric and vals:
+        if min(vals) > 0 and (log2 or max(vals) / min(vals) >= 4):
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(vals)
+        ax.xaxis.set_major_formatter(FuncFormatter(_fmt_len))
+        return float
+    pos = {v: i for i, v in enumerate(vals)}
+    ax.set_xticks(range(len(vals)), [mpl_text(v) for v in vals])
+    return lambda v: float(pos[v])
+
+
+def _facet_groups(df: pd.DataFrame, facets: list[str]):
+    if not facets:
+        yield (), df
+        return
+    for key, sub in df.groupby(facets, dropna=False, sort=True):
+        yield (key if isinstance(key, tuple) else (key,)), sub
+
+
+def _facet_title(facets: list[str], key: tuple) -> str:
+    parts = []
+    for name, value in zip(facets, key):
+        if value is None or (isinstance(value, float) and math.isnan(value)) or value == "":
+            value = "?"
+        parts.append(str(value) if name in ("gpu_kind", "dtype", "features", "backend")
+                     else f"{name}={value}")
+    return " · ".join(parts)
+
+
+def _slug(text: str) -> str:
+    keep = "".join(c if c.isalnum() else "-" for c in text.lower())
+    while "--" in keep:
+        keep = keep.replace("--", "-")
+    return keep.strip("-")[:60] or "all"
+
+
+def _legend_below(fig: Figure, handles: list, labels: list[str], title: str | None = None) -> None:
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), 6),
+                   frameon=False, title=title)
+
+
+def _series_color(ctx: Context, value: Any) -> str:
+    return ctx.color(value)
+
+
+# ------------------------------------------------------------------------------------------
+# throughput vs sequence length
+
+
+def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    out = PanelOutput(panel)
+    x, series, facets, dirs = panel["x"], panel["series"], panel["facets"], panel["directions"]
+    df = apply_filter(run.frame, panel.include, panel.exclude)
+    df = df[df.verdict.isin(RAN)]
+    timed = df[[f"{d}_tflops" for d in dirs]].notna().any(axis=1) if len(df) else df.index == 0
+    df = df[timed]
+    if df.empty:
+        out.notes.append("No timed cases: timing was off, or no case ran to the end.")
+        return out
+    groups = list(_facet_groups(df, facets))
+    if len(groups) > panel["max_figures"]:
+        out.notes.append(f"{len(groups) - panel['max_figures']} more combinations of "
+                         f"{', '.join(facets)} not drawn (raise max_figures or narrow the "
+                         "panel with filter:).")
+    unit_scale, unit = (1.0, "TFLOP/s")
+    top = np.nanmax(df[[f"{d}_tflops" for d in dirs]].to_numpy(dtype=float))
+    if top < 1.0:  # CPU runs: GFLOP/s reads better than 0.00x TFLOP/s
+        unit_scale, unit = (1e3, "GFLOP/s")
+    for key, sub in groups[:panel["max_figures"]]:
+        title = _facet_title(facets, key)
+        fig = _figure(4.2 * len(dirs) + 0.6, 3.5)
+        axes = fig.subplots(1, len(dirs), squeeze=False)[0]
+        handles: dict[str, Any] = {}
+        many = False
+        for ax, d in zip(axes, dirs):
+            pos = _setup_x(ax, sub[x].tolist(), x)
+            for name, s in sub.groupby(series, sort=True):
+                s = s[s[f"{d}_tflops"].notna()]
+                if s.empty:
+                    continue
+                tfl = s[f"{d}_tflops"] * unit_scale
+                med = s[f"{d}_median_ms"]
+                lo = tfl * med / s[f"{d}_q3_ms"]  # slower quartile -> lower throughput
+                hi = tfl * med / s[f"{d}_q1_ms"]
+                agg = pd.DataFrame({"x": s[x], "t": tfl, "lo": lo, "hi": hi}).groupby("x").agg(
+                    t=("t", "median"), lo=("lo", "median"), hi=("hi", "median"), n=("t", "size"))
+                many |= bool((agg.n > 1).any())
+                xs = [pos(v) for v in agg.index]
+                color = _series_color(ctx, name)
+                (line,) = ax.plot(xs, agg.t, marker="o", ms=3.5, lw=1.6, color=color, label=str(name))
+                if panel["band"]:
+                    ax.fill_between(xs, agg.lo, agg.hi, color=color, alpha=0.2, lw=0)
+                handles[str(name)] = line
+            ax.set_title(DIRECTION_LABELS[d])
+            ax.set_ylabel(unit)
+            ax.set_ylim(bottom=0)
+            _peak_axis(ax, sub, d, unit_scale)
+        fig.suptitle(title, fontsize=10, fontweight="bold")
+        _legend_below(fig, list(handles.values()), list(handles))
+        caption = f"{title}: median {unit}" + (", median over cases per point" if many else "") + \
+            (", band q1..q3" if panel["band"] else "")
+        out.figures.append(_save(fig, ctx, f"{panel.slug}-{_slug(title)}", caption))
+    if not any(df[f"{d}_pct_peak"].notna().any() for d in dirs):
+        out.notes.append("No percent-of-peak axis: the device has no peak in the table "
+                         "(timing.*.pct_peak is null, as on CPU).")
+    return out
+
+
+def _peak_axis(ax, sub: pd.DataFrame, d: str, unit_scale: float) -> None:
+    """A right-hand axis in percent of peak, when every point's peak is the same device peak."""
+    rows = sub[sub[f"{d}_tflops"].notna()]
+    pct = rows[f"{d}_pct_peak"]
+    if rows.empty or pct.isna().any() or (pct <= 0).any():
+        return
+    peaks = rows[f"{d}_tflops"] / (pct / 100.0)
+    peak = float(peaks.median())
+    if not np.allclose(peaks, peak, rtol=0.02):
+        return  # several devices or dtypes with different peaks share this axis: no single %
+    peak *= unit_scale
+    sec = ax.secondary_yaxis("right", functions=(lambda t: t / peak * 100.0,
+                                                 lambda p: p * peak / 100.0))
+    sec.set_ylabel("% of peak")
+    ax.spines["right"].set_visible(True)
+
+
+# ------------------------------------------------------------------------------------------
+# accuracy heatmap
+
+
+def over_cmap(steps: int = 128) -> ListedColormap:
+    """Under the bound: pale to mid green (deeper = closer to failing). Over it: red to dark
+    red. The hue flips exactly at error == bound."""
+    def ramp(a: str, b: str) -> list[tuple[float, float, float]]:
+        ca, cb = np.array(to_rgb(a)), np.array(to_rgb(b))
+        return [tuple(ca + (cb - ca) * i / (steps - 1)) for i in range(steps)]
+
+    return ListedColormap(ramp("#f2faef", "#5fb56a") + ramp("#f0593f", "#5c0010"), name="over")
+
+
+def draw_accuracy_heatmap(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    out = PanelOutput(panel)
+    tensors = panel["tensors"]
+    df = apply_filter(run.frame, panel.include, panel.exclude)
+    if df.empty:
+        out.notes.append("No cases after this panel's filter.")
+        return out
+    has_acc = df[[f"{t}_over" for t in tensors]].notna().any(axis=1)
+    df = df[has_acc | ~df.verdict.isin(RAN)]
+    if df.empty:
+        out.notes.append("No accuracy data: accuracy was off for every case that ran.")
+        return out
+    sort = panel["sort"]
+    rank = {v: i for i, v in enumerate(SEVERITY)}
+    if sort == "verdict":  # worst verdict first, patterns (features) together within a verdict
+        df = df.assign(_r=df.verdict.map(rank)).sort_values(
+            ["_r", "features", "backend", "dtype", "seqlen_q", "label"])
+    elif sort == "worst":
+        df = df.assign(_r=df.verdict.map(rank), _w=-df.worst_over.fillna(-1)).sort_values(
+            ["_r", "_w", "label"])
+    elif sort == "label":
+        df = df.sort_values("label")
+    else:
+        df = df.sort_values(["features", "backend", "dtype", "seqlen_q", "label"])
+    n_parts = max(1, math.ceil(len(df) / panel["max_rows"]))
+    per_part = math.ceil(len(df) / n_parts)
+    decades = panel["decades"]
+    norm = LogNorm(vmin=10.0 ** -decades, vmax=10.0 ** decades)
+    cmap = over_cmap()
+    bad = int(df.verdict.isin(("fail",) + NO_RESULT).sum())
+    for part in range(n_parts):
+        chunk = df.iloc[part * per_part:(part + 1) * per_part]
+        suffix = f" (part {part + 1} of {n_parts})" if n_parts > 1 else ""
+        fig = heatmap_figure(chunk, tensors, norm, cmap, annotate=len(chunk) <= 70)
+        fig.suptitle(f"Error over bound (rel. L2 / bound) per case and tensor{suffix}",
+                     fontsize=10, fontweight="bold")
+        caption = (f"{len(chunk)} cases{suffix}; {bad} of {len(df)} cases in this panel failed, "
+                   "crashed, timed out or ran out of memory. Green: under the bound; red: over "
+                   "it; hatched: no numbers (the case died).")
+        out.figures.append(_save(fig, ctx, f"{panel.slug}-part{part + 1}", caption))
+    return out
+
+
+def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
+                   annotate: bool) -> Figure:
+    """Rows of ``chunk`` (frame rows) x ``tensors``, coloured by ``<t>_over``. Every value over
+    1 is written in its cell; rows of cases that died are one hatched cell naming the verdict."""
+    rows = len(chunk)
+    label_chars = max(len(str(s)) for s in chunk.label) if rows else 10
+    width = 2.6 + 0.055 * label_chars + 0.75 * len(tensors)
+    height = 1.6 + 0.175 * rows
+    fig = _figure(width, height)
+    ax = fig.add_subplot()
+    ax.grid(False)
+    ax.spines[:].set_visible(False)
+    values = chunk[[f"{t}_over" for t in tensors]].to_numpy(dtype=float)
+    finite = np.where(np.isfinite(values), values, np.nan)
+    masked = np.ma.masked_invalid(np.clip(finite, norm.vmin, norm.vmax))
+    mesh = ax.pcolormesh(np.arange(len(tensors) + 1), np.arange(rows + 1), masked, cmap=cmap,
+                         norm=norm, edgecolors="white", linewidth=0.6)
+    ax.set_xlim(-0.35, len(tensors))
+    ax.set_ylim(rows, 0)
+    for i, (_, r) in enumerate(chunk.iterrows()):
+        verdict = r.verdict
+        # a verdict strip left of the cells, in the verdict's colour
+        ax.add_patch(Rectangle((-0.32, i + 0.08), 0.22, 0.84, color=VERDICT_COLORS.get(verdict, "#777"),
+                               clip_on=False))
+        if verdict in NO_RESULT and np.isnan(values[i]).all():
+            color = VERDICT_COLORS[verdict]
+            ax.add_patch(Rectangle((0, i), len(tensors), 1, facecolor=color, edgecolor="white",
+                                   hatch="////", linewidth=0.6))
+            text = verdict.upper()
+            if isinstance(r.crash_signal, str) and r.crash_signal:
+                text += f" {r.crash_signal}"
+            ax.text(len(tensors) / 2, i + 0.5, text, ha="center", va="center", fontsize=7,
+                    fontweight="bold", color="white",
+                    bbox=dict(boxstyle="round,pad=0.15", fc=color, ec="none"))
+            continue
+        for j, t in enumerate(tensors):
+            v = values[i, j]
+            if np.isinf(v):
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor=VERDICT_COLORS["error"],
+                                       edgecolor="white", linewidth=0.6))
+                ax.text(j + 0.5, i + 0.5, "NaN/Inf", ha="center", va="center", fontsize=6.5,
+                        color="white", fontweight="bold")
+            elif np.isnan(v):
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#eeeeee", edgecolor="white",
+                                       linewidth=0.6))
+                ax.text(j + 0.5, i + 0.5, "n/a", ha="center", va="center", fontsize=6.5,
+                        color="#888888")
+            elif annotate or v > 1:
+                rgba = cmap(norm(min(max(v, norm.vmin), norm.vmax)))
+                fg = text_color_on(matplotlib.colors.to_hex(rgba))
+                ax.text(j + 0.5, i + 0.5, f"{v:.2g}", ha="center", va="center", fontsize=6.5,
+                        color=fg, fontweight="bold" if v > 1 else "normal")
+    ax.set_xticks(np.arange(len(tensors)) + 0.5, [TENSOR_LABELS[t] for t in tensors])
+    ax.xaxis.tick_top()
+    ax.tick_params(axis="x", length=0, labelsize=9)
+    ax.set_yticks(np.arange(rows) + 0.5, [mpl_text(s) for s in chunk.label], fontsize=7,
+                  fontfamily="monospace")
+    ax.tick_params(axis="y", length=0, pad=14)
+    for tick, verdict in zip(ax.get_yticklabels(), chunk.verdict):
+        if verdict != "pass":
+            tick.set_color(VERDICT_COLORS.get(verdict, "#000"))
+            tick.set_fontweight("bold")
+    cbar = fig.colorbar(mesh, ax=ax, extend="both", shrink=min(1.0, 6.0 / height), aspect=25,
+                        pad=0.02)
+    cbar.set_label("rel. L2 error / bound  (> 1 fails)")
+    cbar.ax.axhline(1.0, color="black", lw=1.2)
+    verdicts = [v for v in SEVERITY if v in set(chunk.verdict)]
+    _legend_below(fig, [Patch(color=VERDICT_COLORS[v]) for v in verdicts], verdicts,
+                  title="verdict (strip left of the cells)")
+    return fig
+
+
+# ------------------------------------------------------------------------------------------
+# verdict matrix
+
+
+def draw_verdict_matrix(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    out = PanelOutput(panel)
+    rows_col, cols_col = panel["rows"], panel["columns"]
+    df = apply_filter(run.frame, panel.include, panel.exclude)
+    if df.empty:
+        out.notes.append("No cases after this panel's filter.")
+        return out
+    row_vals = sorted(df[rows_col].astype(str).unique(), key=_natural)
+    col_vals = sorted(df[cols_col].astype(str).unique(), key=_natural)
+    counts = df.assign(_r=df[rows_col].astype(str), _c=df[cols_col].astype(str)).groupby(
+        ["_r", "_c"]).verdict.value_counts()
+    max_lines = 1
+    cells: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for (r, c, v), n in counts.items():
+        cells.setdefault((r, c), []).append((v, int(n)))
+    for key, items in cells.items():
+        items.sort(key=lambda vn: SEVERITY.index(vn[0]) if vn[0] in SEVERITY else 99)
+        max_lines = max(max_lines, len(items))
+    row_h = 0.2 + 0.15 * max_lines
+    label_chars = max(len(s) for s in row_vals)
+    fig = _figure(1.5 + 0.065 * label_chars + 1.15 * len(col_vals), 1.5 + row_h * len(row_vals))
+    ax = fig.add_subplot()
+    ax.grid(False)
+    ax.spines[:].set_visible(False)
+    for i, r in enumerate(row_vals):
+        for j, c in enumerate(col_vals):
+            items = cells.get((r, c))
+            if not items:
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#fafafa", edgecolor="white", lw=1.5))
+                ax.text(j + 0.5, i + 0.5, "–", ha="center", va="center", color="#bbbbbb")
+                continue
+            w = worst(v for v, _ in items)
+            color = VERDICT_COLORS[w]
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=color, edgecolor="white", lw=1.5))
+            ax.text(j + 0.5, i + 0.5, "\n".join(f"{n} {v}" for v, n in items), ha="center",
+                    va="center", fontsize=7, color=text_color_on(color), linespacing=1.15)
+    ax.set_xlim(0, len(col_vals))
+    ax.set_ylim(len(row_vals), 0)
+    ax.set_xticks(np.arange(len(col_vals)) + 0.5, [mpl_text(c) for c in col_vals])
+    ax.xaxis.tick_top()
+    ax.set_xlabel(cols_col)
+    ax.xaxis.set_label_position("top")
+    ax.set_yticks(np.arange(len(row_vals)) + 0.5, [mpl_text(r) for r in row_vals])
+    ax.set_ylabel(rows_col)
+    ax.tick_params(length=0)
+    present = [v for v in SEVERITY if v in set(df.verdict)]
+    _legend_below(fig, [Patch(color=VERDICT_COLORS[v]) for v in present], present,
+                  title="cell colour = worst verdict in the cell")
+    fig.suptitle(f"Verdict counts: {rows_col} x {cols_col}", fontsize=10, fontweight="bold")
+    out.figures.append(_save(fig, ctx, panel.slug, f"{len(df)} cases; each cell counts verdicts "
+                             "and takes the colour of its worst one."))
+    return out
+
+
+def _natural(s: str):
+    import re
+
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
+
+
+# ------------------------------------------------------------------------------------------
+# error vs sequence length
+
+
+def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    out = PanelOutput(panel)
+    x, series, facets, tensors = panel["x"], panel["series"], panel["facets"], panel["tensors"]
+    df = apply_filter(run.frame, panel.include, panel.exclude)
+    df = df[df.verdict.isin(RAN)]
+    df = df[df[[f"{t}_rel_l2" for t in tensors]].notna().any(axis=1)] if len(df) else df
+    if df.empty:
+        out.notes.append("No accuracy numbers: accuracy was off or no case ran to the end.")
+        return out
+    groups = list(_facet_groups(df, facets))
+    if len(groups) > panel["max_figures"]:
+        out.notes.append(f"{len(groups) - panel['max_figures']} more combinations of "
+                         f"{', '.join(facets)} not drawn.")
+    for key, sub in groups[:panel["max_figures"]]:
+        title = _facet_title(facets, key)
+        fig = _figure(2.9 * len(tensors) + 0.4, 3.4)
+        axes = fig.subplots(1, len(tensors), squeeze=False, sharey=True)[0]
+        handles: dict[str, Any] = {}
+        extra: dict[str, Any] = {}  # after the series in the legend
+        for ax, t in zip(axes, tensors):
+            pos = _setup_x(ax, sub[x].tolist(), x)
+            ax.set_yscale("log")
+            ax.set_title(TENSOR_LABELS[t])
+            col = f"{t}_rel_l2"
+            bound = sub[[x, f"{t}_bound"]].dropna().groupby(x)[f"{t}_bound"].median()
+            if len(bound):
+                (bl,) = ax.plot([pos(v) for v in bound.index], bound.values, ls="--", lw=1.2,
+                                color="#444444", zorder=1)
+                extra.setdefault("bound (median)", bl)
+            for name, s in sub.groupby(series, sort=True):
+                s = s[s[col].notna() & (s[col] > 0)]
+                if s.empty:
+                    continue
+                color = _series_color(ctx, name)
+                ax.scatter([pos(v) for v in s[x]], s[col], s=9, color=color, alpha=0.35, lw=0)
+                failed = s[s[f"{t}_over"] > 1]
+                if len(failed):
+                    fl = ax.scatter([pos(v) for v in failed[x]], failed[col], s=30,
+                                    facecolors="none", edgecolors=VERDICT_COLORS["fail"], lw=1.1,
+                                    zorder=4)
+                    extra.setdefault("over its bound", fl)
+                med = s.groupby(x)[col].median()
+                (line,) = ax.plot([pos(v) for v in med.index], med.values, marker="o", ms=3,
+                                  lw=1.5, color=color, zorder=3)
+                handles.setdefault(str(name), line)
+        handles.update(extra)
+        axes[0].set_ylabel("relative L2 error vs fp64")
+        fig.suptitle(f"Error vs {x}: {title}" if title else f"Error vs {x}", fontsize=10,
+                     fontweight="bold")
+        _legend_below(fig, list(handles.values()), list(handles))
+        out.figures.append(_save(fig, ctx, f"{panel.slug}-{_slug(title)}",
+                                 f"{title}: dots are cases, lines the median per {x}; dashed: "
+                                 "the median bound; red rings: over their own bound."))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# CP / TP scaling
+
+
+def _parallel_kind(r) -> str:
+    parts = []
+    if r.cp > 1:
+        parts.append(f"cp-{r.cp_algo}")
+    if r.tp > 1:
+        parts.append("tp")
+    return "+".join(parts) or "single"
+
+
+def draw_parallel(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    out = PanelOutput(panel)
+    series, dirs = panel["series"], panel["directions"]
+    df = apply_filter(run.frame, panel.include, panel.exclude)
+    if not (df.world_size > 1).any():
+        out.notes.append("No case with cp * tp > 1 in this run.")
+        return out
+    # speedup: the same case at world size 1 (same GPU kind) is the baseline
+    keyed = []
+    by_id = {rec.get("id"): rec for rec in run.records}
+    for _, r in df.iterrows():
+        case = by_id.get(r.id, {}).get("case", {})
+        keyed.append(case_key(case, ignore=("gpu", "cp", "tp", "cp_algo")) + f"|{r.gpu_kind}")
+    df = df.assign(_key=keyed)
+    ran = df[df.verdict.isin(RAN)]
+    base = ran[ran.world_size == 1].drop_duplicates("_key").set_index("_key")
+    multi = ran[ran.world_size > 1]
+    pairs = multi[multi._key.isin(base.index)]
+    if len(pairs) and any(pairs[f"{d}_median_ms"].notna().any() for d in dirs):
+        fig = _figure(4.2 * len(dirs) + 0.6, 3.6)
+        axes = fig.subplots(1, len(dirs), squeeze=False)[0]
+        handles: dict[str, Any] = {}
+        worlds = sorted(set(pairs.world_size) | {1})
+        styles = ["-", "--", ":", "-."]
+        kinds = sorted({_parallel_kind(r) for _, r in pairs.iterrows()})
+        for ax, d in zip(axes, dirs):
+            pos = _setup_x(ax, worlds, "world size (cp x tp)", log2=True)
+            ax.plot(worlds, worlds, color="#aaaaaa", lw=1, ls=":", zorder=0)
+            handles.setdefault("linear", Line2D([], [], color="#aaaaaa", lw=1, ls=":"))
+            sp = pairs.assign(
+                speedup=base.loc[pairs._key, f"{d}_median_ms"].to_numpy() / pairs[f"{d}_median_ms"],
+                kind=[_parallel_kind(r) for _, r in pairs.iterrows()])
+            for (name, kind), s in sp.groupby([series, "kind"], sort=True):
+                s = s[s.speedup.notna()]
+                if s.empty:
+                    continue
+                color = _series_color(ctx, name)
+                ls = styles[kinds.index(kind) % len(styles)]
+                ax.scatter([pos(v) for v in s.world_size], s.speedup, s=10, color=color, alpha=0.35)
+                med = s.groupby("world_size").speedup.median()
+                xs, ys = [1.0] + [pos(v) for v in med.index], [1.0] + list(med.values)
+                (line,) = ax.plot(xs, ys, marker="o", ms=3.5, lw=1.5, color=color, ls=ls)
+                handles.setdefault(f"{name} {kind}", line)
+            ax.set_title(DIRECTION_LABELS[d])
+            ax.set_ylabel("speedup over world size 1")
+        fig.suptitle("Speedup against world size (same case at cp = tp = 1 as baseline)",
+                     fontsize=10, fontweight="bold")
+        _legend_below(fig, list(handles.values()), list(handles))
+        out.figures.append(_save(fig, ctx, f"{panel.slug}-speedup",
+                                 f"{len(pairs)} multi-rank cases with a world-size-1 twin; lines: "
+                                 "median per world size; dotted: linear scaling."))
+    else:
+        out.notes.append("No speedup plot: no multi-rank case has a timed world-size-1 twin "
+                         "in this run.")
+
+    parity = parity_checks(r for r in run.records if r.get("id") in set(df.id))
+    if parity.empty:
+        out.notes.append("No parity plot: no record has a check == \"parity\".")
+        return out
+    tensors = [t for t in TENSORS if t in set(parity.tensor)]
+    parity = parity.assign(kind=[_parallel_kind(r) for r in parity.itertuples()])
+    kinds = sorted(set(parity.kind))
+    markers = dict(zip(kinds, "o^sDv<>"))
+    backends = sorted(set(parity[series if series in parity else "backend"].astype(str)))
+    # spread backends a little sideways so points at one world size do not hide each other
+    jitter = {name: 2 ** ((k - 0.5 * (len(backends) - 1)) * 0.07) for k, name in enumerate(backends)}
+    fig = _figure(2.9 * len(tensors) + 0.4, 3.4)
+    axes = fig.subplots(1, len(tensors), squeeze=False, sharey=True)[0]
+    handles: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    worlds = sorted(set(parity.world_size))
+    for ax, t in zip(axes, tensors):
+        pos = _setup_x(ax, worlds, "world size (cp x tp)", log2=True)
+        ax.set_xlim(min(worlds) / 1.4, max(worlds) * 1.4)
+        ax.set_yscale("log")
+        ax.set_title(f"{TENSOR_LABELS[t]} vs world size 1")
+        s_all = parity[(parity.tensor == t) & (parity.value > 0)]
+        bound = s_all.groupby("world_size").bound.median()
+        if len(bound):
+            (bl,) = ax.plot([pos(v) for v in bound.index], bound.values, ls="--", lw=1.2,
+                            color="#444444", marker="_", ms=14)
+            extra.setdefault("bound (median)", bl)
+        for (name, kind), s in s_all.groupby([series if series in s_all else "backend", "kind"],
+                                             sort=True):
+            color = _series_color(ctx, name)
+            xs = [pos(v) * jitter.get(str(name), 1.0) for v in s.world_size]
+            ax.scatter(xs, s.value, s=18, color=color, alpha=0.75, lw=0, marker=markers[kind])
+            handles.setdefault(str(name), Patch(color=color))
+            extra.setdefault(kind, Line2D([], [], color="#555555", marker=markers[kind], ls=""))
+            failed = s[s.passed == False]  # noqa: E712 (None means "not judged")
+            if len(failed):
+                fl = ax.scatter([pos(v) * jitter.get(str(name), 1.0) for v in failed.world_size],
+                                failed.value, s=60, facecolors="none",
+                                edgecolors=VERDICT_COLORS["fail"], lw=1.3)
+                extra.setdefault("failed parity", fl)
+    handles.update(extra)
+    axes[0].set_ylabel("parity error (" + ", ".join(sorted(set(parity.metric.dropna()))) + ")")
+    fig.suptitle("Parity: multi-rank result against the same backend at world size 1",
+                 fontsize=10, fontweight="bold")
+    _legend_below(fig, list(handles.values()), list(handles))
+    out.figures.append(_save(fig, ctx, f"{panel.slug}-parity",
+                             f"{len(parity)} parity checks from {parity.id.nunique()} cases; red "
+                             "rings: over their bound."))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# architecture comparison
+
+
+def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    out = PanelOutput(panel)
+    x, series, dirs = panel["x"], panel["series"], panel["directions"]
+    df = apply_filter(run.frame, panel.include, panel.exclude)
+    kinds = sorted(k for k in df.gpu_kind.dropna().unique())
+    if len(kinds) < 2:
+        out.notes.append((f"One GPU kind in this run ({kinds[0]})" if kinds else
+                          "No GPU kind in the records (env.gpu_kind)") +
+                         "; `attnbench compare` sets runs from different GPUs side by side.")
+        return out
+    baseline = panel["baseline"] or max(kinds, key=lambda k: ((df.gpu_kind == k).sum(), k))
+    if baseline not in kinds:
+        out.notes.append(f"baseline {baseline!r} is not among this run's GPU kinds "
+                         f"({', '.join(kinds)}).")
+        return out
+    by_id = {rec.get("id"): rec for rec in run.records}
+    df = df.assign(_key=[case_key(by_id.get(i, {}).get("case", {})) for i in df.id])
+    base = df[df.gpu_kind == baseline].drop_duplicates("_key").set_index("_key")
+    changed = []
+    for kind in kinds:
+        if kind == baseline:
+            continue
+        other = df[(df.gpu_kind == kind) & df._key.isin(base.index)]
+        if other.empty:
+            out.notes.append(f"{kind}: no case in common with {baseline}.")
+            continue
+        b = base.loc[other._key]
+        for (_, o), (_, bb) in zip(other.iterrows(), b.iterrows()):
+            if o.verdict != bb.verdict:
+                changed.append(f"{o.label}: {bb.verdict} on {baseline}, {o.verdict} on {kind}")
+        fig = _figure(4.2 * len(dirs) + 0.6, 3.5)
+        axes = fig.subplots(1, len(dirs), squeeze=False)[0]
+        handles: dict[str, Any] = {}
+        for ax, d in zip(axes, dirs):
+            ratio = b[f"{d}_median_ms"].to_numpy() / other[f"{d}_median_ms"].to_numpy()
+            s_all = other.assign(ratio=ratio)
+            s_all = s_all[np.isfinite(s_all.ratio)]
+            pos = _setup_x(ax, s_all[x].tolist(), x)
+            ax.axhline(1.0, color="#444444", lw=1)
+            peak_ratio = _peak_ratio(other, b, d)
+            if peak_ratio:
+                ax.axhline(peak_ratio, color="#888888", lw=1, ls="--")
+                handles.setdefault("ratio of peaks",
+                                   Line2D([], [], color="#888888", lw=1, ls="--"))
+            for name, s in s_all.groupby(series, sort=True):
+                color = _series_color(ctx, name)
+                ax.scatter([pos(v) for v in s[x]], s.ratio, s=9, color=color, alpha=0.35, lw=0)
+                med = s.groupby(x).ratio.median()
+                (line,) = ax.plot([pos(v) for v in med.index], med.values, marker="o", ms=3.5,
+                                  lw=1.5, color=color)
+                handles.setdefault(str(name), line)
+            ax.set_title(DIRECTION_LABELS[d])
+            ax.set_ylabel(f"throughput {kind} / {baseline}")
+            ax.set_ylim(bottom=0)
+        fig.suptitle(f"{kind} against {baseline}: same cases, throughput ratio", fontsize=10,
+                     fontweight="bold")
+        _legend_below(fig, list(handles.values()), list(handles))
+        out.figures.append(_save(fig, ctx, f"{panel.slug}-{_slug(kind)}-vs-{_slug(baseline)}",
+                                 f"{len(other)} cases run on both {kind} and {baseline}; above 1: "
+                                 f"{kind} is faster. Ratios across GPU kinds, never verdicts."))
+    if changed:
+        out.notes.append(f"{len(changed)} case(s) have a different verdict on different GPU "
+                         "kinds: " + "; ".join(changed[:20]) + (" ..." if len(changed) > 20 else ""))
+    return out
+
+
+def _peak_ratio(other: pd.DataFrame, base: pd.DataFrame, d: str) -> float | None:
+    def peak(df: pd.DataFrame) -> float | None:
+        p = (df[f"{d}_tflops"] / (df[f"{d}_pct_peak"] / 100.0)).dropna()
+        return float(p.median()) if len(p) else None
+
+    a, b = peak(other), peak(base)
+    return a / b if a and b else None
+
+
+DRAW = {
+    "throughput": draw_throughput,
+    "accuracy_heatmap": draw_accuracy_heatmap,
+    "verdict_matrix": draw_verdict_matrix,
+    "error_vs_seqlen": draw_error_vs_seqlen,
+    "parallel": draw_parallel,
+    "architecture": draw_architecture,
+}
+
+
+def draw_panel(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    with matplotlib.rc_context(RC):
+        return DRAW[panel.kind](panel, run, ctx)
+
+
+def page_colors(run_frames: Iterable[pd.DataFrame], column: str = "backend") -> dict[str, str]:
+    names: set[str] = set()
+    for df in run_frames:
+        if column in df:
+            names |= set(df[column].dropna().astype(str))
+    return backend_colors(names)

@@ -1,0 +1,88 @@
+"""One look for every figure and page: verdict colours, backend colours, figure defaults.
+
+The verdict colours are the same in the heatmap, the verdict matrix, the table badges and the
+compare page, so a colour means one thing everywhere: pass green, fail red, error dark red,
+crash purple, timeout orange, oom brown, unsupported / skipped grey, lost slate.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from attnbench.records import VERDICTS
+
+VERDICT_COLORS: dict[str, str] = {
+    "pass": "#2e9e4f",
+    "fail": "#d62728",
+    "error": "#8b1a1a",
+    "crash": "#6a2c91",
+    "timeout": "#f28e1c",
+    "oom": "#8c564b",
+    "unsupported": "#9e9e9e",
+    "skipped": "#c4c4c4",
+    "lost": "#37474f",
+}
+assert set(VERDICT_COLORS) == set(VERDICTS), "every verdict needs a colour"
+
+# Worst first, for "coloured by worst" cells. A silent wrong answer (fail) ranks above a loud
+# crash: a crash stops a training run, a wrong gradient quietly ruins it (seeds/001).
+SEVERITY: tuple[str, ...] = ("fail", "crash", "error", "lost", "timeout", "oom",
+                             "unsupported", "skipped", "pass")
+assert set(SEVERITY) == set(VERDICTS)
+
+# Comparison classes (compare.py) share the palette: slower is red, faster green.
+CLASS_COLORS: dict[str, str] = {
+    "FAST": "#2e9e4f",
+    "SLOW": "#d62728",
+    "SAME": "#9e9e9e",
+    "AMBIGUOUS": "#f2b01c",
+    "RATIO": "#1f77b4",   # different GPU kinds: a ratio, never a verdict
+    "n/a": "#dddddd",
+}
+
+# Series colours avoid the verdict hues (green, red, orange, brown, purple, grey), so a line is
+# never read as a verdict.
+BACKEND_PALETTE = ("#1f77b4", "#e377c2", "#17becf", "#9a9b1c", "#393b79", "#c9a227",
+                   "#8c8cd9", "#2a6f97", "#b5679e", "#5c6b2f")
+
+RC = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "legend.fontsize": 8,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "svg.fonttype": "none",      # text stays text in SVG: smaller, searchable
+    "svg.hashsalt": "attnbench",  # stable ids, so regenerated SVGs diff cleanly
+}
+
+
+def worst(verdicts: Iterable[str]) -> str:
+    present = set(verdicts)
+    for v in SEVERITY:
+        if v in present:
+            return v
+    return "pass"
+
+
+def backend_colors(backends: Iterable[str]) -> dict[str, str]:
+    """A stable backend -> colour map (sorted names, so every panel of a page agrees)."""
+    names = sorted(set(backends))
+    return {name: BACKEND_PALETTE[i % len(BACKEND_PALETTE)] for i, name in enumerate(names)}
+
+
+def text_color_on(hex_color: str) -> str:
+    """Black or white, whichever reads better on ``hex_color`` (WCAG relative luminance)."""
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i:i + 2], 16) / 255 for i in (0, 2, 4))
+
+    def lin(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    lum = 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+    return "#000000" if lum > 0.25 else "#ffffff"

@@ -1,0 +1,40 @@
+"""attnbench's own Triton flash attention (forward, backward, dropout mask).
+
+Modules: :mod:`kernels.common` (device functions shared by every kernel), :mod:`kernels.flash_fwd`,
+:mod:`kernels.flash_bwd`, :mod:`kernels.dropout` (kernels plus their thin launchers),
+:mod:`kernels.configs` (tuning spaces and pruning rules), :mod:`kernels.params` (launch
+parameters). The attnbench backend is :mod:`attnbench.backends.triton_backend`.
+
+Without a CUDA device the kernels run under Triton's interpreter. Triton decides between compiling
+and interpreting when ``@triton.jit`` *decorates* a function, reading ``TRITON_INTERPRET`` at
+that moment — and that includes Triton's own library functions (``tl.zeros``, ``tl.sum``,
+``tl.philox``), decorated when ``triton.language`` is first imported. So the variable must be set
+before anything in the process imports triton; this package sets it (``setdefault``: an explicit
+``TRITON_INTERPRET=0/1`` wins) when no GPU is visible, and refuses to load, with the reason, if
+triton was already imported in compiled mode: the kernels would fail inside the interpreter with
+"Cannot call @triton.jit'd outside of the scope of a kernel".
+"""
+
+import os
+import sys
+
+
+def _interpret_without_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if os.environ["TRITON_INTERPRET"] != "1" or "triton.language" not in sys.modules:
+        return
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(standard.zeros, InterpretedFunction):
+        raise ImportError(
+            "kernels: no GPU, so the Triton kernels must run under TRITON_INTERPRET=1, but triton "
+            "was imported before that was set (its library functions are compiled-mode). Export "
+            "TRITON_INTERPRET=1, or import `kernels` before anything imports triton.")
+
+
+_interpret_without_gpu()

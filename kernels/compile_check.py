@@ -1,0 +1,181 @@
+"""Compile the kernels for a GPU on a machine that has none.
+
+The interpreter (``TRITON_INTERPRET=1``) runs the kernels' math on CPU but never compiles them,
+so errors only the compiler sees would first show on a GPU: a Python global that is not
+``tl.constexpr``, branches yielding different types, a tile needing more shared memory than the
+chip has. Triton's wheel ships ptxas, so every kernel can be lowered to a cubin for a target GPU
+right here. This module does that for representative variants (dtypes, head dims, every feature
+flag) and prints, per kernel: shared memory, whether the PTX uses wgmma (Hopper tensor cores)
+and cp.async (pipelined loads), and compile time.
+
+    TRITON_INTERPRET=0 python -m kernels.compile_check [--all | --variant TEXT] [--arch 90]
+
+It must run with ``TRITON_INTERPRET=0`` (set in the environment: ``kernels`` defaults it to 1 on
+a machine without a GPU). Arguments are specialised as a GPU run would specialise them: strides
+and lengths divisible by 16 get the divisibility hint, unit strides become constants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels import configs
+from kernels.dropout import _keep_mask_kernel
+from kernels.flash_bwd import _bwd_dkdv, _bwd_dq, _bwd_preprocess, backward_args
+from kernels.flash_fwd import _attn_fwd, forward_args
+from kernels.params import FlashParams, is_interpreted
+
+_TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                    torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    dtype: torch.dtype
+    head_dim: int
+    seqlen: int = 4096
+    heads_q: int = 8
+    heads_kv: int = 8
+    features: dict = field(default_factory=dict)
+    """FlashParams fields switched on (window, softcap, alibi, dropout)."""
+    fwd: configs.BlockConfig = configs.BlockConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    dkdv: configs.BlockConfig = configs.BlockConfig(block_m=32, block_n=128, num_warps=4, num_stages=3)
+    dq: configs.BlockConfig = configs.BlockConfig(block_m=128, block_n=32, num_warps=4, num_stages=3)
+
+
+_ALL_FEATURES = dict(window_left=256, window_right=0, softcap=30.0,
+                     alibi_slopes=tuple(2.0 ** -(i + 1) for i in range(8)), dropout_p=0.1,
+                     dropout_seed=1234)
+
+QUICK = (
+    Variant("bf16 d128 plain (the performance target)", torch.bfloat16, 128),
+    Variant("bf16 d64 GQA every feature", torch.bfloat16, 64, heads_kv=2, features=_ALL_FEATURES),
+)
+FULL = QUICK + (
+    Variant("fp16 d64 causal", torch.float16, 64, features=dict(window_right=0)),
+    Variant("fp32 d64 every feature (ieee dots)", torch.float32, 64, features=_ALL_FEATURES,
+            fwd=configs.BlockConfig(block_m=64, block_n=32, num_warps=4, num_stages=2),
+            dkdv=configs.BlockConfig(block_m=32, block_n=64, num_warps=4, num_stages=2),
+            dq=configs.BlockConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)),
+    Variant("bf16 d256", torch.bfloat16, 256,
+            fwd=configs.BlockConfig(block_m=64, block_n=64, num_warps=8, num_stages=2),
+            dkdv=configs.BlockConfig(block_m=32, block_n=64, num_warps=8, num_stages=2),
+            dq=configs.BlockConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)),
+    Variant("bf16 d48 (padded head dim), odd length", torch.bfloat16, 48, seqlen=4099),
+)
+
+
+def _signature(kernel, args: dict):
+    """(signature, constexprs, attrs) the way a JIT launch would specialise ``args``."""
+    signature, constexprs, attrs = {}, {}, {}
+    for index, param in enumerate(kernel.params):
+        name, value = param.name, args[param.name]
+        if param.is_constexpr:
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TORCH_TO_TRITON[value.dtype]
+            attrs[(index,)] = [["tt.divisibility", 16]]  # torch allocations are 256-B aligned
+        elif isinstance(value, bool) or value is None:
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, int):
+            if value == 1:  # Triton specialises integer arguments equal to 1
+                signature[name], constexprs[name] = "constexpr", 1
+            else:
+                signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+                if value % 16 == 0:
+                    attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{kernel.__name__}: cannot specialise {name}={value!r}")
+    return signature, constexprs, attrs
+
+
+def compile_kernel(kernel, args: dict, config: configs.BlockConfig | None, target: GPUTarget):
+    """Compile one kernel; return its report (dict)."""
+    args = dict(args)
+    options = {}
+    if config is not None:
+        args.update(BLOCK_M=config.block_m, BLOCK_N=config.block_n)
+        options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    start = time.perf_counter()
+    compiled = triton.compile(ASTSource(kernel, *_signature(kernel, args)), target=target,
+                              options=options)
+    ptx = compiled.asm["ptx"]
+    return {"kernel": kernel.__name__, "config": None if config is None else asdict(config),
+            "shared_bytes": compiled.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+            "mma": ptx.count("mma.sync"), "cp_async": ptx.count("cp.async.cg"),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def check_variant(variant: Variant, target: GPUTarget) -> list[dict]:
+    meta = torch.device("meta")
+    q = torch.empty(2, variant.heads_q, variant.seqlen, variant.head_dim, dtype=variant.dtype,
+                    device=meta)
+    k = torch.empty(2, variant.heads_kv, variant.seqlen, variant.head_dim, dtype=variant.dtype,
+                    device=meta)
+    params = FlashParams(sm_scale=variant.head_dim ** -0.5, **variant.features)
+    out, lse, fwd_args = forward_args(q, k, k, params, interpreted=False)
+    _, bwd = backward_args(q, k, k, out, lse, out, params, interpreted=False)
+    reports = [compile_kernel(_attn_fwd, fwd_args, variant.fwd, target),
+               compile_kernel(_bwd_preprocess, bwd["preprocess"], None, target),
+               compile_kernel(_bwd_dkdv, bwd["dkdv"], variant.dkdv, target),
+               compile_kernel(_bwd_dq, bwd["dq"], variant.dq, target)]
+    for report in reports:
+        report["variant"] = variant.name
+    return reports
+
+
+def check_keep_mask(target: GPUTarget) -> dict:
+    meta = torch.device("meta")
+    idx = torch.empty(64, dtype=torch.int32, device=meta)
+    tile = configs.DROPOUT_MASK_TILE
+    args = dict(b_ptr=idx, h_ptr=idx, i_ptr=idx, j_ptr=idx,
+                out_ptr=torch.empty(8, dtype=torch.int8, device=meta), n_h=8, n_i=203, n_j=203,
+                seed=1234, threshold=214748365, BLOCK_I=tile.block_m, BLOCK_J=tile.block_n)
+    report = compile_kernel(_keep_mask_kernel, args, None, target)
+    report["variant"] = "dropout keep-mask materializer"
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--all", action="store_true",
+                        help="every variant and the keep-mask kernel, not the quick two")
+    parser.add_argument("--variant", help="only variants whose name contains this text")
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10")
+    args = parser.parse_args(argv)
+    if is_interpreted(_attn_fwd):
+        print("kernels.compile_check: run with TRITON_INTERPRET=0", file=sys.stderr)
+        return 2
+    target = GPUTarget("cuda", args.arch, 32)
+    budget = configs.DEFAULT_SHARED_MEMORY
+    failed = False
+    variants = FULL if (args.all or args.variant) else QUICK
+    if args.variant:
+        variants = [v for v in variants if args.variant in v.name]
+        if not variants:
+            print(f"kernels.compile_check: no variant matches {args.variant!r}", file=sys.stderr)
+            return 2
+    for variant in variants:
+        for report in check_variant(variant, target):
+            report["fits"] = report["shared_bytes"] <= budget
+            failed |= not report["fits"]
+            print(json.dumps(report), flush=True)
+    if args.all:
+        print(json.dumps(check_keep_mask(target)), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

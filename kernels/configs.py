@@ -1,0 +1,129 @@
+"""Tuning spaces of the kernels, as data, and the named rules that prune them.
+
+On a GPU every launcher autotunes over its space (keyed on the sequence lengths, head dims and
+features); each ``prune_*`` function drops configs for a stated reason before anything is timed.
+Under TRITON_INTERPRET=1 nothing is autotuned (the interpreter has no meaningful timings and runs
+every config serially): the ``INTERPRETER_*`` blocks are used, picked for interpreter speed —
+each program costs ~a fixed number of numpy calls, so fewer, larger tiles run faster.
+
+The spaces start from the Triton fused-attention tutorial's Hopper settings (BLOCK_M 128 with
+BLOCK_N 64/128 forward; 32 x 128 dK/dV and 128 x 32 dQ tiles backward), widened by one step each
+way. Not measured here (this machine has no GPU): the autotuner picks at run time.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import triton
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockConfig:
+    """Explicit tile sizes, for the interpreter and for tests that pin them."""
+
+    block_m: int
+    """Query rows per tile."""
+    block_n: int
+    """Key rows per tile."""
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+INTERPRETER_FWD = BlockConfig(block_m=64, block_n=64)
+INTERPRETER_BWD_DKDV = BlockConfig(block_m=64, block_n=64)
+INTERPRETER_BWD_DQ = BlockConfig(block_m=64, block_n=64)
+# The keep-mask materializer (reference side only) runs this tile on the GPU and in the
+# interpreter alike: 128 x 128 keeps interpreter programs few (0.3 s vs 1 s at 64 x 64 for
+# 4 x 203 x 203).
+DROPOUT_MASK_TILE = BlockConfig(block_m=128, block_n=128)
+
+
+def _space(block_m, block_n, num_warps, num_stages) -> list[triton.Config]:
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+            for m, n, w, s in itertools.product(block_m, block_n, num_warps, num_stages)]
+
+
+FWD_CONFIGS = _space(block_m=(64, 128), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
+# dK/dV: a program owns BLOCK_N keys and streams BLOCK_M queries past them.
+BWD_DKDV_CONFIGS = _space(block_m=(32, 64), block_n=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
+# dQ: a program owns BLOCK_M queries and streams BLOCK_N keys past them.
+BWD_DQ_CONFIGS = _space(block_m=(64, 128), block_n=(32, 64), num_warps=(4, 8), num_stages=(2, 3, 4))
+
+# Shared memory per block on the GPUs we target (H100/H200: 227 KiB usable; A100: 163 KiB). The
+# device's own figure is used when the driver reports it.
+DEFAULT_SHARED_MEMORY = 232_448
+
+
+def _args(named_args: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {**named_args, **kwargs}
+
+
+def _shared_memory_budget() -> int:
+    try:
+        from triton.runtime import driver
+
+        device = driver.active.get_current_device()
+        return int(driver.active.utils.get_device_properties(device)["max_shared_mem"])
+    except Exception:  # no driver (interpreter) or an older API: fall back to the Hopper figure
+        return DEFAULT_SHARED_MEMORY
+
+
+def prune_tiles_longer_than_sequence(configs, args) -> list[triton.Config]:
+    """A tile much longer than the sequence computes padding: keep tiles up to the sequence
+    length rounded up to a power of two (the smallest tile always survives)."""
+    seq_m = triton.next_power_of_2(args["seqlen_q"])
+    seq_n = triton.next_power_of_2(args["seqlen_k"])
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(seq_m, 16)
+            and c.kwargs["BLOCK_N"] <= max(seq_n, 16)]
+    return kept or [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+
+
+def prune_shared_memory(configs, args) -> list[triton.Config]:
+    """Drop configs whose pipelined K/V (or Q/dO) buffers cannot fit in shared memory: they fail
+    to compile (head_dim 256 with 128-row tiles and 3+ stages, for instance). Estimate: stages x
+    streamed tile bytes + the resident tile, 16-bit operands."""
+    budget = _shared_memory_budget()
+    d, dv = args["BLOCK_D"], args["BLOCK_DV"]
+    elem = 4 if args.get("DOT_PRECISION") == "ieee" else 2  # fp32 inputs stay fp32
+
+    def need(c: triton.Config) -> int:
+        m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        streamed, resident = args["_streamed"](m, n, d, dv), args["_resident"](m, n, d, dv)
+        return (c.num_stages * streamed + resident) * elem
+
+    kept = [c for c in configs if need(c) <= budget]
+    return kept or [min(configs, key=need)]
+
+
+def prune_small_tiles_with_eight_warps(configs, args) -> list[triton.Config]:
+    """On Hopper, tiles under 128 x 128 leave 8 warps without enough work per warpgroup (the
+    Triton tutorial drops them for the same reason)."""
+    kept = [c for c in configs
+            if not (c.num_warps == 8 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] < 128 * 128)]
+    return kept or configs
+
+
+def _pruner(*rules: Callable, streamed, resident) -> Callable:
+    def prune(configs, named_args, **kwargs):
+        args = _args(named_args, kwargs)
+        args["_streamed"], args["_resident"] = streamed, resident
+        for rule in rules:
+            configs = rule(configs, args)
+        return configs
+
+    prune.__doc__ = "Applies, in order: " + ", ".join(r.__name__ for r in rules)
+    return prune
+
+
+_RULES = (prune_tiles_longer_than_sequence, prune_shared_memory, prune_small_tiles_with_eight_warps)
+# Forward streams K (BN x D) and V (BN x DV); Q (BM x D) stays.
+prune_fwd = _pruner(*_RULES, streamed=lambda m, n, d, dv: n * (d + dv), resident=lambda m, n, d, dv: m * d)
+# dK/dV streams Q, dO (BM x D, BM x DV); K, V stay.
+prune_bwd_dkdv = _pruner(*_RULES, streamed=lambda m, n, d, dv: m * (d + dv),
+                         resident=lambda m, n, d, dv: n * (d + dv))
+# dQ streams K, V; Q, dO stay.
+prune_bwd_dq = _pruner(*_RULES, streamed=lambda m, n, d, dv: n * (d + dv),
+                       resident=lambda m, n, d, dv: m * (d + dv))

@@ -1,0 +1,182 @@
+"""Flash attention forward: out and the log-sum-exp the backward needs.
+
+Legend: B = batch, Hq / Hkv = query / key-value heads, Sq / Sk = lengths, D / DV = head dims,
+BM / BN = BLOCK_M / BLOCK_N. q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, DV) with any
+strides; out (B, Hq, Sq, DV) in q's dtype; lse (B, Hq, Sq) float32, natural log.
+
+One program owns BM query rows of one (batch, query head) and streams the key blocks its rows can
+see (online softmax, fp32 statistics and accumulator). Query head h reads key/value head
+h // (Hq / Hkv) in place: K/V are never repeated. Key blocks are visited in three ranges
+(see :func:`kernels.common.key_ranges`): only the ones that straddle a mask boundary or the end
+of the sequence pay for masking.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import configs
+from kernels.common import LN2, load_tile, key_ranges, score_tile, dropout_keep
+from kernels.params import FlashParams, is_interpreted, strides
+
+
+@triton.jit
+def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn,
+                   stride_vd, start, end, seqlen_k, diag, sm_scale, softcap, slope2, window_left,
+                   window_right, seed, batch_g, head_g, q_start, kv_start, drop_threshold,
+                   HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+                   WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+                   DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online-softmax update of (acc, l_i, m_i) over key blocks [start, end)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(start, end, BLOCK_N):
+        k_idx = start_n + offs_n
+        k = load_tile(k_base + k_idx[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                      k_idx, seqlen_k, offs_d, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM, UPCAST)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BM, BN) fp32
+        s2, _ = score_tile(qk, q_idx[:, None], k_idx[None, :], diag, seqlen_k, sm_scale, softcap,
+                           slope2, window_left, window_right, SOFTCAP, ALIBI, MASK, WINDOW)
+        m_new = tl.maximum(m_i, tl.max(s2, 1))
+        if MASK:  # a row may have seen no key yet: keep exp2 away from (-inf) - (-inf)
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new_safe = m_new
+        p = tl.exp2(s2 - m_new_safe[:, None])
+        alpha = tl.exp2(m_i - m_new_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:  # normalisation uses every probability; only the kept ones reach out
+            keep = dropout_keep(seed, batch_g, head_g, q_start + q_idx[:, None],
+                                kv_start + k_idx[None, :], drop_threshold)
+            p = tl.where(keep, p, 0.0)
+        v = load_tile(v_base + k_idx[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
+                      k_idx, seqlen_k, offs_dv, HEAD_DIM_V, MASK, BLOCK_DV != HEAD_DIM_V, UPCAST)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr,
+              stride_qb, stride_qh, stride_qm, stride_qd,
+              stride_kb, stride_kh, stride_kn, stride_kd,
+              stride_vb, stride_vh, stride_vn, stride_vd,
+              stride_ob, stride_oh, stride_om, stride_od,
+              heads_q, group_size, seqlen_q, seqlen_k, diag, sm_scale, softcap, window_left,
+              window_right, seed, drop_threshold, drop_scale, q_start, kv_start, head_start,
+              batch_start,
+              HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
+              BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+              DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # Heaviest query blocks first (causal: the last rows see the most keys) to shorten the tail.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    batch = pid_bh // heads_q
+    head = pid_bh % heads_q
+    head_kv = head // group_size
+    batch_g = batch_start + batch
+    head_g = head_start + head
+
+    q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+    k_base = k_ptr + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
+    v_base = v_ptr + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+
+    m_lo = pid_m * BLOCK_M
+    q_idx = m_lo + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q = load_tile(q_base + q_idx[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                  q_idx, seqlen_q, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM, UPCAST)
+    slope2 = 0.0
+    if ALIBI:
+        slope2 = tl.load(slopes_ptr + head)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    start, full_start, full_end, end = key_ranges(
+        m_lo, tl.minimum(m_lo + BLOCK_M, seqlen_q), diag, seqlen_k, window_left, window_right,
+        BLOCK_N, WINDOW)
+    acc, l_i, m_i = _fwd_key_range(
+        acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        start, full_start, seqlen_k, diag, sm_scale, softcap, slope2, window_left, window_right,
+        seed, batch_g, head_g, q_start, kv_start, drop_threshold,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        UPCAST, DOT_PRECISION)
+    acc, l_i, m_i = _fwd_key_range(
+        acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        full_start, full_end, seqlen_k, diag, sm_scale, softcap, slope2, window_left,
+        window_right, seed, batch_g, head_g, q_start, kv_start, drop_threshold,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        UPCAST, DOT_PRECISION)
+    acc, l_i, m_i = _fwd_key_range(
+        acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        full_end, end, seqlen_k, diag, sm_scale, softcap, slope2, window_left, window_right,
+        seed, batch_g, head_g, q_start, kv_start, drop_threshold,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOW, SOFTCAP, ALIBI, DROPOUT,
+        UPCAST, DOT_PRECISION)
+
+    # Rows that saw no key: out = 0, lse = -inf (flash-attn's convention).
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc * (drop_scale / l_safe)[:, None]  # drop_scale = 1 / (1 - p) for kept values
+    lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+
+    o_base = out_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    o_ptrs = o_base + q_idx[:, None] * stride_om + offs_dv[None, :] * stride_od
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty),
+             mask=(q_idx[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V))
+    tl.store(lse_ptr + pid_bh.to(tl.int64) * seqlen_q + q_idx, lse, mask=q_idx < seqlen_q)
+
+
+_attn_fwd_tuned = triton.autotune(
+    configs=configs.FWD_CONFIGS,
+    key=["seqlen_q", "seqlen_k", "HEAD_DIM", "HEAD_DIM_V", "WINDOW", "SOFTCAP", "ALIBI", "DROPOUT"],
+    prune_configs_by={"early_config_prune": configs.prune_fwd},
+)(_attn_fwd)
+
+
+def forward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: FlashParams, *,
+                 interpreted: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Allocate out (B, Hq, Sq, DV) and lse (B, Hq, Sq); return them with the kernel's keyword
+    arguments (everything but the tile sizes). Works on meta tensors too (compile checks)."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    _, heads_kv, seqlen_k, head_dim_v = v.shape
+    out = torch.empty((batch, heads_q, seqlen_q, head_dim_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    args = dict(
+        q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out, lse_ptr=lse,
+        slopes_ptr=params.slopes_log2(q.device, heads_q),
+        **strides("q", q, "m"), **strides("k", k, "n"), **strides("v", v, "n"),
+        **strides("o", out, "m"),
+        heads_q=heads_q, group_size=heads_q // heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+        **params.kernel_scalars(),
+        **params.kernel_flags(q.dtype, head_dim, head_dim_v, interpreted=interpreted),
+    )
+    return out, lse, args
+
+
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: FlashParams,
+                  config: "configs.BlockConfig | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel; return out (B, Hq, Sq, DV) in q's dtype and lse (B, Hq, Sq)
+    float32 (natural log, -inf for rows that see no key).
+
+    ``config`` pins the block sizes (tests use small blocks to exercise many-block paths); by
+    default the GPU autotunes over :data:`kernels.configs.FWD_CONFIGS` and the interpreter uses
+    :data:`kernels.configs.INTERPRETER_FWD`.
+    """
+    interpreted = is_interpreted(_attn_fwd)
+    out, lse, args = forward_args(q, k, v, params, interpreted=interpreted)
+    seqlen_q, rows = q.shape[2], q.shape[0] * q.shape[1]
+    if config is None and not interpreted:
+        _attn_fwd_tuned[lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), rows)](**args)
+    else:
+        config = config or configs.INTERPRETER_FWD
+        _attn_fwd[(triton.cdiv(seqlen_q, config.block_m), rows)](
+            **args, BLOCK_M=config.block_m, BLOCK_N=config.block_n, num_warps=config.num_warps,
+            num_stages=config.num_stages)
+    return out, lse
