@@ -7,7 +7,9 @@ STAMP  := $(VENV)/.installed
 .PHONY: run test test-slow setup clean
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# A torch that the system Python already has (a GPU box's own build) is reused.
+	test -x $(PY) || { $(PYTHON) -c "import torch" 2>/dev/null \
+	  && $(PYTHON) -m venv --system-site-packages $(VENV) || $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch: keep an importable one (GPU boxes bring their own); else the CPU build 2.13.0.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0

@@ -137,6 +137,7 @@ _attn_fwd_tuned = triton.autotune(
     configs=configs.FWD_CONFIGS,
     key=["seqlen_q", "seqlen_k", "HEAD_DIM", "HEAD_DIM_V", "WINDOW", "SOFTCAP", "ALIBI", "DROPOUT"],
     prune_configs_by={"early_config_prune": configs.prune_fwd},
+    cache_results=True,
 )(_attn_fwd)
 
 

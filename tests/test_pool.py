@@ -1,6 +1,7 @@
 """Rank pools with real processes: crashes, hangs, errors and OOM become outcomes, and the pool
 answers again afterwards. The rank functions live in attnbench.backends.testing (a rank process
-cannot import tests/). Runs in about 15 s (torch imports dominate); no torch in the rank except where a test says so."""
+cannot import tests/). About 15 s, mostly the two torch imports of the last test; elsewhere the
+ranks never import torch."""
 
 from __future__ import annotations
 
@@ -99,6 +100,15 @@ def test_failure_becomes_outcome_and_pool_recovers(pool, func):
         assert _wait_dead(old_pid)
 
 
+def test_rank_that_asks_to_be_recycled_is_replaced_after_answering(pool):
+    outcome = pool.run(T + "ask_recycle", None, timeout=30)
+    assert outcome.kind == "ok" and outcome.result == outcome.pids[0]
+    assert "poisoned" in outcome.recycle and pool.pids == ()
+    assert _wait_dead(outcome.pids[0])
+    after = pool.run(T + "echo", 1, timeout=30)
+    assert after.kind == "ok" and after.pids != outcome.pids and after.recycle == ""
+
+
 def test_large_payload_and_result_cross_the_pipes(pool):
     blob = os.urandom(8 << 20)  # far beyond a pipe's 64 kB buffer, both ways
     outcome = pool.run(T + "echo", {"blob": blob}, timeout=30)
@@ -108,6 +118,7 @@ def test_large_payload_and_result_cross_the_pipes(pool):
 def test_parent_refuses_to_unpickle_torch_objects():
     torch = pytest.importorskip("torch")
     read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)  # as the pool's reply pipes are
     try:
         write_message(write_fd, {"type": "reply", "result": torch.zeros(2)})
         messages = _FrameReader(read_fd).read()

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from attnbench.backends import get_backend
 from attnbench.backends.triton_backend import TritonBackend, flash_params, triton_keep_mask
@@ -35,6 +37,7 @@ from kernels import configs
 from kernels.dropout import keep_mask, keep_mask_torch
 from kernels.flash_bwd import flash_backward
 from kernels.flash_fwd import flash_forward
+from kernels.common import UNBOUNDED, key_ranges, query_ranges
 from kernels.params import dropout_threshold
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,6 +184,61 @@ def test_half_precision_inputs(dtype):
     bound = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11  # one rounding to the dtype
     for x, r in zip((out, dq, dk, dv), (ref[0], *ref[2:])):
         assert rel_l2(x, r) < 2 * bound
+
+
+# -- the tile loops visit every visible key, and skip masking only where nothing is masked ------
+@triton.jit
+def _ranges_probe(lo_ptr, diag_ptr, left_ptr, right_ptr, out_ptr, n, seqlen_q, seqlen_k,
+                  QUERY_SIDE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_V: tl.constexpr):
+    idx = tl.arange(0, BLOCK_V)
+    ok = idx < n
+    lo = tl.load(lo_ptr + idx, mask=ok, other=0)
+    diag = tl.load(diag_ptr + idx, mask=ok, other=0)
+    left = tl.load(left_ptr + idx, mask=ok, other=0)
+    right = tl.load(right_ptr + idx, mask=ok, other=0)
+    if QUERY_SIDE:
+        a, b, c, d = query_ranges(lo, lo + BLOCK, diag, seqlen_q, seqlen_k, left, right, BLOCK, True)
+    else:
+        a, b, c, d = key_ranges(lo, tl.minimum(lo + BLOCK, seqlen_q), diag, seqlen_k, left, right,
+                                BLOCK, True)
+    tl.store(out_ptr + idx * 4 + 0, a, mask=ok)
+    tl.store(out_ptr + idx * 4 + 1, b, mask=ok)
+    tl.store(out_ptr + idx * 4 + 2, c, mask=ok)
+    tl.store(out_ptr + idx * 4 + 3, d, mask=ok)
+
+
+@pytest.mark.parametrize("query_side", [False, True], ids=["key_ranges", "query_ranges"])
+def test_tile_ranges_against_brute_force(query_side):
+    """For every tile, window and alignment: every visible (query, key) pair lies inside the
+    visited range, and every block of the unmasked range is visible in full and in bounds. An
+    off-by-one here only shows when a window edge meets a block edge — hence the exhaustive grid."""
+    block, sq, sk = 16, 45, 53
+    bounds = [-1, 0, 1, 7, 15, 16, 17, 33]
+    own = sq if not query_side else sk
+    combos = [(lo, diag, wl, wr) for lo in range(0, own, block) for diag in range(-50, 51, 3)
+              for wl in bounds for wr in bounds]
+    cols = [torch.tensor([c[n] for c in combos], dtype=torch.int32) for n in range(4)]
+    lefts, rights = [torch.where(x < 0, UNBOUNDED, x) for x in cols[2:]]
+    out = torch.empty(len(combos), 4, dtype=torch.int32)
+    _ranges_probe[(1,)](cols[0], cols[1], lefts, rights, out, len(combos), sq, sk,
+                        QUERY_SIDE=query_side, BLOCK=block,
+                        BLOCK_V=triton.next_power_of_2(len(combos)))
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    for (lo, diag, wl, wr), (start, full_start, full_end, end) in zip(combos, out.tolist()):
+        rel = j - (i + diag)
+        visible = ((rel >= -wl) | (wl < 0)) & ((rel <= wr) | (wr < 0))
+        tile = visible[lo:lo + block] if not query_side else visible[:, lo:lo + block].T
+        where = f"lo={lo} diag={diag} window=({wl},{wr}): {start, full_start, full_end, end}"
+        assert all(x % block == 0 for x in (start, full_start, full_end, end)), where
+        assert start <= full_start <= full_end <= end, where
+        seen = tile.any(0).nonzero().flatten()
+        if len(seen):
+            assert start <= seen.min() and seen.max() < end, where
+        if not query_side and full_end > full_start:
+            assert full_end <= sk and tile[:, full_start:full_end].all(), where
+        if query_side and full_end > full_start:
+            assert full_end <= sq and lo + block <= sk and tile[:, full_start:full_end].all(), where
 
 
 # -- global offsets: a context/tensor-parallel slice reproduces the whole problem ---------------

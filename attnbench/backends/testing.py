@@ -147,6 +147,14 @@ def chatter(payload: Any) -> str:
     return "done"
 
 
+def ask_recycle(payload: Any) -> int:
+    """Answer normally but ask the pool to replace this rank afterwards."""
+    from attnbench.execution.child import recycle_after_call
+
+    recycle_after_call("testing: pretend the CUDA context is poisoned")
+    return os.getpid()
+
+
 def unpicklable(payload: Any) -> Any:
     return lambda: None
 

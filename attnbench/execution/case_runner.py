@@ -107,6 +107,12 @@ def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = N
         return record("unsupported", str(exc))
     except Exception as exc:  # the backend's own failure is the measurement here
         verdict = "oom" if _is_oom(exc) else "error"
+        if device.type == "cuda" and verdict == "error":
+            # An illegal memory access leaves the CUDA context broken: ask for a fresh rank
+            # rather than let the next cases inherit it.
+            from attnbench.execution.child import recycle_after_call
+
+            recycle_after_call(f"CUDA state unknown after {type(exc).__name__}")
         return record(verdict, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}",
                       crash={"traceback": traceback.format_exc()[-4000:]})
     return record(verdict, reason, checks=[c.to_dict() for c in checks], accuracy=accuracy,

@@ -1,4 +1,5 @@
-"""The rank process: a long-lived child that runs functions for a :class:`~attnbench.execution.pool.RankPool`.
+"""The rank process: a long-lived child that runs functions for a
+:class:`~attnbench.execution.pool.RankPool`.
 
 It is started by the pool (never imported for its side effects) as::
 
@@ -17,7 +18,8 @@ Protocol: every message is one frame, an 8-byte little-endian length then a pick
     child -> parent   {"type": "ready", "pid", "rank", "startup_s"}
                       {"type": "failed", "traceback"}            (init or preload raised)
                       {"type": "reply", "id", "kind": "ok" | "error" | "oom",
-                       "result", "traceback", "summary", "duration_s"}
+                       "result", "traceback", "summary", "duration_s",
+                       "recycle": "" | why the rank wants to be replaced}
 
 This module imports nothing heavy: the pool's parent process (a Dask worker) imports it for the
 framing helpers and must never import torch. The child imports torch only when ``threads`` is set
@@ -125,6 +127,19 @@ def _release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+# -- asking to be replaced -----------------------------------------------------------------------
+
+_recycle_reason: str = ""
+
+
+def recycle_after_call(reason: str) -> None:
+    """Ask the pool to replace this rank once the current call has answered, e.g. after a CUDA
+    error that poisons the context (an illegal memory access is sticky), which a function that
+    turns exceptions into records would otherwise carry into the next case."""
+    global _recycle_reason
+    _recycle_reason = reason or "requested"
+
+
 # -- the process ---------------------------------------------------------------------------------
 
 
@@ -173,6 +188,8 @@ def _call(functions: dict[str, Callable], message: dict) -> dict:
         if reply["kind"] == "oom":
             _release_memory()
     reply["duration_s"] = time.perf_counter() - start
+    global _recycle_reason
+    reply["recycle"], _recycle_reason = _recycle_reason, ""
     return reply
 
 

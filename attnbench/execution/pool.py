@@ -33,6 +33,9 @@ timeout  no answer in time: the hung ranks get SIGUSR1 (Python      replaced
 ======== ========================================================== ==========================
 
 "Replaced" means the ranks are stopped now and the next :meth:`RankPool.run` starts fresh ones.
+A function can also ask for that after answering normally, with
+:func:`attnbench.execution.child.recycle_after_call` (say, after it caught a CUDA error that
+leaves the context unusable).
 
 The parent (a Dask worker) never imports torch: results cross the pipe as pickles and are
 unpickled with torch and triton refused, so a function must return plain data (``.tolist()``,
@@ -129,6 +132,9 @@ class Outcome:
     """Seconds rank 0 spent inside the function, when it answered."""
     pids: tuple[int, ...] = ()
     """Process ids of the ranks that handled the call."""
+    recycle: str = ""
+    """Why a rank asked to be replaced after answering (:func:`child.recycle_after_call`); the
+    pool has then already stopped the ranks."""
 
     @property
     def ok(self) -> bool:
@@ -356,11 +362,16 @@ class RankPool:
                 return failed
             pids = self.pids
             deadline = math.inf if timeout is None else time.monotonic() + timeout
-            outcome = self._send_all(data) or self._collect(self._call_id, deadline, timeout)
+            try:
+                outcome = self._send_all(data) or self._collect(self._call_id, deadline, timeout)
+            except BaseException:  # e.g. KeyboardInterrupt: the ranks are mid-call, drop them
+                self._stop()
+                raise
             outcome.pids = pids
             outcome.start_s = start_s
             outcome.wall_s = time.perf_counter() - t0
-            if outcome.kind != "ok" and not (outcome.kind == "oom" and self.world_size == 1):
+            keep = outcome.kind == "ok" or (outcome.kind == "oom" and self.world_size == 1)
+            if not keep or outcome.recycle:
                 self._stop()
             return outcome
 
@@ -516,13 +527,15 @@ class RankPool:
             if message["kind"] != "ok":
                 return self._reply_outcome(rank, message)
         first = replies[0]
+        recycle = "; ".join(f"rank {r}: {m['recycle']}" for r, m in sorted(replies.items())
+                            if m.get("recycle"))
         return Outcome(kind="ok", result=first["result"], rank=0, duration_s=first["duration_s"],
-                       stderr_tail=self._ranks[0].tail())
+                       stderr_tail=self._ranks[0].tail(), recycle=recycle)
 
     def _reply_outcome(self, rank: int, message: dict) -> Outcome:
         return Outcome(kind=message["kind"], rank=rank, traceback=message["traceback"],
                        summary=message["summary"], duration_s=message["duration_s"],
-                       stderr_tail=self._ranks[rank].tail())
+                       stderr_tail=self._ranks[rank].tail(), recycle=message.get("recycle", ""))
 
     def _gather(self, wanted, deadline: float,
                 timeout: Optional[float] = None) -> tuple[dict[int, dict], Optional[Outcome]]:
@@ -678,8 +691,10 @@ class PoolSet:
             yield pool
         finally:
             with self._lock:
-                if self._closed:
+                if self._closed or pool._closed:
                     pool.close()
+                    if pool in self._all:
+                        self._all.remove(pool)
                 else:
                     self._free.setdefault(key, []).append(pool)
 

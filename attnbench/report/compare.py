@@ -88,7 +88,13 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     fa, fb = _keyed(a), _keyed(b)
     m = fa.merge(fb, on="match_key", suffixes=("_a", "_b"))
     same = m[m.run_gpu_a == m.run_gpu_b]
-    cross = m[~m.match_key.isin(set(same.match_key))]  # no common GPU kind for this case: ratios only
+    paired = set(zip(same.match_key, same.run_gpu_a))
+    # A record with no twin on its own GPU kind is set against the other run's records of the
+    # same case on other kinds: a ratio, never a verdict.
+    lone_a = [(k, g) not in paired for k, g in zip(m.match_key, m.run_gpu_a)]
+    lone_b = [(k, g) not in paired for k, g in zip(m.match_key, m.run_gpu_b)]
+    cross = m[(m.run_gpu_a != m.run_gpu_b) & (pd.Series(lone_a, index=m.index)
+                                               | pd.Series(lone_b, index=m.index))]
     pairs = pd.concat([same, cross], ignore_index=True)
     pairs["same_kind"] = pairs.run_gpu_a == pairs.run_gpu_b
     for d in DIRECTIONS:

@@ -62,7 +62,7 @@ def run_header(run: Run, dashboard: Dashboard) -> str:
     if m.get("attnbench"):
         versions = {"attnbench": m["attnbench"], **versions}
     rows = [
-        ("Sweep", f"{sweep.get('name', '?')} — <code>{esc(sweep.get('path', '?'))}</code>"
+        ("Sweep", f"{esc(sweep.get('name', '?'))} — <code>{esc(sweep.get('path', '?'))}</code>"
                   f" (digest {esc(sweep.get('digest', '?'))})", True),
         ("When", m.get("created", "?"), False),
         ("Where", f"{where}; hosts: {', '.join(map(str, hosts)) or '?'}", False),
@@ -150,8 +150,9 @@ def records_section(run: Run, dashboard: Dashboard) -> str:
             "<th>fwd TFLOP/s</th><th>bwd TFLOP/s</th><th>reason</th><th>case</th>"
             "<th>reproduce</th></tr>")
     rows = []
+    attr_cols = list(dict.fromkeys(["verdict", "backend", "features", *filters]))
     for r in df.itertuples():
-        attrs = " ".join(f'data-{esc(col)}="{esc(_cell(getattr(r, col)))}"' for col in filters
+        attrs = " ".join(f'data-{esc(col)}="{esc(_cell(getattr(r, col)))}"' for col in attr_cols
                          if col in df)
         over = r.worst_over
         over_cls = ' over' if isinstance(over, float) and over > 1 else ""

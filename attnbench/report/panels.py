@@ -251,30 +251,40 @@ def over_cmap(steps: int = 128) -> ListedColormap:
     return ListedColormap(ramp("#f2faef", "#5fb56a") + ramp("#f0593f", "#5c0010"), name="over")
 
 
-def draw_accuracy_heatmap(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
-    out = PanelOutput(panel)
+def heatmap_rows(panel: Panel, run: Run) -> pd.DataFrame:
+    """The heatmap's rows in order: the panel's filter, then cases with accuracy numbers or
+    that died (crash, timeout, ...), sorted by the panel's ``sort``."""
     tensors = panel["tensors"]
     df = apply_filter(run.frame, panel.include, panel.exclude)
     if df.empty:
-        out.notes.append("No cases after this panel's filter.")
-        return out
+        return df
     has_acc = df[[f"{t}_over" for t in tensors]].notna().any(axis=1)
     df = df[has_acc | ~df.verdict.isin(RAN)]
-    if df.empty:
-        out.notes.append("No accuracy data: accuracy was off for every case that ran.")
-        return out
     sort = panel["sort"]
     rank = {v: i for i, v in enumerate(SEVERITY)}
     if sort == "verdict":  # worst verdict first, patterns (features) together within a verdict
-        df = df.assign(_r=df.verdict.map(rank)).sort_values(
-            ["_r", "features", "backend", "dtype", "seqlen_q", "label"])
+        keys = ["_r", "features", "backend", "dtype", "seqlen_q", "label"]
+        df = df.assign(_r=df.verdict.map(rank))
     elif sort == "worst":
-        df = df.assign(_r=df.verdict.map(rank), _w=-df.worst_over.fillna(-1)).sort_values(
-            ["_r", "_w", "label"])
+        keys = ["_r", "_w", "label"]
+        df = df.assign(_r=df.verdict.map(rank), _w=-df.worst_over.fillna(-1))
     elif sort == "label":
-        df = df.sort_values("label")
+        keys = ["label"]
     else:
-        df = df.sort_values(["features", "backend", "dtype", "seqlen_q", "label"])
+        keys = ["features", "backend", "dtype", "seqlen_q", "label"]
+    return df.sort_values(keys, kind="stable")
+
+
+def draw_accuracy_heatmap(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    out = PanelOutput(panel)
+    tensors = panel["tensors"]
+    if apply_filter(run.frame, panel.include, panel.exclude).empty:
+        out.notes.append("No cases after this panel's filter.")
+        return out
+    df = heatmap_rows(panel, run)
+    if df.empty:
+        out.notes.append("No accuracy data: accuracy was off for every case that ran.")
+        return out
     n_parts = max(1, math.ceil(len(df) / panel["max_rows"]))
     per_part = math.ceil(len(df) / n_parts)
     decades = panel["decades"]
@@ -326,7 +336,7 @@ def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
             if isinstance(r.crash_signal, str) and r.crash_signal:
                 text += f" {r.crash_signal}"
             ax.text(len(tensors) / 2, i + 0.5, text, ha="center", va="center", fontsize=7,
-                    fontweight="bold", color="white",
+                    fontweight="bold", color=text_color_on(color),
                     bbox=dict(boxstyle="round,pad=0.15", fc=color, ec="none"))
             continue
         for j, t in enumerate(tensors):

@@ -1,0 +1,22 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Triton's interpreter must be chosen before any kernel is defined; CI has no GPU.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def cli_env():
+    """Environment for `attnbench` subprocesses: test backends importable, quiet warnings."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def attnbench_cmd() -> list[str]:
+    return [sys.executable, "-m", "attnbench.cli"]

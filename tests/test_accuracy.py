@@ -1,0 +1,96 @@
+"""Verdicts: correct backends pass in every dtype; plausible bugs are flagged, with or without
+an exact reference (identities decide when a dropout mask is hidden)."""
+
+import itertools
+
+import pytest
+
+from attnbench.execution.case_runner import run_case
+from attnbench.spec import RunOptions, TimingOptions, make_case
+
+NO_TIMING = RunOptions(timing=TimingOptions(enabled=False))
+DTYPES = ["fp32", "fp16", "bf16"]
+
+
+def run(backend, **fields):
+    base = dict(backend=backend, seqlen_q=128, heads_q=4, heads_kv=2, head_dim=64)
+    base.update(fields)
+    return run_case(make_case("test", base), NO_TIMING)
+
+
+def failing_checks(record):
+    return {(c["check"], c["tensor"]) for c in record["checks"] if not c["passed"]}
+
+
+@pytest.mark.parametrize("backend, dtype, seed, feature", list(itertools.product(
+    ["naive", "sdpa", "reference", "buggy_backends:HiddenMask"], DTYPES, [0, 1],
+    [{}, {"mask": "causal", "bias": "alibi"}, {"dropout": 0.1, "heads_kv": 1},
+     {"mask": "window", "window_left": 16, "window_right": 0, "seqlen_q": 113},
+     {"inputs": "large_logits", "mask": "causal"}, {"softcap": 20.0, "seqlen_kv": 203}])))
+def test_correct_backends_pass(backend, dtype, seed, feature):
+    if backend == "sdpa" and "softcap" in feature:
+        pytest.skip("sdpa has no softcap (recorded as unsupported)")
+    record = run(backend, dtype=dtype, seed=seed, **feature)
+    assert record["verdict"] == "pass", record["reason"]
+    assert record["accuracy"]["identities"], "identities are computed for every case"
+
+
+def test_sdpa_softcap_is_unsupported_not_dropped():
+    record = run("sdpa", softcap=30.0)
+    assert record["verdict"] == "unsupported" and "softcap" in record["reason"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dq_off_by_five_percent_fails_against_reference(dtype):
+    record = run("buggy_backends:ScaledDq", dtype=dtype, mask="causal")
+    assert record["verdict"] == "fail"
+    assert ("baseline_ratio", "dq") in failing_checks(record)
+    assert {t for _, t in failing_checks(record)} <= {"dq", "dq_q"}  # out, dK, dV stay right
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dq_off_by_five_percent_fails_identity_when_mask_hidden(dtype):
+    record = run("buggy_backends:ScaledDqHidden", dtype=dtype, dropout=0.1)
+    assert record["accuracy"]["reference"].startswith("none")
+    assert record["verdict"] == "fail"
+    assert ("identity", "dq_q") in failing_checks(record)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seqlen", [64, 200])
+def test_backward_with_a_fresh_dropout_mask_fails(dtype, seqlen):
+    record = run("buggy_backends:FreshMaskBackward", dtype=dtype, dropout=0.1, seqlen_q=seqlen)
+    assert record["accuracy"]["reference"].startswith("none")
+    assert record["verdict"] == "fail"
+    assert ("identity", "dv_v") in failing_checks(record)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_stale_softmax_statistics_fail_key_sum_identity(dtype):
+    record = run("buggy_backends:StaleStatsBackward", dtype=dtype, dropout=0.1, heads_kv=4)
+    assert record["verdict"] == "fail"
+    assert ("identity", "dk_sum") in failing_checks(record)
+    clean = run("buggy_backends:StaleStatsBackward", dtype=dtype, heads_kv=4)
+    assert clean["verdict"] == "pass", clean["reason"]  # without dropout the code is right
+
+
+def test_top_left_causal_fails_when_lengths_differ():
+    assert run("buggy_backends:TopLeftCausal", mask="causal", seqlen_q=64, seqlen_kv=128)["verdict"] == "fail"
+    assert run("buggy_backends:TopLeftCausal", mask="causal")["verdict"] == "pass"
+
+
+def test_nan_in_gradient_is_reported_as_nonfinite():
+    record = run("buggy_backends:NanGrad", seqlen_q=113)
+    assert record["verdict"] == "fail"
+    assert ("nonfinite", "dk") in failing_checks(record)
+    assert "NaN/Inf" in record["reason"]
+    assert record["accuracy"]["tensors"]["dk"]["nonfinite"] == 2 * 64  # last key, 2 kv heads
+
+
+def test_record_carries_errors_bounds_and_ratio():
+    record = run("sdpa", dtype="bf16")
+    dq = record["accuracy"]["tensors"]["dq"]
+    assert dq["rel_l2"] > 0 and dq["bound"] > dq["rel_l2"]
+    assert dq["baseline_rel_l2"] > 0 and dq["ratio"] == pytest.approx(dq["rel_l2"] / dq["baseline_rel_l2"])
+    assert 0.99 < dq["cosine"] <= 1.0
+    assert record["env"]["device"] == "cpu" and record["env"]["torch"]

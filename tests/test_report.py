@@ -1,0 +1,300 @@
+"""``attnbench report``: figures and page from real records (a tiny sweep run through the CLI)
+and from synthetic GPU records (the seed bugs, GPU kinds, parity); dashboard files and their
+errors; escaping. About 40 s on 2 cores (matplotlib rendering dominates)."""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnbench.records import BAD_VERDICTS, TENSORS
+from attnbench.report import commands
+from attnbench.report.dashboard import PANEL_KINDS, default_dashboard, load_dashboard
+from attnbench.report.data import ReportError, load_run
+from attnbench.report.panels import heatmap_figure, heatmap_rows, over_cmap
+from attnbench.report.style import SEVERITY
+from matplotlib.colors import LogNorm
+
+
+def _load_helpers():
+    name = "attnbench_report_test_runs"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).parent / "data" / "report_runs.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+runs = _load_helpers()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="session")
+def base(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "report-runs"
+
+
+@pytest.fixture(scope="session")
+def tiny(base) -> Path:
+    return runs.tiny_run(base)
+
+
+@pytest.fixture(scope="session")
+def synthetic(base) -> dict[str, Path]:
+    return runs.synthetic_runs(base)
+
+
+def _figures(index: Path) -> list[str]:
+    return re.findall(r'<img src="([^"]+)"', index.read_text())
+
+
+def _check_figures(index: Path) -> list[str]:
+    """Every referenced image exists as a PNG with its SVG beside it."""
+    pngs = _figures(index)
+    for name in pngs:
+        png = index.parent / name
+        assert png.read_bytes()[:8] == PNG_MAGIC, name
+        svg = png.with_suffix(".svg")
+        assert svg.exists() and b"<svg" in svg.read_bytes()[:2000], svg
+        assert f'href="{svg.name}"' in index.read_text()
+    return pngs
+
+
+# --------------------------------------------------------------------------------------------
+# real records
+
+
+def test_report_of_a_real_run(base, tiny):
+    index = runs.report(base, "tiny", tiny)
+    page = index.read_text()
+    run = load_run(tiny)
+    records = run.records
+    assert records, "the tiny sweep recorded nothing"
+    pngs = _check_figures(index)
+
+    # one table row per record, every id on the page
+    table = page.split('id="all-records"', 1)[1]
+    assert table.count("<tr data-verdict=") == len(records)
+    for rec in records:
+        assert rec["id"] in table
+    # panels drawn from what the records hold
+    assert any(p.startswith("p00-verdict-matrix") for p in pngs)
+    assert any("accuracy-heatmap" in p for p in pngs)
+    if any((r.get("timing") or {}).get("fwd") for r in records):
+        assert any("throughput" in p for p in pngs), "timed records but no throughput figure"
+    if any((r.get("accuracy") or {}).get("tensors") for r in records):
+        assert any("error-vs-seqlen" in p for p in pngs)
+    if not any(c.get("check") == "parity" for r in records for c in r.get("checks") or []):
+        assert "No parity plot" in page
+    # a CPU run has no percent of peak: said, not drawn
+    if all((r.get("timing") or {}).get("fwd", {}).get("pct_peak") is None for r in records):
+        assert "No percent-of-peak axis" in page
+
+    # the crash of testing.segfault is a failure with the command that reruns it alone
+    crash = next(r for r in records if r["case"]["backend"] == "testing.segfault")
+    assert crash["verdict"] == "crash"
+    failures = page.split('id="failures"', 1)[1].split('id="all-records"', 1)[0]
+    assert html.escape(f"attnbench run {runs.TINY_SWEEP} --case {crash['id']}") in failures
+    # run header: sweep, where, versions, totals
+    header = page.split("</header>", 1)[0]
+    manifest = json.loads((tiny / "manifest.json").read_text())
+    assert manifest["sweep"]["name"] in header and manifest["versions"]["torch"] in header
+    assert "1 crash" in header
+
+
+def test_cli_report_prints_the_index_path(tiny, tmp_path, capsys):
+    from attnbench.cli import main
+
+    assert main(["report", str(tiny), "--out", str(tmp_path / "r"),
+                 "--dashboard", str(runs.ROOT / "tests" / "data" / "minimal.yaml")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "r" / "index.html")
+
+
+def test_default_out_dir_is_dashboards_run_id_under_the_project_root(tiny, tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "dashboards").mkdir()
+    shutil.copy(runs.ROOT / "tests" / "data" / "minimal.yaml", tmp_path / "dashboards" / "default.yaml")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    run_id = json.loads((tiny / "manifest.json").read_text())["run_id"]
+    index = commands.write_report(tiny)  # the project's dashboards/default.yaml, its out dir
+    assert index == tmp_path / "dashboards" / run_id / "index.html"
+    assert _figures(index) == ["p00-verdict-matrix.png"]
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic GPU records: all panels, the seed bugs
+
+
+def test_report_of_a_gpu_run_draws_every_panel(base, synthetic):
+    index = runs.report(base, "mixed", synthetic["mixed"])
+    pngs = _check_figures(index)
+    page = index.read_text()
+    for kind in PANEL_KINDS:
+        slug = kind.replace("_", "-")
+        assert any(slug in p for p in pngs), f"no figure for panel {kind}"
+    assert any("parallel-parity" in p for p in pngs) and any("parallel-speedup" in p for p in pngs)
+    assert any(re.search(r"architecture-a100-vs-h100", p) for p in pngs)
+    assert "H100" in page.split("</header>")[0] and "A100" in page.split("</header>")[0]
+
+
+def _seed_rows(frame):
+    """The rows of the three seed bugs planted by attnbench.report.synthetic."""
+    te = frame.backend == "transformer_engine"
+    return {
+        "000 CP backward segfault": frame[te & (frame.cp > 1) & (frame["mask"] == "none")
+                                          & (frame.dropout > 0)],
+        "001 TE dQ wrong": frame[te & (frame.dtype == "bf16") & (frame.dropout == 0)
+                                 & (frame.softcap == 0) & (frame.world_size == 1)],
+        "004 MQA ALiBi layout": frame[(frame.backend == "triton") & (frame.heads_kv == 1)
+                                      & (frame.bias == "alibi")],
+    }
+
+
+def test_seed_bugs_jump_out_of_the_accuracy_heatmap(synthetic):
+    run = load_run(synthetic["h100"])
+    seeds = _seed_rows(run.frame)
+    rows = run.frame.sort_values("label")
+    fig = heatmap_figure(rows, list(TENSORS), LogNorm(1e-2, 1e2), over_cmap(), annotate=False)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    # text written in each cell, by (row, column); a dead case is one text across the row
+    cell_text = {(int(t.get_position()[1]), t.get_position()[0]): t.get_text() for t in ax.texts}
+
+    def texts_of(label):
+        i = labels.index(label)
+        return {x: s for (row, x), s in cell_text.items() if row == i}
+
+    for name, df in seeds.items():
+        assert len(df), f"seed {name} missing from the synthetic run"
+        for r in df.itertuples():
+            texts = texts_of(r.label)
+            if name.startswith("000"):
+                assert r.verdict == "crash"
+                assert list(texts.values()) == ["CRASH SIGSEGV"], (name, texts)
+            elif name.startswith("001"):
+                assert r.verdict == "fail"
+                # only dQ (column 1) is over its bound, by far
+                assert set(texts) == {1.5} and float(texts[1.5]) > 10, (name, texts)
+            else:
+                assert r.verdict == "fail"
+                assert set(texts) == {0.5, 1.5, 2.5, 3.5}, (name, texts)
+            tick = ax.get_yticklabels()[labels.index(r.label)]
+            assert tick.get_color() != "black" and tick.get_fontweight() == "bold"
+    # cases that passed carry no text (nothing over 1) and plain labels
+    passed = rows[rows.verdict == "pass"]
+    assert all(not texts_of(label) for label in passed.label)
+
+
+def test_default_heatmap_puts_the_worst_verdicts_first(synthetic):
+    panel = next(p for p in load_dashboard(runs.ROOT / "dashboards" / "default.yaml").panels
+                 if p.kind == "accuracy_heatmap")
+    assert panel["sort"] == "verdict"
+    rows = heatmap_rows(panel, load_run(synthetic["h100"]))
+    ranks = [SEVERITY.index(v) for v in rows.verdict]
+    assert ranks == sorted(ranks) and rows.verdict.iloc[0] == "fail"
+    assert "unsupported" not in set(rows.verdict)  # excluded by the default dashboard
+    assert {"crash", "timeout", "oom", "error"} <= set(rows.verdict)
+
+
+# --------------------------------------------------------------------------------------------
+# dashboards
+
+
+def test_default_dashboard_file_matches_the_built_in_panels():
+    spec = load_dashboard(runs.ROOT / "dashboards" / "default.yaml")
+    assert [p.kind for p in spec.panels] == [p.kind for p in default_dashboard().panels]
+    throughput = next(p for p in spec.panels if p.kind == "throughput")
+    assert throughput.include == {"world_size": [1]}
+
+
+@pytest.mark.parametrize("text, where", [
+    ("panels: [", "malformed YAML at line 1"),
+    ("title: x\n", "panels: got None"),
+    ("panels:\n  - kind: pie\n", "panels[0].kind: got 'pie'"),
+    ("panels:\n  - kind: throughput\n    facets: [colour]\n", "panels[0].facets[0]: got 'colour'"),
+    ("panels:\n  - kind: throughput\n    max_figures: -1\n", "panels[0].max_figures: got -1"),
+    ("panels:\n  - kind: verdict_matrix\n    filter: {nope: 1}\n", "panels[0].filter.nope"),
+    ("panels:\n  - kind: accuracy_heatmap\n    sort: random\n", "panels[0].sort: got 'random'"),
+    ("panels:\n  - kind: accuracy_heatmap\n    tensors: [dx]\n", "panels[0].tensors[0]: got 'dx'"),
+    ("panels:\n  - kind: parallel\n    colour: red\n", "panels[0].colour: unknown option"),
+    ("panels:\n  - {kind: parallel}\ntable: {filters: [colour]}\n", "table.filters[0]"),
+    ("panels:\n  - {kind: parallel}\nextra: 1\n", "extra: unknown key"),
+])
+def test_malformed_dashboard_is_exit_2_naming_file_and_field(tiny, tmp_path, capsys, text, where):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    rc = commands.main(["report", str(tiny), "--dashboard", str(bad), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert str(bad) in err and where in err, err
+    assert "Traceback" not in err
+
+
+def test_run_without_records_is_exit_2(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    assert commands.main(["report", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "run" / "records.jsonl") in err and "Traceback" not in err
+    assert commands.main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+
+
+def test_broken_record_line_is_exit_2_naming_the_line(tiny, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(tiny, run)
+    lines = (run / "records.jsonl").read_text().splitlines()
+    lines.insert(1, "{not json")
+    (run / "records.jsonl").write_text("\n".join(lines) + "\n")
+    assert commands.main(["report", str(run), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "records.jsonl:2" in err and "Traceback" not in err
+
+
+def test_torn_last_line_is_ignored(tiny, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(tiny, run)
+    with open(run / "records.jsonl", "a") as fh:
+        fh.write('{"id": "torn", "case": {')
+    assert len(load_run(run).records) == len(load_run(tiny).records)
+
+
+# --------------------------------------------------------------------------------------------
+# escaping
+
+
+def test_case_strings_are_escaped_in_page_and_figures(tiny, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(tiny, run)
+    nasty = '<script>alert("x")</script> $a$ & \'q\''
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    for rec in records:
+        rec["case"]["backend"] = nasty  # through legends, ticks, table, filters
+        rec["label"] = nasty + " " + rec["label"]
+        rec["features"] = nasty
+        if rec["verdict"] != "pass":
+            rec["reason"] = nasty
+    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["sweep"]["name"] = nasty
+    manifest["sweep"]["path"] = "sweeps/<odd> name.yaml"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+    index = commands.write_report(run, None, tmp_path / "out")
+    page = index.read_text()
+    assert "<script>alert" not in page
+    assert html.escape(nasty) in page
+    # the repro command quotes the odd path for a shell, then escapes it for HTML
+    assert html.escape("attnbench run 'sweeps/<odd> name.yaml' --case") in page
+    _check_figures(index)  # "$a$" did not break matplotlib (mathtext)
+    svg = next(index.parent.glob("*verdict-matrix.svg")).read_text()
+    assert "$a$" in svg and "&lt;script&gt;" in svg
