@@ -193,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    # Dask's INFO lines (scheduler start, worker plugins, ...) drown the progress line, and
+    # LocalCluster resets logger levels, so filter at the handler.
+    noisy = ("distributed", "bokeh", "tornado")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(lambda r: r.levelno >= logging.ERROR or not r.name.startswith(noisy))
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -201,7 +201,7 @@ def test_three_runs_compare_each_with_the_first(synthetic, capsys, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["{a}"], "at least two run directories"),
     (["{a}", "{missing}"], "no such run directory"),
-    (["{a}", "{a}"], "given twice"),
+    (["{a}", "{a}"], "is given twice"),
     (["{a}", "{empty}"], "records.jsonl: no such file"),
     (["{a}", "{b}", "--threshold", "1.5"], "--threshold: got 1.5"),
 ])

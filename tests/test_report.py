@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.records import BAD_VERDICTS, TENSORS
+from attnbench.records import TENSORS
 from attnbench.report import commands
 from attnbench.report.dashboard import PANEL_KINDS, default_dashboard, load_dashboard
-from attnbench.report.data import ReportError, load_run
+from attnbench.report.data import load_run
 from attnbench.report.panels import heatmap_figure, heatmap_rows, over_cmap
 from attnbench.report.style import SEVERITY
 from matplotlib.colors import LogNorm
@@ -122,7 +122,8 @@ def test_cli_report_prints_the_index_path(tiny, tmp_path, capsys):
 def test_default_out_dir_is_dashboards_run_id_under_the_project_root(tiny, tmp_path, monkeypatch):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     (tmp_path / "dashboards").mkdir()
-    shutil.copy(runs.ROOT / "tests" / "data" / "minimal.yaml", tmp_path / "dashboards" / "default.yaml")
+    shutil.copy(runs.ROOT / "tests" / "data" / "minimal.yaml",
+                tmp_path / "dashboards" / "default.yaml")
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
     run_id = json.loads((tiny / "manifest.json").read_text())["run_id"]

@@ -11,8 +11,9 @@ killed. They stay warm across calls::
         record = outcome.result
 
 Every rank receives the same call; rank ``r`` sees ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and
-``LOCAL_WORLD_SIZE`` in its environment, and rank 0's result is returned. Whatever goes wrong
-comes back as an :class:`Outcome` instead of an exception:
+``LOCAL_WORLD_SIZE`` in its environment (plus ``ATTNBENCH_POOL_DIR`` and ``ATTNBENCH_POOL_START``
+for a torch.distributed rendezvous, see :mod:`attnbench.parallel.group`), and rank 0's result is
+returned. Whatever goes wrong comes back as an :class:`Outcome` instead of an exception:
 
 ======== ========================================================== ==========================
 kind     what happened                                              the ranks afterwards
@@ -434,6 +435,10 @@ class RankPool:
         env.update({str(k): str(v) for k, v in (extra or {}).items()})
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world_size),
                    LOCAL_WORLD_SIZE=str(self.world_size), PYTHONUNBUFFERED="1")
+        # Rendezvous for torch.distributed (attnbench.parallel.group): rank 0 binds a TCPStore
+        # on a free port and writes it into this pool's directory under this start's number,
+        # so ranks of a rebuilt pool never read a dead store's port.
+        env.update(ATTNBENCH_POOL_DIR=str(self._log_dir), ATTNBENCH_POOL_START=str(self.starts))
         return env
 
     def _spawn(self, rank: int) -> _Rank:

@@ -20,11 +20,10 @@ case that passed in A and has a failing verdict in B (fail, error, crash, timeou
 from __future__ import annotations
 
 import math
-import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Sequence, TextIO
 
 import numpy as np
 import pandas as pd
@@ -161,7 +160,8 @@ def differences(a: Run, b: Run) -> list[str]:
 
 def describe(run: Run) -> str:
     f = run_facts(run)
-    return f"{run.run_id} ({f['GPU']}; torch {f.get('torch', '?')}; attnbench {f.get('attnbench', '?')})"
+    return (f"{run.run_id} ({f['GPU']}; torch {f.get('torch', '?')}; "
+            f"attnbench {f.get('attnbench', '?')})")
 
 
 # ------------------------------------------------------------------------------------------
@@ -236,11 +236,16 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None) -> str:
 
 def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: Path | None = None,
                 dashboard: bool = True, stream: TextIO = sys.stdout) -> int:
+    paths = [Path(d).resolve() for d in run_dirs]
+    if len(set(paths)) < len(paths):
+        dup = next(p for p in paths if paths.count(p) > 1)
+        raise ReportError(f"RUN: {dup} is given twice")
     runs = [load_run(Path(d)) for d in run_dirs]
     ids = [r.run_id for r in runs]
-    if len(set(ids)) < len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise ReportError(f"RUN: run {dup!r} is given twice")
+    for run in runs:
+        if ids.count(run.run_id) > 1:  # copies of one run directory: tell them apart by path
+            run.manifest = {**run.manifest, "run_id": f"{run.run_id} ({run.path})"}
+    ids = [r.run_id for r in runs]
     comps = [compare_runs(runs[0], other, threshold) for other in runs[1:]]
     index = None
     if dashboard:
@@ -253,7 +258,3 @@ def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: P
                                                    "--threshold", str(threshold)])
     stream.write(summary_text(comps, index) + "\n")
     return REGRESSION_EXIT if any(len(c.regressions) for c in comps) else 0
-
-
-def command_line(args: Sequence[str]) -> str:
-    return shlex.join(list(args))

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import math
 import shlex
 from pathlib import Path
 from typing import Sequence
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from attnbench.records import BAD_VERDICTS, TENSORS
+from attnbench.records import TENSORS
 from attnbench.report.compare import Comparison, describe, run_facts
 from attnbench.report.data import DIRECTIONS
 from attnbench.report.html import (class_badge, esc, filter_controls, fmt, page, repro_command,
                                    sort_key, verdict_badge)
 from attnbench.report.panels import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
-                                     _figure, _save, _setup_x, page_colors)
+                                     new_figure, page_colors, save_figure, setup_x)
 from attnbench.report.style import CLASS_COLORS, RC, VERDICT_COLORS
 
 
@@ -102,7 +102,7 @@ def pair_section(i: int, c: Comparison, ctx: Context, anchor: str) -> str:
 def speed_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
     p = c.pairs
     backends = sorted(set(p.backend_b.astype(str)))
-    fig = _figure(3.9 * len(DIRECTIONS) + 0.6, 0.6 + 2.3 * len(backends))
+    fig = new_figure(3.9 * len(DIRECTIONS) + 0.6, 0.6 + 2.3 * len(backends))
     axes = fig.subplots(len(backends), len(DIRECTIONS), squeeze=False, sharey=True)
     present: set[str] = set()
     has_same = bool(p.same_kind.any())
@@ -110,7 +110,8 @@ def speed_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
         sub = p[p.backend_b.astype(str) == backend]
         for col, d in enumerate(DIRECTIONS):
             ax = axes[row][col]
-            pos = _setup_x(ax, sub.seqlen_q_b.tolist(), "seqlen_q" if row == len(backends) - 1 else "")
+            last_row = row == len(backends) - 1
+            pos = setup_x(ax, sub.seqlen_q_b.tolist(), "seqlen_q" if last_row else "")
             ax.set_yscale("log", base=2)
             ax.axhline(1.0, color="#444444", lw=1)
             if has_same:
@@ -126,7 +127,8 @@ def speed_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
                     continue
                 present.add(cls)
                 xs = np.array([pos(v) for v in s.seqlen_q_b[mask]], dtype=float)
-                xs = xs * 2 ** ((offsets[mask] - (widths[mask] - 1) / 2) * 0.3 / np.maximum(widths[mask], 1))
+                spread = (offsets[mask] - (widths[mask] - 1) / 2) / np.maximum(widths[mask], 1)
+                xs = xs * 2 ** (0.3 * spread)
                 y = s[f"{d}_speed"][mask].to_numpy()
                 yerr = np.vstack([y - s[f"{d}_speed_lo"][mask].to_numpy(),
                                   s[f"{d}_speed_hi"][mask].to_numpy() - y])
@@ -152,8 +154,9 @@ def speed_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
     fig.legend(handles, labels, loc="outside lower center", ncols=len(handles), frameon=False)
     fig.suptitle(f"Speed of {c.b.run_id} relative to {c.a.run_id} (above 1: B faster)",
                  fontsize=10, fontweight="bold")
-    return _save(fig, ctx, f"c{i + 1:02d}-speed", "Each point is a case: median speed ratio, "
-                 "bars from the robust interval [min, q3]; colour is the class.")
+    return save_figure(fig, ctx, f"c{i + 1:02d}-speed",
+                       "Each point is a case: median speed ratio, bars from the robust interval "
+                       "[min, q3]; colour is the class.")
 
 
 RATIO_TICKS = (1 / 8, 1 / 4, 1 / 3, 1 / 2, 2 / 3, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0)
@@ -173,13 +176,13 @@ def _ratio_ticks(ax) -> None:
 
 def error_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
     p = c.pairs
-    fig = _figure(2.9 * len(TENSORS) + 0.4, 3.4)
+    fig = new_figure(2.9 * len(TENSORS) + 0.4, 3.4)
     axes = fig.subplots(1, len(TENSORS), squeeze=False, sharey=True)[0]
     handles: dict[str, object] = {}
     for ax, t in zip(axes, TENSORS):
         col = f"{t}_err_ratio"
         s = p[p[col].notna() & (p[col] > 0)]
-        pos = _setup_x(ax, s.seqlen_q_b.tolist() or [1], "seqlen_q")
+        pos = setup_x(ax, s.seqlen_q_b.tolist() or [1], "seqlen_q")
         ax.set_yscale("log")
         ax.axhline(1.0, color="#444444", lw=1)
         ax.set_title(TENSOR_LABELS[t])
@@ -203,8 +206,8 @@ def error_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
                ncols=min(6, len(handles)), frameon=False)
     fig.suptitle(f"Error of {c.b.run_id} relative to {c.a.run_id} (above 1: B less accurate)",
                  fontsize=10, fontweight="bold")
-    return _save(fig, ctx, f"c{i + 1:02d}-error", "Each point is a case and tensor; red rings: "
-                 "the case's verdict changed.")
+    return save_figure(fig, ctx, f"c{i + 1:02d}-error",
+                       "Each point is a case and tensor; red rings: the case's verdict changed.")
 
 
 def regressions_html(c: Comparison) -> str:
@@ -213,7 +216,8 @@ def regressions_html(c: Comparison) -> str:
         return "<h3>Regressions</h3><p>None on the same GPU kind.</p>"
     rows = []
     for r in reg.itertuples():
-        what = [f"{d} {class_badge('SLOW')} {fmt(100 * (1 / getattr(r, f'{d}_speed') - 1), 3)}% time"
+        what = [f"{d} {class_badge('SLOW')} "
+                f"{fmt(100 * (1 / getattr(r, f'{d}_speed') - 1), 3)}% time"
                 for d in DIRECTIONS if getattr(r, f"{d}_class") == "SLOW"]
         if r.verdict_regression:
             what.append(f"{verdict_badge(r.verdict_a)} → {verdict_badge(r.verdict_b)}")
@@ -275,7 +279,8 @@ def unmatched_html(c: Comparison) -> str:
     for name, df in (("only in A", c.only_a), ("only in B", c.only_b)):
         if df.empty:
             continue
-        items = "".join(f"<li>{verdict_badge(r.verdict)} {esc(r.label)} <code>{esc(r.id)}</code></li>"
-                        for r in df.head(500).itertuples())
-        parts.append(f"<details><summary>{len(df)} cases {name}</summary><ul>{items}</ul></details>")
+        items = "".join(f"<li>{verdict_badge(r.verdict)} {esc(r.label)} "
+                        f"<code>{esc(r.id)}</code></li>" for r in df.head(500).itertuples())
+        parts.append(f"<details><summary>{len(df)} cases {name}</summary><ul>{items}</ul>"
+                     "</details>")
     return "".join(parts)

@@ -36,8 +36,9 @@ PANEL_OPTIONS: dict[str, dict[str, Any]] = {
     "verdict_matrix": {"rows": "features", "columns": "backend"},
     "accuracy_heatmap": {"tensors": list(TENSORS), "sort": "verdict", "max_rows": 120,
                          "decades": 2},
-    "throughput": {"x": "seqlen_q", "series": "backend", "facets": ["gpu_kind", "dtype", "features"],
-                   "directions": list(DIRECTIONS), "band": True, "max_figures": 24},
+    "throughput": {"x": "seqlen_q", "series": "backend",
+                   "facets": ["gpu_kind", "dtype", "features"], "directions": list(DIRECTIONS),
+                   "band": True, "max_figures": 24},
     "error_vs_seqlen": {"x": "seqlen_q", "series": "backend", "facets": ["dtype"],
                         "tensors": list(TENSORS), "max_figures": 6},
     "parallel": {"series": "backend", "directions": list(DIRECTIONS)},
@@ -236,7 +237,8 @@ def _parse_filter(filename: str, where: str, raw: Any) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for col, value in raw.items():
         if col not in FILTER_COLUMNS:
-            raise _fail(filename, f"{where}.{col}", col, "a column, one of " + ", ".join(FILTER_COLUMNS))
+            raise _fail(filename, f"{where}.{col}", col,
+                        "a column, one of " + ", ".join(FILTER_COLUMNS))
         values = value if isinstance(value, list) else [value]
         for j, v in enumerate(values):
             if not isinstance(v, (str, int, float, bool)):

@@ -61,10 +61,12 @@ def load_records(run_dir: Path) -> list[dict[str, Any]]:
         records = store_load_records(Path(run_dir))
     except RunDirError as exc:
         raise ReportError(str(exc)) from None
-    except KeyError as exc:
-        raise ReportError(f"{path}: a record has no {exc} field (see attnbench/records.py)") from None
+    except (KeyError, TypeError) as exc:
+        raise ReportError(f"{path}: a record without an id ({type(exc).__name__}: {exc}); "
+                          "see attnbench/records.py") from None
     for i, rec in enumerate(records):
-        if not isinstance(rec, dict) or not isinstance(rec.get("case"), dict) or "verdict" not in rec:
+        if not isinstance(rec, dict) or not isinstance(rec.get("case"), dict) \
+                or "verdict" not in rec:
             raise ReportError(f"{path}: record {i + 1}: expected an object with 'case' and "
                               "'verdict' (see attnbench/records.py)")
     return records
@@ -108,7 +110,8 @@ class Run:
 
     @property
     def gpu_kinds(self) -> list[str]:
-        kinds = {d.get("gpu_kind") for d in self.manifest.get("devices") or [] if isinstance(d, dict)}
+        devices = self.manifest.get("devices") or []
+        kinds = {d.get("gpu_kind") for d in devices if isinstance(d, dict)}
         kinds |= set(self.frame["gpu_kind"].dropna()) if len(self.frame) else set()
         return sorted(k for k in kinds if k)
 
@@ -221,7 +224,8 @@ def case_key(case: dict[str, Any], ignore: Iterable[str] = ("gpu",)) -> str:
 
 def apply_filter(df: pd.DataFrame, include: dict[str, list[Any]] | None,
                  exclude: dict[str, list[Any]] | None = None) -> pd.DataFrame:
-    """Keep rows whose column is one of the listed values (``include``), drop those in ``exclude``."""
+    """Keep the rows whose column is one of the listed values (``include``), then drop those
+    whose column is one of ``exclude``'s."""
     mask = pd.Series(True, index=df.index)
     for col, values in (include or {}).items():
         mask &= df[col].isin(values) if col in df else False

@@ -8,7 +8,6 @@ the page.
 from __future__ import annotations
 
 import html
-import json
 import math
 import shlex
 from collections import Counter
@@ -34,18 +33,19 @@ header.run dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 
                 margin: 12px 0 10px; font-size: 13px; }
 header.run dt { color: #9aa3b2; } header.run dd { margin: 0; }
 header.run code { color: #e8ecf3; }
-nav.toc { position: sticky; top: 0; z-index: 5; background: #fff; border-bottom: 1px solid var(--line);
-          padding: 8px 28px; font-size: 13px; }
+nav.toc { position: sticky; top: 0; z-index: 5; background: #fff; padding: 8px 28px;
+          border-bottom: 1px solid var(--line); font-size: 13px; }
 nav.toc a { margin-right: 16px; color: #2a6f97; text-decoration: none; }
 nav.toc a:hover { text-decoration: underline; }
 main { padding: 8px 28px 40px; max-width: 1800px; }
 section { margin: 26px 0 10px; }
-section h2 { font-size: 18px; margin: 0 0 4px; border-bottom: 2px solid var(--line); padding-bottom: 4px; }
+section h2 { font-size: 18px; margin: 0 0 4px; padding-bottom: 4px;
+             border-bottom: 2px solid var(--line); }
 p.desc, p.note { color: var(--muted); margin: 4px 0 10px; max-width: 110ch; }
 p.note::before { content: "Note: "; font-weight: 600; }
 .figs { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
-figure { margin: 0; border: 1px solid var(--line); border-radius: 6px; padding: 8px; background: #fff;
-         max-width: 100%; }
+figure { margin: 0; border: 1px solid var(--line); border-radius: 6px; padding: 8px;
+         background: #fff; max-width: 100%; }
 figure img { display: block; max-width: 100%; height: auto; }
 figcaption { font-size: 12px; color: var(--muted); margin-top: 6px; max-width: 95ch; }
 figcaption a { color: #2a6f97; }
@@ -64,7 +64,9 @@ table.records td.over { color: #b0151a; font-weight: 600; }
 table.records tr:hover td { background: #fbfbfd; }
 td code, pre { font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace; }
 td code.cmd { background: var(--bg-soft); padding: 1px 4px; border-radius: 3px; user-select: all;
-              word-break: break-all; }
+              display: inline-block; margin-top: 2px; }
+td.case { font-size: 11.5px; min-width: 24ch; color: var(--muted); }
+td.reason { min-width: 30ch; max-width: 70ch; }
 pre { background: var(--bg-soft); padding: 8px; overflow-x: auto; max-height: 320px; }
 .filters { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin: 8px 0; }
 .filters label { font-size: 13px; color: var(--muted); }
@@ -113,9 +115,8 @@ JS = """
     Array.prototype.forEach.call(table.tBodies[0].rows, function (row) {
       var ok = true;
       Array.prototype.forEach.call(selects, function (sel) {
-        if (sel.value !== "" && row.getAttribute("data-" + sel.getAttribute("data-filter")) !== sel.value) {
-          ok = false;
-        }
+        var attr = "data-" + sel.getAttribute("data-filter");
+        if (sel.value !== "" && row.getAttribute(attr) !== sel.value) { ok = false; }
       });
       if (ok && needle && row.textContent.toLowerCase().indexOf(needle) < 0) { ok = false; }
       row.hidden = !ok;
@@ -239,9 +240,3 @@ def filter_controls(table_id: str, columns: Sequence[tuple[str, str, list[str]]]
                  f'id="{esc(table_id)}-search" placeholder="label, reason, id..."></label>')
     parts.append(f'<span id="{esc(table_id)}-count"></span></div>')
     return "".join(parts)
-
-
-def json_script(element_id: str, data: Any) -> str:
-    """Embed data for scripts; ``</`` is escaped so no string can close the script element."""
-    text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
-    return f'<script type="application/json" id="{esc(element_id)}">{text}</script>'

@@ -67,7 +67,8 @@ def run_header(run: Run, dashboard: Dashboard) -> str:
         ("When", m.get("created", "?"), False),
         ("Where", f"{where}; hosts: {', '.join(map(str, hosts)) or '?'}", False),
         ("Versions", ", ".join(f"{k} {v}" for k, v in versions.items()) or "?", False),
-        ("Command", f"<code>{esc(shlex.join(map(str, m.get('command') or [])) or '?')}</code>", True),
+        ("Command", f"<code>{esc(shlex.join(map(str, m.get('command') or [])) or '?')}</code>",
+         True),
     ]
     planned = sweep.get("cases")
     recorded = f"{len(run.records)} records" + (f" of {planned} planned cases" if planned else "")
@@ -123,7 +124,8 @@ def failures_section(run: Run) -> str:
         if crash:
             text = (crash.get("stderr_tail") or "") + ("\n" + crash["traceback"]
                                                       if crash.get("traceback") else "")
-            head = f"{crash.get('signal') or ''} exit {crash.get('exit_code')} rank {crash.get('rank')}"
+            head = (f"{crash.get('signal') or ''} exit {crash.get('exit_code')} "
+                    f"rank {crash.get('rank')}")
             detail = f"<details><summary>{esc(head)}</summary><pre>{esc(text)}</pre></details>"
         rows.append(
             f'<tr data-verdict="{esc(r.verdict)}"><td>{verdict_badge(r.verdict)}</td>'
@@ -147,8 +149,8 @@ def records_section(run: Run, dashboard: Dashboard) -> str:
     severity = {v: i for i, v in enumerate(SEVERITY)}
     head = ("<tr><th>verdict</th><th>backend</th><th>features</th><th>dtype</th>"
             "<th>seqlen q/kv</th><th>heads q/kv</th><th>GPU</th><th>worst err/bound</th>"
-            "<th>fwd TFLOP/s</th><th>bwd TFLOP/s</th><th>reason</th><th>case</th>"
-            "<th>reproduce</th></tr>")
+            "<th>fwd TFLOP/s</th><th>bwd TFLOP/s</th><th>reason · reproduce</th><th>case</th>"
+            "</tr>")
     rows = []
     attr_cols = list(dict.fromkeys(["verdict", "backend", "features", *filters]))
     for r in df.itertuples():
@@ -156,20 +158,22 @@ def records_section(run: Run, dashboard: Dashboard) -> str:
                          if col in df)
         over = r.worst_over
         over_cls = ' over' if isinstance(over, float) and over > 1 else ""
-        cmd = (f'<code class="cmd">{esc(repro_command(run.sweep_path, r.id))}</code>'
+        cmd = (f'<br><code class="cmd">{esc(repro_command(run.sweep_path, r.id))}</code>'
                if r.verdict in BAD_VERDICTS else "")
         rows.append(
             f"<tr {attrs}>"
             f'<td data-sort="{severity.get(r.verdict, 99)}">{verdict_badge(r.verdict)}</td>'
             f"<td>{esc(r.backend)}</td><td>{esc(r.features)}</td><td>{esc(r.dtype)}</td>"
-            f'<td class="num" data-sort="{sort_key(r.seqlen_q)}">{esc(r.seqlen_q)}/{esc(r.seqlen_kv)}</td>'
-            f'<td class="num" data-sort="{sort_key(r.heads_q)}">{esc(r.heads_q)}/{esc(r.heads_kv)}</td>'
+            f'<td class="num" data-sort="{sort_key(r.seqlen_q)}">'
+            f"{esc(r.seqlen_q)}/{esc(r.seqlen_kv)}</td>"
+            f'<td class="num" data-sort="{sort_key(r.heads_q)}">'
+            f"{esc(r.heads_q)}/{esc(r.heads_kv)}</td>"
             f"<td>{esc(_cell(r.gpu_kind))}</td>"
             f'<td class="num{over_cls}" data-sort="{sort_key(over)}">{esc(fmt(over))}</td>'
             f'<td class="num" data-sort="{sort_key(r.fwd_tflops)}">{esc(fmt(r.fwd_tflops))}</td>'
             f'<td class="num" data-sort="{sort_key(r.bwd_tflops)}">{esc(fmt(r.bwd_tflops))}</td>'
-            f"<td>{esc(r.reason)}</td>"
-            f'<td>{esc(r.label)}<br><code>{esc(r.id)}</code></td><td>{cmd}</td></tr>')
+            f'<td class="reason">{esc(r.reason)}{cmd}</td>'
+            f'<td class="case">{esc(r.label)}<br><code>{esc(r.id)}</code></td></tr>')
     return (f'<section id="all-records"><h2>All records</h2>'
             '<p class="desc">Click a column header to sort; pick values to filter.</p>'
             f'{controls}<table class="records sortable" id="{TABLE_ID}"><thead>{head}</thead>'

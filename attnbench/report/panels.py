@@ -24,7 +24,7 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 
 from attnbench.records import TENSORS
 from attnbench.report.dashboard import Panel
-from attnbench.report.data import DIRECTIONS, Run, apply_filter, case_key, parity_checks
+from attnbench.report.data import Run, apply_filter, case_key, parity_checks
 from attnbench.report.style import (BACKEND_PALETTE, RC, SEVERITY, VERDICT_COLORS,
                                     backend_colors, text_color_on, worst)
 
@@ -64,8 +64,8 @@ class Context:
         if key not in self.colors:
             used = set(self.colors.values())
             free = [c for c in BACKEND_PALETTE if c not in used]
-            self.colors[key] = (free or BACKEND_PALETTE)[0 if free else
-                                                         len(self.colors) % len(BACKEND_PALETTE)]
+            n = len(self.colors) % len(BACKEND_PALETTE)
+            self.colors[key] = free[0] if free else BACKEND_PALETTE[n]
         return self.colors[key]
 
 
@@ -73,7 +73,7 @@ class Context:
 # helpers
 
 
-def _figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height), layout="constrained")
 
 
@@ -82,7 +82,7 @@ def mpl_text(value: Any) -> str:
     return str(value).replace("$", r"\$")
 
 
-def _save(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFile:
+def save_figure(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFile:
     # Titles and legends may carry backend names or case strings from records: escape "$"
     # everywhere (tick labels set from data are escaped where they are set).
     for text in fig.findobj(matplotlib.text.Text):
@@ -103,11 +103,11 @@ def _fmt_len(v: float, _pos: Any = None) -> str:
     return f"{v // 1024}k" if v >= 1024 and v % 1024 == 0 else str(v)
 
 
-def _setup_x(ax, values: Iterable[Any], label: str, log2: bool = False) -> Callable[[Any], float]:
+def setup_x(ax, values: Iterable[Any], label: str, log2: bool = False) -> Callable[[Any], float]:
     """Log2 axis for positive numbers spanning 4x or more (or always, with ``log2``), linear for
     other numbers, categories otherwise. Returns value -> position."""
-    vals = sorted(set(v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))),
-                  key=lambda v: (isinstance(v, str), v))
+    present = {v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    vals = sorted(present, key=lambda v: (isinstance(v, str), v))
     ax.set_xlabel(label)
     numeric = all(isinstance(v, (int, float, np.integer, np.floating)) for v in vals)
     if numeric and vals:
@@ -182,12 +182,12 @@ def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         unit_scale, unit = (1e3, "GFLOP/s")
     for key, sub in groups[:panel["max_figures"]]:
         title = _facet_title(facets, key)
-        fig = _figure(4.2 * len(dirs) + 0.6, 3.5)
+        fig = new_figure(4.2 * len(dirs) + 0.6, 3.5)
         axes = fig.subplots(1, len(dirs), squeeze=False)[0]
         handles: dict[str, Any] = {}
         many = False
         for ax, d in zip(axes, dirs):
-            pos = _setup_x(ax, sub[x].tolist(), x)
+            pos = setup_x(ax, sub[x].tolist(), x)
             for name, s in sub.groupby(series, sort=True):
                 s = s[s[f"{d}_tflops"].notna()]
                 if s.empty:
@@ -201,7 +201,7 @@ def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                 many |= bool((agg.n > 1).any())
                 xs = [pos(v) for v in agg.index]
                 color = _series_color(ctx, name)
-                (line,) = ax.plot(xs, agg.t, marker="o", ms=3.5, lw=1.6, color=color, label=str(name))
+                (line,) = ax.plot(xs, agg.t, marker="o", ms=3.5, lw=1.6, color=color)
                 if panel["band"]:
                     ax.fill_between(xs, agg.lo, agg.hi, color=color, alpha=0.2, lw=0)
                 handles[str(name)] = line
@@ -213,7 +213,7 @@ def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         _legend_below(fig, list(handles.values()), list(handles))
         caption = f"{title}: median {unit}" + (", median over cases per point" if many else "") + \
             (", band q1..q3" if panel["band"] else "")
-        out.figures.append(_save(fig, ctx, f"{panel.slug}-{_slug(title)}", caption))
+        out.figures.append(save_figure(fig, ctx, f"{panel.slug}-{_slug(title)}", caption))
     if not any(df[f"{d}_pct_peak"].notna().any() for d in dirs):
         out.notes.append("No percent-of-peak axis: the device has no peak in the table "
                          "(timing.*.pct_peak is null, as on CPU).")
@@ -300,7 +300,7 @@ def draw_accuracy_heatmap(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         caption = (f"{len(chunk)} cases{suffix}; {bad} of {len(df)} cases in this panel failed, "
                    "crashed, timed out or ran out of memory. Green: under the bound; red: over "
                    "it; hatched: no numbers (the case died).")
-        out.figures.append(_save(fig, ctx, f"{panel.slug}-part{part + 1}", caption))
+        out.figures.append(save_figure(fig, ctx, f"{panel.slug}-part{part + 1}", caption))
     return out
 
 
@@ -312,7 +312,7 @@ def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
     label_chars = max(len(str(s)) for s in chunk.label) if rows else 10
     width = 2.6 + 0.055 * label_chars + 0.75 * len(tensors)
     height = 1.6 + 0.175 * rows
-    fig = _figure(width, height)
+    fig = new_figure(width, height)
     ax = fig.add_subplot()
     ax.grid(False)
     ax.spines[:].set_visible(False)
@@ -326,8 +326,8 @@ def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
     for i, (_, r) in enumerate(chunk.iterrows()):
         verdict = r.verdict
         # a verdict strip left of the cells, in the verdict's colour
-        ax.add_patch(Rectangle((-0.32, i + 0.08), 0.22, 0.84, color=VERDICT_COLORS.get(verdict, "#777"),
-                               clip_on=False))
+        ax.add_patch(Rectangle((-0.32, i + 0.08), 0.22, 0.84, clip_on=False,
+                               color=VERDICT_COLORS.get(verdict, "#777777")))
         if verdict in NO_RESULT and np.isnan(values[i]).all():
             color = VERDICT_COLORS[verdict]
             ax.add_patch(Rectangle((0, i), len(tensors), 1, facecolor=color, edgecolor="white",
@@ -400,7 +400,7 @@ def draw_verdict_matrix(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         max_lines = max(max_lines, len(items))
     row_h = 0.2 + 0.15 * max_lines
     label_chars = max(len(s) for s in row_vals)
-    fig = _figure(1.5 + 0.065 * label_chars + 1.15 * len(col_vals), 1.5 + row_h * len(row_vals))
+    fig = new_figure(1.5 + 0.065 * label_chars + 1.15 * len(col_vals), 1.5 + row_h * len(row_vals))
     ax = fig.add_subplot()
     ax.grid(False)
     ax.spines[:].set_visible(False)
@@ -408,7 +408,8 @@ def draw_verdict_matrix(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         for j, c in enumerate(col_vals):
             items = cells.get((r, c))
             if not items:
-                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#fafafa", edgecolor="white", lw=1.5))
+                ax.add_patch(Rectangle((j, i), 1, 1, facecolor="#fafafa", edgecolor="white",
+                                       lw=1.5))
                 ax.text(j + 0.5, i + 0.5, "–", ha="center", va="center", color="#bbbbbb")
                 continue
             w = worst(v for v, _ in items)
@@ -429,8 +430,8 @@ def draw_verdict_matrix(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     _legend_below(fig, [Patch(color=VERDICT_COLORS[v]) for v in present], present,
                   title="cell colour = worst verdict in the cell")
     fig.suptitle(f"Verdict counts: {rows_col} x {cols_col}", fontsize=10, fontweight="bold")
-    out.figures.append(_save(fig, ctx, panel.slug, f"{len(df)} cases; each cell counts verdicts "
-                             "and takes the colour of its worst one."))
+    out.figures.append(save_figure(fig, ctx, panel.slug, f"{len(df)} cases; each cell counts "
+                                   "verdicts and takes the colour of its worst one."))
     return out
 
 
@@ -459,12 +460,12 @@ def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                          f"{', '.join(facets)} not drawn.")
     for key, sub in groups[:panel["max_figures"]]:
         title = _facet_title(facets, key)
-        fig = _figure(2.9 * len(tensors) + 0.4, 3.4)
+        fig = new_figure(2.9 * len(tensors) + 0.4, 3.4)
         axes = fig.subplots(1, len(tensors), squeeze=False, sharey=True)[0]
         handles: dict[str, Any] = {}
         extra: dict[str, Any] = {}  # after the series in the legend
         for ax, t in zip(axes, tensors):
-            pos = _setup_x(ax, sub[x].tolist(), x)
+            pos = setup_x(ax, sub[x].tolist(), x)
             ax.set_yscale("log")
             ax.set_title(TENSOR_LABELS[t])
             col = f"{t}_rel_l2"
@@ -494,7 +495,7 @@ def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         fig.suptitle(f"Error vs {x}: {title}" if title else f"Error vs {x}", fontsize=10,
                      fontweight="bold")
         _legend_below(fig, list(handles.values()), list(handles))
-        out.figures.append(_save(fig, ctx, f"{panel.slug}-{_slug(title)}",
+        out.figures.append(save_figure(fig, ctx, f"{panel.slug}-{_slug(title)}",
                                  f"{title}: dots are cases, lines the median per {x}; dashed: "
                                  "the median bound; red rings: over their own bound."))
     return out
@@ -532,14 +533,14 @@ def draw_parallel(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     multi = ran[ran.world_size > 1]
     pairs = multi[multi._key.isin(base.index)]
     if len(pairs) and any(pairs[f"{d}_median_ms"].notna().any() for d in dirs):
-        fig = _figure(4.2 * len(dirs) + 0.6, 3.6)
+        fig = new_figure(4.2 * len(dirs) + 0.6, 3.6)
         axes = fig.subplots(1, len(dirs), squeeze=False)[0]
         handles: dict[str, Any] = {}
         worlds = sorted(set(pairs.world_size) | {1})
         styles = ["-", "--", ":", "-."]
         kinds = sorted({_parallel_kind(r) for _, r in pairs.iterrows()})
         for ax, d in zip(axes, dirs):
-            pos = _setup_x(ax, worlds, "world size (cp x tp)", log2=True)
+            pos = setup_x(ax, worlds, "world size (cp x tp)", log2=True)
             ax.plot(worlds, worlds, color="#aaaaaa", lw=1, ls=":", zorder=0)
             handles.setdefault("linear", Line2D([], [], color="#aaaaaa", lw=1, ls=":"))
             sp = pairs.assign(
@@ -561,7 +562,7 @@ def draw_parallel(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         fig.suptitle("Speedup against world size (same case at cp = tp = 1 as baseline)",
                      fontsize=10, fontweight="bold")
         _legend_below(fig, list(handles.values()), list(handles))
-        out.figures.append(_save(fig, ctx, f"{panel.slug}-speedup",
+        out.figures.append(save_figure(fig, ctx, f"{panel.slug}-speedup",
                                  f"{len(pairs)} multi-rank cases with a world-size-1 twin; lines: "
                                  "median per world size; dotted: linear scaling."))
     else:
@@ -578,14 +579,15 @@ def draw_parallel(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     markers = dict(zip(kinds, "o^sDv<>"))
     backends = sorted(set(parity[series if series in parity else "backend"].astype(str)))
     # spread backends a little sideways so points at one world size do not hide each other
-    jitter = {name: 2 ** ((k - 0.5 * (len(backends) - 1)) * 0.07) for k, name in enumerate(backends)}
-    fig = _figure(2.9 * len(tensors) + 0.4, 3.4)
+    jitter = {name: 2 ** ((k - 0.5 * (len(backends) - 1)) * 0.07)
+              for k, name in enumerate(backends)}
+    fig = new_figure(2.9 * len(tensors) + 0.4, 3.4)
     axes = fig.subplots(1, len(tensors), squeeze=False, sharey=True)[0]
     handles: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     worlds = sorted(set(parity.world_size))
     for ax, t in zip(axes, tensors):
-        pos = _setup_x(ax, worlds, "world size (cp x tp)", log2=True)
+        pos = setup_x(ax, worlds, "world size (cp x tp)", log2=True)
         ax.set_xlim(min(worlds) / 1.4, max(worlds) * 1.4)
         ax.set_yscale("log")
         ax.set_title(f"{TENSOR_LABELS[t]} vs world size 1")
@@ -613,7 +615,7 @@ def draw_parallel(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     fig.suptitle("Parity: multi-rank result against the same backend at world size 1",
                  fontsize=10, fontweight="bold")
     _legend_below(fig, list(handles.values()), list(handles))
-    out.figures.append(_save(fig, ctx, f"{panel.slug}-parity",
+    out.figures.append(save_figure(fig, ctx, f"{panel.slug}-parity",
                              f"{len(parity)} parity checks from {parity.id.nunique()} cases; red "
                              "rings: over their bound."))
     return out
@@ -653,14 +655,14 @@ def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         for (_, o), (_, bb) in zip(other.iterrows(), b.iterrows()):
             if o.verdict != bb.verdict:
                 changed.append(f"{o.label}: {bb.verdict} on {baseline}, {o.verdict} on {kind}")
-        fig = _figure(4.2 * len(dirs) + 0.6, 3.5)
+        fig = new_figure(4.2 * len(dirs) + 0.6, 3.5)
         axes = fig.subplots(1, len(dirs), squeeze=False)[0]
         handles: dict[str, Any] = {}
         for ax, d in zip(axes, dirs):
             ratio = b[f"{d}_median_ms"].to_numpy() / other[f"{d}_median_ms"].to_numpy()
             s_all = other.assign(ratio=ratio)
             s_all = s_all[np.isfinite(s_all.ratio)]
-            pos = _setup_x(ax, s_all[x].tolist(), x)
+            pos = setup_x(ax, s_all[x].tolist(), x)
             ax.axhline(1.0, color="#444444", lw=1)
             peak_ratio = _peak_ratio(other, b, d)
             if peak_ratio:
@@ -680,12 +682,13 @@ def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         fig.suptitle(f"{kind} against {baseline}: same cases, throughput ratio", fontsize=10,
                      fontweight="bold")
         _legend_below(fig, list(handles.values()), list(handles))
-        out.figures.append(_save(fig, ctx, f"{panel.slug}-{_slug(kind)}-vs-{_slug(baseline)}",
+        out.figures.append(save_figure(fig, ctx, f"{panel.slug}-{_slug(kind)}-vs-{_slug(baseline)}",
                                  f"{len(other)} cases run on both {kind} and {baseline}; above 1: "
                                  f"{kind} is faster. Ratios across GPU kinds, never verdicts."))
     if changed:
+        more = " ..." if len(changed) > 20 else ""
         out.notes.append(f"{len(changed)} case(s) have a different verdict on different GPU "
-                         "kinds: " + "; ".join(changed[:20]) + (" ..." if len(changed) > 20 else ""))
+                         "kinds: " + "; ".join(changed[:20]) + more)
     return out
 
 

@@ -47,7 +47,7 @@ SIZES = {
 }
 
 
-def sweep_text(gpu: str, size: str = "full") -> str:
+def sweep_text(gpus: Sequence[str], size: str = "full") -> str:
     seqlens, dtypes, feature_lens, parallel_lens = SIZES[size]
     includes = []
     for backend in ("triton", "transformer_engine", "sdpa_flash"):
@@ -70,8 +70,9 @@ def sweep_text(gpu: str, size: str = "full") -> str:
     lines = [
         f"name: synthetic-{size}",
         "description: made-up numbers in the real record schema (attnbench.report.synthetic)",
-        f"defaults: {{batch: 2, heads_q: 16, head_dim: 128, dtype: bf16, gpu: {gpu}, seed: 0}}",
+        "defaults: {batch: 2, heads_q: 16, head_dim: 128, dtype: bf16, seed: 0}",
         "axes:",
+        f"  gpu: [{', '.join(gpus)}]",
         "  backend: [naive, sdpa_flash, triton, transformer_engine]",
         f"  seqlen_q: {list(seqlens)}",
         "  heads_kv: [16, 4, 1]" if size == "full" else "  heads_kv: [16, 1]",
@@ -79,7 +80,8 @@ def sweep_text(gpu: str, size: str = "full") -> str:
         f"  dtype: [{', '.join(dtypes)}]",
         "include:",
     ]
-    lines += ["  - " + json.dumps(inc) for inc in includes]
+    # include entries are not crossed with the axes: one per GPU kind
+    lines += ["  - " + json.dumps({**inc, "gpu": gpu}) for gpu in gpus for inc in includes]
     lines += ["options: {timeout_s: 120}", ""]
     return "\n".join(lines)
 
@@ -209,15 +211,12 @@ def write_synthetic_run(out_dir: str | Path, *, gpus: Sequence[str] = ("H100",),
     run_id = run_id or out_dir.name
     versions = {"torch": torch_version, "triton": "3.1.0", "attnbench": "0.1.0",
                 "python": "3.11.7"}
-    records = []
-    sweep = None
-    for g, gpu in enumerate(gpus):
-        sweep = parse_sweep(sweep_text(gpu, size), f"sweeps/synthetic-{size}-{gpu.lower()}.yaml",
-                            backend_check=lambda name: None)
-        for case in sweep.cases:
-            records.append(_record(case, gpu, rng, slowdown=slowdown, extra_broken=extra_broken,
-                                   host=f"node{g + 1:02d}", versions=versions))
-    assert sweep is not None, "gpus must not be empty"
+    name = "-".join(g.lower() for g in gpus)
+    sweep = parse_sweep(sweep_text(gpus, size), f"sweeps/synthetic-{size}-{name}.yaml",
+                        backend_check=lambda backend: None)
+    hosts = {gpu: f"node{g + 1:02d}" for g, gpu in enumerate(gpus)}
+    records = [_record(case, case.gpu, rng, slowdown=slowdown, extra_broken=extra_broken,
+                       host=hosts[case.gpu], versions=versions) for case in sweep.cases]
     with open(out_dir / "records.jsonl", "w") as fh:
         for rec in records:
             fh.write(json.dumps(rec) + "\n")

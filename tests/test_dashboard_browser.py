@@ -1,0 +1,313 @@
+"""The dashboards in a real headless Chromium: every image loads, the tables filter and sort, the
+console stays clean, from a file:// URL and from a static HTTP server. Screenshots land in
+build/test-artifacts/ (or $ATTNBENCH_TEST_ARTIFACTS) for people to look at.
+
+Chromium is driven over the DevTools protocol on ``--remote-debugging-pipe`` (no websocket
+package needed). Without Chromium the tests are skipped: ``apt-get install -y chromium``.
+About 25 s on 2 cores (plus building the reports when test_report.py has not).
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import functools
+import http.server
+import importlib.util
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _load_helpers():
+    name = "attnbench_report_test_runs"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).parent / "data" / "report_runs.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+runs = _load_helpers()
+
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))
+                 if p), None)
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed: apt-get install -y chromium")
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+                  "--window-size=1400,1800")
+
+
+class Browser:
+    """Chromium with the DevTools protocol on fds 3 (commands in) and 4 (answers and events
+    out), messages separated by NUL bytes."""
+
+    def __init__(self, profile: Path):
+        to_chrome_r, self._out = os.pipe()
+        self._in, from_chrome_w = os.pipe()
+        # lift Chromium's ends above 9, so that moving them onto 3 and 4 cannot clobber them
+        theirs = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (to_chrome_r, from_chrome_w)]
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        script = f'exec "$0" "$@" 3<&{theirs[0]} 4>&{theirs[1]} {theirs[0]}<&- {theirs[1]}>&-'
+        self.proc = subprocess.Popen(
+            ["bash", "-c", script, CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+             "--remote-debugging-pipe", "about:blank"],
+            pass_fds=theirs, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE)
+        for fd in theirs:
+            os.close(fd)
+        self._buf = b""
+        self._id = 0
+        self.events: list[dict] = []
+        page = next(t for t in self.call("Target.getTargets")["targetInfos"] if t["type"] == "page")
+        self.session = self.call("Target.attachToTarget",
+                                 {"targetId": page["targetId"], "flatten": True})["sessionId"]
+        for domain in ("Page", "Runtime", "Log"):
+            self.call(f"{domain}.enable", session=self.session)
+
+    def _message(self, deadline: float) -> dict:
+        while b"\0" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("Chromium did not answer in time")
+            if select.select([self._in], [], [], left)[0]:
+                chunk = os.read(self._in, 1 << 20)
+                if not chunk:
+                    err = self.proc.stderr.read().decode(errors="replace")[-2000:]
+                    raise RuntimeError(f"Chromium closed the DevTools pipe: {err}")
+                self._buf += chunk
+        raw, _, self._buf = self._buf.partition(b"\0")
+        return json.loads(raw)
+
+    def call(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = 60.0) -> dict:
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._out, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self._message(deadline)
+            if answer.get("id") == self._id:
+                if "error" in answer:
+                    raise RuntimeError(f"{method}: {answer['error']}")
+                return answer.get("result", {})
+            self.events.append(answer)
+
+    def page(self, method: str, params: dict | None = None) -> dict:
+        return self.call(method, params, session=self.session)
+
+    def wait_event(self, method: str, timeout: float = 60.0) -> dict:
+        for i, event in enumerate(self.events):
+            if event.get("method") == method:
+                return self.events.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self._message(deadline)
+            if event.get("method") == method:
+                return event
+            self.events.append(event)
+
+    def open(self, url: str) -> None:
+        self.events.clear()
+        self.page("Page.navigate", {"url": url})
+        self.wait_event("Page.loadEventFired")
+
+    def js(self, expression: str):
+        result = self.page("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                "awaitPromise": True})
+        if "exceptionDetails" in result:
+            raise AssertionError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def console_errors(self) -> list[str]:
+        self.js("0")  # flush: events queued before this answer are now in self.events
+        errors = []
+        for e in self.events:
+            method, params = e.get("method"), e.get("params", {})
+            if method == "Runtime.exceptionThrown":
+                errors.append(json.dumps(params.get("exceptionDetails"))[:500])
+            elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                errors.append(json.dumps(params.get("args"))[:500])
+            elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
+                errors.append(f"{params['entry'].get('text')} {params['entry'].get('url', '')}")
+        return errors
+
+    def screenshot(self, path: Path, full_page: bool = False) -> Path:
+        params: dict = {"format": "png"}
+        if full_page:
+            params["captureBeyondViewport"] = True
+            size = self.js("[document.documentElement.scrollWidth, "
+                           "Math.min(document.documentElement.scrollHeight, 16000)]")
+            params["clip"] = {"x": 0, "y": 0, "width": size[0], "height": size[1], "scale": 0.5}
+        path.write_bytes(base64.b64decode(self.page("Page.captureScreenshot", params)["data"]))
+        return path
+
+    def close(self) -> None:
+        try:
+            self.call("Browser.close", timeout=10)
+        except (RuntimeError, TimeoutError, OSError):
+            pass  # already gone; the wait below reaps it
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self._out)
+        os.close(self._in)
+        self.proc.stderr.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    b = Browser(tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "report-runs"
+
+
+@pytest.fixture(scope="module")
+def reports(base) -> dict[str, Path]:
+    synthetic = runs.synthetic_runs(base)
+    return {"tiny": runs.report(base, "tiny", runs.tiny_run(base)),
+            "mixed": runs.report(base, "mixed", synthetic["mixed"])}
+
+
+@pytest.fixture(scope="module")
+def static_server(base):
+    """A static HTTP server over the reports directory (as a team would publish it)."""
+    root = base / "reports"
+    root.mkdir(parents=True, exist_ok=True)
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+        pass
+
+
+IMAGES = """Array.from(document.images).map(i => ({src: i.getAttribute("src"),
+    ok: i.complete && i.naturalWidth > 0}))"""
+VISIBLE = """(function (id) { return Array.from(document.getElementById(id).tBodies[0].rows)
+    .filter(r => !r.hidden).map(r => r.getAttribute("data-verdict")); })"""
+
+
+def _check_page(browser: Browser, url: str) -> list[dict]:
+    browser.open(url)
+    images = browser.js(IMAGES)
+    assert images, "no images on the page"
+    broken = [i["src"] for i in images if not i["ok"]]
+    assert not broken, f"images that did not load: {broken}"
+    assert browser.console_errors() == []
+    return images
+
+
+@pytest.mark.parametrize("name", ["tiny", "mixed"])
+def test_report_loads_from_file_url(browser, reports, name):
+    index = reports[name]
+    images = _check_page(browser, index.as_uri())
+    assert {i["src"] for i in images} == {p.name for p in index.parent.glob("p*.png")}
+    browser.screenshot(runs.artifacts_dir() / f"dashboard-{name}-top.png")
+    browser.screenshot(runs.artifacts_dir() / f"dashboard-{name}-full.png", full_page=True)
+
+
+def test_report_loads_from_a_static_server(browser, reports, static_server):
+    _check_page(browser, f"{static_server}/mixed/index.html")
+    # the SVGs the figures link to are served and parse as images too
+    svgs = browser.js("""Promise.all(Array.from(document.querySelectorAll('figure > a'))
+        .map(a => new Promise(ok => { const i = new Image();
+            i.onload = () => ok(i.naturalWidth > 0); i.onerror = () => ok(false);
+            i.src = a.getAttribute('href'); })))""")
+    assert svgs and all(svgs)
+    assert browser.console_errors() == []
+
+
+def test_records_table_filters_sorts_and_searches(browser, reports, base):
+    index = reports["mixed"]
+    browser.open(index.as_uri())
+    records = [json.loads(line) for line in
+               (base / "synthetic" / "mixed" / "records.jsonl").read_text().splitlines()]
+    assert len(browser.js(f"{VISIBLE}('records')")) == len(records)
+    assert browser.js("document.getElementById('records-count').textContent") == \
+        f"{len(records)} of {len(records)} rows shown"
+
+    def select(filter_id: str, value: str) -> list[str]:
+        browser.js(f"""(function () {{ const s = document.getElementById('{filter_id}');
+            s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); }})()""")
+        return browser.js(f"{VISIBLE}('records')")
+
+    shown = select("records-f-verdict", "crash")
+    assert shown == ["crash"] * sum(r["verdict"] == "crash" for r in records)
+    both = select("records-f-backend", "transformer_engine")  # filters combine
+    assert len(both) == sum(r["verdict"] == "crash" and r["case"]["backend"] == "transformer_engine"
+                            for r in records) > 0
+    # every failing row carries its repro command
+    cmds = browser.js("""Array.from(document.getElementById('records').tBodies[0].rows)
+        .filter(r => !r.hidden).map(r => r.querySelector('code.cmd').textContent)""")
+    assert all(c.startswith("attnbench run sweeps/") and " --case " in c for c in cmds)
+    browser.js("document.getElementById('all-records').scrollIntoView()")
+    browser.screenshot(runs.artifacts_dir() / "dashboard-table-filtered.png")
+    select("records-f-backend", "")
+    select("records-f-verdict", "")
+
+    # search narrows to matching rows
+    browser.js("""(function () { const s = document.getElementById('records-search');
+        s.value = 'softcap30'; s.dispatchEvent(new Event('input')); })()""")
+    assert len(browser.js(f"{VISIBLE}('records')")) == sum("softcap30" in r["label"]
+                                                          for r in records)
+    browser.js("""(function () { const s = document.getElementById('records-search');
+        s.value = ''; s.dispatchEvent(new Event('input')); })()""")
+
+    # sorting by verdict puts the worst first (fail, crash, ...), numbers sort as numbers
+    browser.js("document.querySelector('#records thead th').click()")
+    order = browser.js(f"{VISIBLE}('records')")
+    assert order[0] == "fail" and order[-1] == "pass"
+    browser.js("document.querySelectorAll('#records thead th')[4].click()")  # seqlen
+    lengths = browser.js("""Array.from(document.getElementById('records').tBodies[0].rows)
+        .map(r => parseFloat(r.cells[4].getAttribute('data-sort')))""")
+    assert lengths == sorted(lengths)
+    assert browser.console_errors() == []
+
+
+def test_compare_dashboard_loads(browser, base, tmp_path):
+    from attnbench.report.compare import run_compare
+
+    synthetic = runs.synthetic_runs(base)
+    out = tmp_path / "cmp"
+    with open(os.devnull, "w") as sink:
+        rc = run_compare([synthetic["h100"], synthetic["h100-slower"], synthetic["a100"]],
+                         out_dir=out, stream=sink)
+    assert rc == 1
+    _check_page(browser, (out / "index.html").as_uri())
+    browser.js("""(function () { const s = document.getElementById('pairs1-f-fwd_class');
+        s.value = 'SLOW'; s.dispatchEvent(new Event('change')); })()""")
+    shown = browser.js("""Array.from(document.getElementById('pairs1').tBodies[0].rows)
+        .filter(r => !r.hidden).map(r => r.getAttribute('data-backend'))""")
+    assert shown and set(shown) == {"triton"}
+    browser.screenshot(runs.artifacts_dir() / "compare-top.png")
+    assert browser.console_errors() == []
