@@ -1,7 +1,9 @@
 """``attnbench`` command line: run, validate, show, backends, report, compare.
 
 Exit status: 0 success; 1 a run finished with failing cases (fail, crash, timeout, ...) or a
-comparison found a regression; 2 bad input (sweep file, run directory, arguments); 130 interrupted.
+comparison found a regression; 2 bad input (sweep file, run directory, arguments); 3 the cluster
+failed (scheduler unreachable or lost, no workers, cases left pending): resume later; 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from attnbench.store import RunDirError, RunStore, default_run_dir, latest_run_d
     load_records
 
 EXIT_BAD_INPUT = 2
+EXIT_CLUSTER = 3
 
 
 def _error(message: str) -> int:
@@ -28,7 +31,7 @@ def _error(message: str) -> int:
 
 # -- run --------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnbench.cluster import connect
+    from attnbench.cluster import ClusterError, connect, make_security
     from attnbench.runner import run_pending
 
     sweep = load_sweep(args.sweep)
@@ -45,26 +48,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"attnbench: sweep {sweep.name!r}: {len(sweep.cases)} cases, "
           f"{len(sweep.cases) - len(pending)} already in {run_dir}, {len(pending)} to run")
     summary = None
+    resume = f"attnbench run {sweep.path} --out {run_dir}"
     if pending:
-        conn = connect(args.scheduler, args.workers)
         try:
-            where = args.scheduler or f"embedded LocalCluster ({conn.slots} concurrent cases)"
-            print(f"attnbench: running on {where}; Dask dashboard {conn.client.dashboard_link}")
-            summary = run_pending(store, conn)
-        finally:
-            conn.close()
+            security = make_security(args.tls_ca_file, args.tls_cert, args.tls_key)
+            conn = connect(args.scheduler, args.workers, cluster=args.cluster,
+                           security=security, worker_wait_s=args.worker_wait)
+            try:
+                print(f"attnbench: running on {conn.where}; Dask dashboard "
+                      f"{conn.client.dashboard_link}")
+                summary = run_pending(store, conn, worker_wait_s=args.worker_wait)
+            finally:
+                conn.close()
+        except ClusterError as exc:
+            store.close()
+            print(f"attnbench: error: {exc}", file=sys.stderr)
+            print(f"attnbench: resume with: {resume}", file=sys.stderr)
+            return EXIT_CLUSTER
     store.close()
     records = load_records(run_dir)
     print(summary_table(records))
     if summary is not None:
         share = 100 * summary.inside_s / (summary.wall_s * max(1, (conn.slots if pending else 1)))
-        print(f"attnbench: {summary.submitted} cases in {summary.wall_s:.1f} s "
+        print(f"attnbench: {summary.written} cases in {summary.wall_s:.1f} s "
               f"(inside cases {summary.inside_s:.1f} s, {share:.0f}% of slot time)")
     print(f"attnbench: results in {run_dir}/ (records.jsonl, manifest.json)")
     if summary is not None and summary.interrupted:
-        print(f"attnbench: interrupted; resume with: attnbench run {sweep.path} --out {run_dir}",
-              file=sys.stderr)
+        print(f"attnbench: interrupted; resume with: {resume}", file=sys.stderr)
         return 130
+    if summary is not None and summary.not_run:
+        print(f"attnbench: {summary.not_run} cases not run; resume with: {resume}",
+              file=sys.stderr)
+        return EXIT_CLUSTER
     if not args.no_report:
         report = _write_report(run_dir)
         if report:
@@ -162,7 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true",
                      help="continue the newest run of this sweep under results/")
     run.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786)")
-    run.add_argument("--workers", type=int, help="concurrent cases on the embedded cluster")
+    run.add_argument("--cluster", choices=("local", "slurm"),
+                     help="start the cluster: local (default: embedded LocalCluster) or slurm "
+                          "(dask-jobqueue; see docs/cluster.md)")
+    run.add_argument("--workers", type=int,
+                     help="concurrent cases on the embedded cluster; with --scheduler, workers "
+                          "to wait for (default 1); with --cluster slurm, jobs to start")
+    run.add_argument("--worker-wait", type=float, default=60.0, metavar="SECONDS",
+                     help="how long to wait for workers to connect, or to come back for cases "
+                          "only they can run (default 60)")
+    run.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate(s) for TLS to the "
+                                                          "scheduler (tls://host:8786)")
+    run.add_argument("--tls-cert", metavar="PEM", help="this client's TLS certificate")
+    run.add_argument("--tls-key", metavar="PEM", help="this client's TLS private key")
     run.add_argument("--case", action="append", metavar="ID",
                      help="run only this case id (or unique prefix); repeatable")
     run.add_argument("--no-report", action="store_true", help="do not write the dashboard")
@@ -177,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("run")
     show.add_argument("--all", action="store_true", help="one line per case")
     show.set_defaults(func=cmd_show)
+
+    # `attnbench worker` has its own parser (options it does not know go to `dask worker`);
+    # main() hands it over before this parser runs. Listed here for `attnbench --help`.
+    sub.add_parser("worker", add_help=False,
+                   help="start a Dask worker for this node (attnbench worker --help)")
 
     be = sub.add_parser("backends", help="list backends and whether they load here")
     be.add_argument("--all", action="store_true", help="include test-only backends")
@@ -198,10 +230,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     noisy = ("distributed", "bokeh", "tornado")
     for handler in logging.getLogger().handlers:
         handler.addFilter(lambda r: r.levelno >= logging.ERROR or not r.name.startswith(noisy))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:
+        from attnbench.worker import main as worker_main
+
+        return worker_main(argv[1:])
     args = build_parser().parse_args(argv)
+    user_errors: tuple[type[Exception], ...] = (SweepError, RunDirError)
+    try:
+        from attnbench.report.data import ReportError
+
+        user_errors += (ReportError,)
+    except ImportError:
+        pass
     try:
         return args.func(args)
-    except (SweepError, RunDirError) as exc:
+    except user_errors as exc:
         return _error(str(exc))
     except KeyboardInterrupt:
         print("attnbench: interrupted", file=sys.stderr)

@@ -1,42 +1,81 @@
-"""Dask: where cases run. An embedded LocalCluster by default, or a running scheduler.
+"""Dask: where cases run. An embedded LocalCluster by default, a running scheduler
+(``--scheduler``), or SLURM jobs (``--cluster slurm``, dask-jobqueue).
 
-The task a worker runs (:func:`run_case_task`) never touches torch: it leases a warm rank pool
-(child processes started with Popen, see :mod:`attnbench.execution.pool`) and hands the case
-over. A segfault or hang therefore kills a rank process, never the Dask worker, so Dask's
-KilledWorker logic is not involved in ordinary case failures.
+Routing: every worker advertises ``device=N`` and ``kind-<KIND>=N`` (see
+:mod:`attnbench.worker`); a case is submitted with the resources it needs
+(:func:`plan_case`), and one that no worker can ever satisfy is reported at once instead of
+waiting in Dask's ``no-worker`` state forever.
+
+The task a worker runs (:func:`run_case_task`) never touches torch: it leases devices from the
+worker's lease table, then a warm rank pool bound to them (child processes started with Popen,
+see :mod:`attnbench.execution.pool`), and hands the case over. A segfault or hang therefore
+kills a rank process, never the Dask worker, so Dask's KilledWorker logic only sees workers that
+really died (killed, node lost); their cases are rescheduled elsewhere.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional
 
 from attnbench.records import make_record
 from attnbench.spec import Case, RunOptions
+from attnbench.worker import CPU_KIND, DEVICE, KIND_PREFIX, case_resources
 
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
 log = logging.getLogger("attnbench")
 
+LEASE_GRACE_S = 60.0
+"""Beyond a case's own timeout, how long a task waits for devices a cancelled (but still
+running) case holds before it gives up."""
 
-def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1) -> dict:
-    """Dask task: run one case in a leased rank pool and always return a record."""
+
+class ClusterError(RuntimeError):
+    """The cluster cannot be used (unreachable, no workers, scheduler lost); the message is one
+    line for the user."""
+
+
+# -- the task ----------------------------------------------------------------------------------
+
+
+def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
+                  devices: Optional[int] = None) -> dict:
+    """Dask task: lease ``devices`` units (default ``cp * tp``) of this worker, run one case in
+    a rank pool bound to them, always return a record."""
+    from distributed import get_worker
+
     from attnbench.execution.pool import get_default_poolset
+    from attnbench.worker import ENV_THREADS, worker_leases
 
     case = Case.from_dict(case_dict)
     options = RunOptions.from_dict(options_dict)
     t0 = time.perf_counter()
+    leases = worker_leases()
     pools = get_default_poolset()
     if not len(pools):  # first case on this worker: configure the ranks it will start
-        pools.threads_per_pool = int(os.environ.get("ATTNBENCH_THREADS", "0")) or None
+        pools.threads_per_pool = int(os.environ.get(ENV_THREADS, "0")) or None
         pools.preload = (CASE_FUNC.split(":")[0],)  # import torch once, at rank start
-    with pools.lease(world_size=case.world_size) as pool:
-        outcome = pool.run(CASE_FUNC, {"case": case_dict, "options": options_dict},
-                           timeout=options.timeout_s)
+    run_as = case
+    if case.gpu == leases.kind and leases.kind != leases.detected_kind:
+        # `attnbench worker --kind` told this worker to serve that kind; the rank would compare
+        # the case with the hardware's own kind and skip it.
+        run_as = case.replace(gpu="any")
+    with leases.lease(devices or case.world_size, timeout=options.timeout_s + LEASE_GRACE_S) as lease:
+        with pools.lease(world_size=case.world_size, env=lease.pool_env(case.world_size)) as pool:
+            outcome = pool.run(CASE_FUNC, {"case": run_as.to_dict(), "options": options_dict},
+                               timeout=options.timeout_s)
     wall = time.perf_counter() - t0
-    return outcome_to_record(case, outcome, wall, attempt, options.timeout_s)
+    record = outcome_to_record(case, outcome, wall, attempt, options.timeout_s)
+    if run_as is not case:
+        record.update(id=case.id, case=case.to_dict(), label=case.label, features=case.features)
+    worker = get_worker()
+    record["env"] = dict(record.get("env") or {}, lease=list(lease.ids), worker=str(worker.name),
+                         worker_kind=leases.kind)
+    return record
 
 
 def outcome_to_record(case: Case, outcome, wall_s: float, attempt: int, timeout_s: float) -> dict:
@@ -68,56 +107,227 @@ def _last_line(text: Optional[str]) -> str:
     return lines[-1][:300] if lines else ""
 
 
+# -- what the workers offer, what a case needs -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    address: str
+    name: str
+    resources: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> int:
+        return int(self.resources.get(DEVICE, 0))
+
+    @property
+    def kind(self) -> Optional[str]:
+        kinds = [k[len(KIND_PREFIX):] for k in self.resources if k.startswith(KIND_PREFIX)]
+        return kinds[0] if kinds else None
+
+    def offers(self, resources: Mapping[str, float]) -> bool:
+        return all(self.resources.get(k, 0) >= v for k, v in resources.items())
+
+
+def describe_workers(workers: Iterable[WorkerInfo]) -> str:
+    """``1 x A with 1 device, 2 x H100 with 8 devices``."""
+    groups: collections.Counter = collections.Counter()
+    plain = 0
+    for w in workers:
+        if w.kind is None or not w.devices:
+            plain += 1
+        else:
+            groups[(w.kind, w.devices)] += 1
+    parts = [f"{n} x {kind} with {d} device{'s' if d != 1 else ''}"
+             for (kind, d), n in sorted(groups.items())]
+    if plain:
+        parts.append(f"{plain} without attnbench resources (start workers with "
+                     "`attnbench worker`)")
+    return ", ".join(parts) or "none connected"
+
+
+def plan_case(case: Case, workers: Iterable[WorkerInfo]) -> tuple[Optional[dict], str]:
+    """The resources to submit ``case`` with, or None and why no worker can run it.
+
+    A case needs ``cp * tp`` units of its kind on one worker. On CPU workers a case with more
+    ranks than the largest worker has slots still runs, its ranks sharing that worker's slots
+    (ranks are processes; timing is then of an oversubscribed CPU, which the lease records)."""
+    workers = list(workers)
+    need = case.world_size
+    wanted = case_resources(case.gpu, need)
+    if any(w.offers(wanted) for w in workers):
+        return wanted, ""
+    cpu_slots = [w.devices for w in workers if w.kind == CPU_KIND and w.devices]
+    if case.gpu in ("any", CPU_KIND) and cpu_slots:
+        return case_resources(CPU_KIND, max(cpu_slots)), ""
+    where = describe_workers(workers)
+    if not workers:
+        return None, "no workers connected"
+    if case.gpu != "any" and not any(w.kind == case.gpu for w in workers):
+        return None, f"no worker offers GPU kind {case.gpu!r} (workers: {where})"
+    largest = max((w.devices for w in workers if case.gpu in ("any", w.kind)), default=0)
+    kind = "" if case.gpu == "any" else f" of kind {case.gpu}"
+    return None, (f"cp={case.cp} x tp={case.tp} needs {need} devices{kind} on one worker; the "
+                  f"largest offers {largest} (workers: {where})")
+
+
+# -- connecting --------------------------------------------------------------------------------
+
+
 @dataclass
 class Connection:
     client: object
     cluster: Optional[object]
     slots: int
+    """Devices (GPUs or CPU slots) over all workers when connected."""
+    where: str = ""
+    """One line for the user: the scheduler's address or the embedded cluster."""
+
+    def workers(self) -> list[WorkerInfo]:
+        info = self.client.scheduler_info(n_workers=-1)
+        return [WorkerInfo(address, str(w.get("name", address)), dict(w.get("resources") or {}))
+                for address, w in info.get("workers", {}).items()]
 
     def close(self) -> None:
         try:
-            self.client.close()
+            self.client.close(timeout=10)
         finally:
             if self.cluster is not None:
                 self.cluster.close()
 
 
+def make_security(ca_file: Optional[str], cert: Optional[str], key: Optional[str]):
+    """A distributed Security for TLS with one certificate for every role (client, scheduler,
+    workers), or None when no TLS option is given."""
+    if not (ca_file or cert or key):
+        return None
+    missing = [n for n, v in (("--tls-ca-file", ca_file), ("--tls-cert", cert), ("--tls-key", key))
+               if not v]
+    if missing:
+        raise ClusterError(f"TLS needs --tls-ca-file, --tls-cert and --tls-key; missing "
+                           f"{', '.join(missing)}")
+    for path in (ca_file, cert, key):
+        if not os.path.isfile(path):
+            raise ClusterError(f"TLS: {path}: no such file")
+    from distributed.security import Security
+
+    return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
+                    tls_scheduler_cert=cert, tls_scheduler_key=key, tls_worker_cert=cert,
+                    tls_worker_key=key, require_encryption=True)
+
+
 def default_local_slots() -> int:
-    """Concurrent cases on the embedded cluster: one per GPU; on CPU one per core, each rank
-    single-threaded. Measured on 2 cores (smoke sweep, 78 cases): 1 slot x 2 threads 62 s,
-    2 slots x 1 thread 12 s -- small attention ops gain nothing from intra-op threads."""
-    gpus = _visible_gpu_count()
-    if gpus:
-        return gpus
-    return max(1, os.cpu_count() or 1)
+    """Concurrent cases on the embedded cluster: one per GPU; on CPU one per two cores."""
+    from attnbench.worker import detect_node
+
+    return len(detect_node().ids)
 
 
-def _visible_gpu_count() -> int:
-    # Counting without importing torch: the worker process must not initialise CUDA.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+def connect(scheduler: Optional[str], slots: Optional[int] = None, *,
+            cluster: Optional[str] = None, security=None,
+            worker_wait_s: float = 60.0) -> Connection:
+    """A Dask client: to ``scheduler`` if given, to SLURM jobs if ``cluster == "slurm"``, else
+    to a new embedded LocalCluster. ``slots``: concurrent cases on the embedded cluster (GPUs
+    used on a GPU machine), the workers to wait for on a scheduler, the jobs to start on SLURM.
+    Raises :class:`ClusterError` with a one-line message."""
+    if scheduler and cluster:
+        raise ClusterError("give either --scheduler or --cluster, not both")
+    if scheduler:
+        return _connect_scheduler(scheduler, slots or 1, security, worker_wait_s)
+    if cluster == "slurm":
+        return _connect_slurm(slots or 1, security, worker_wait_s)
+    if cluster not in (None, "local"):
+        raise ClusterError(f"--cluster: got {cluster!r}, expected local or slurm")
+    if security is not None:
+        raise ClusterError("TLS options apply to --scheduler or --cluster slurm; the embedded "
+                           "cluster talks over loopback inside this machine")
+    return _connect_local(slots)
+
+
+def _connect_scheduler(address: str, min_workers: int, security, worker_wait_s: float) -> Connection:
+    from distributed import Client
+
+    if address.startswith("tls://") and security is None:
+        raise ClusterError(f"{address} speaks TLS: give --tls-ca-file, --tls-cert and --tls-key")
     try:
-        return len([p for p in os.listdir("/proc/driver/nvidia/gpus")])
-    except OSError:
-        return 0
+        client = Client(address, timeout="20s", security=security)
+    except (OSError, TimeoutError, ValueError, TypeError) as exc:
+        raise ClusterError(f"cannot reach the Dask scheduler at {address}: "
+                           f"{_one_line(exc)}") from None
+    conn = Connection(client, None, 1, where=f"scheduler {address}")
+    _wait_for_workers(conn, min_workers, worker_wait_s,
+                      f"start one per node: attnbench worker --scheduler {address}")
+    return conn
 
 
-def connect(scheduler: Optional[str], slots: Optional[int] = None) -> Connection:
-    """A Dask client: to ``scheduler`` if given, else to a new embedded LocalCluster."""
+def _connect_slurm(jobs: int, security, worker_wait_s: float) -> Connection:
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError:
+        raise ClusterError("--cluster slurm needs dask-jobqueue >= 0.9: "
+                           "pip install 'attnbench[slurm]'") from None
+    from distributed import Client
+
+    kwargs = {"worker_command": "attnbench.worker", "processes": 1}
+    if security is not None:
+        kwargs.update(security=security, protocol="tls://")
+    try:
+        # Queue, account, cores, memory, walltime and --gres come from the jobqueue.slurm
+        # section of the Dask configuration (docs/cluster.md).
+        cluster = SLURMCluster(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ClusterError(f"--cluster slurm: {_one_line(exc)} (configure jobqueue.slurm, "
+                           "see docs/cluster.md)") from None
+    cluster.scale(jobs=jobs)
+    conn = Connection(Client(cluster), cluster, 1,
+                      where=f"SLURM ({jobs} job{'s' if jobs != 1 else ''}), scheduler "
+                            f"{cluster.scheduler_address}")
+    _wait_for_workers(conn, 1, worker_wait_s, "check the jobs with squeue; raise --worker-wait "
+                                               "for a busy queue")
+    return conn
+
+
+def _connect_local(slots: Optional[int]) -> Connection:
     import dask
     from distributed import Client, LocalCluster
 
-    if scheduler:
-        client = Client(scheduler, timeout="20s")
-        total = sum(w.get("nthreads", 1) for w in client.scheduler_info()["workers"].values())
-        return Connection(client, None, max(1, total))
-    slots = slots or default_local_slots()
-    threads = max(1, (os.cpu_count() or 1) // slots)
-    # Each rank process gets its share of the cores; set before workers start so they inherit.
-    os.environ.setdefault("ATTNBENCH_THREADS", str(threads))
+    from attnbench.worker import detect_gpus, detect_node
+
+    gpus = detect_gpus()
+    if gpus and slots:
+        gpus = gpus[:slots]
+    node = detect_node(slots=None if gpus else slots, gpus=gpus)
     with dask.config.set({"distributed.worker.daemon": True}):
-        cluster = LocalCluster(n_workers=1, threads_per_worker=slots, processes=True,
-                               dashboard_address=":0", silence_logs=logging.ERROR)
+        cluster = LocalCluster(n_workers=1, threads_per_worker=len(node.ids), processes=True,
+                               dashboard_address=":0", silence_logs=logging.ERROR,
+                               resources=node.resources, env=node.environ())
     client = Client(cluster)
-    return Connection(client, cluster, slots)
+    return Connection(client, cluster, len(node.ids),
+                      where=f"embedded LocalCluster ({len(node.ids)} concurrent cases, "
+                            f"{node.describe()})")
+
+
+def _wait_for_workers(conn: Connection, count: int, wait_s: float, hint: str) -> None:
+    """At least ``count`` workers, then until none has joined for a second (workers started
+    together register within a second or two of each other), at most 10 s."""
+    try:
+        conn.client.wait_for_workers(count, timeout=wait_s)
+    except TimeoutError:
+        have = len(conn.workers())
+        conn.close()
+        raise ClusterError(f"{have} of {count} worker(s) connected to the {conn.where} after "
+                           f"{wait_s:g} s; {hint}") from None
+    seen, since, deadline = None, time.monotonic(), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        now = {w.address for w in conn.workers()}
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif time.monotonic() - since >= 1.0:
+            break
+        time.sleep(0.2)
+    conn.slots = max(1, sum(w.devices for w in conn.workers()))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"

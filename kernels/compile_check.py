@@ -5,8 +5,10 @@ so errors only the compiler sees would first show on a GPU: a Python global that
 ``tl.constexpr``, branches yielding different types, a tile needing more shared memory than the
 chip has. Triton's wheel ships ptxas, so every kernel can be lowered to a cubin for a target GPU
 right here. This module does that for representative variants (dtypes, head dims, every feature
-flag) and prints, per kernel: shared memory, whether the PTX uses wgmma (Hopper tensor cores)
-and cp.async (pipelined loads), and compile time.
+flag) and prints one JSON line per kernel: shared memory, registers and stack bytes (spills, read
+with the cuobjdump Triton also ships), whether the PTX uses wgmma (Hopper tensor cores) and
+cp.async (pipelined loads), and compile time. Exit status 1 if a kernel does not fit in shared
+memory.
 
     TRITON_INTERPRET=0 python -m kernels.compile_check [--all | --variant TEXT] [--arch 90]
 
@@ -19,9 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 import triton
@@ -113,9 +119,24 @@ def compile_kernel(kernel, args: dict, config: configs.BlockConfig | None, targe
                               options=options)
     ptx = compiled.asm["ptx"]
     return {"kernel": kernel.__name__, "config": None if config is None else asdict(config),
-            "shared_bytes": compiled.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
-            "mma": ptx.count("mma.sync"), "cp_async": ptx.count("cp.async.cg"),
-            "seconds": round(time.perf_counter() - start, 1)}
+            "shared_bytes": compiled.metadata.shared, **_resource_usage(compiled.asm["cubin"]),
+            "wgmma": ptx.count("wgmma.mma_async"), "mma": ptx.count("mma.sync"),
+            "cp_async": ptx.count("cp.async.cg"), "seconds": round(time.perf_counter() - start, 1)}
+
+
+def _resource_usage(cubin: bytes) -> dict:
+    """Registers per thread and stack bytes (spills) from the cuobjdump Triton ships."""
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return {"registers": None, "stack_bytes": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([str(tool), "-res-usage", str(path)], capture_output=True,
+                              text=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", text), re.search(r"STACK:(\d+)", text)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "stack_bytes": int(stack.group(1)) if stack else None}
 
 
 def check_variant(variant: Variant, target: GPUTarget) -> list[dict]:

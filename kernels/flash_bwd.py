@@ -93,11 +93,11 @@ def _dkdv_query_range(dk, dv, k, v, k_idx, q_base, do_base, lse_base, delta_base
             dp_t = tl.where(keep_t, dp_t * drop_scale, 0.0)
         else:
             pz_t = p_t
-        dv += tl.dot(pz_t.to(do.dtype), do, input_precision=DOT_PRECISION)
+        dv = tl.dot(pz_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
-        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
@@ -206,7 +206,7 @@ def _dq_key_range(dq, q, do, lse2, delta, q_idx, k_base, v_base, stride_kn, stri
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
     return dq
 
 

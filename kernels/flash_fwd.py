@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels import configs
-from kernels.common import LN2, load_tile, key_ranges, score_tile, dropout_keep
+from kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile
 from kernels.params import FlashParams, is_interpreted, strides
 
 
@@ -53,7 +53,8 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
             p = tl.where(keep, p, 0.0)
         v = load_tile(v_base + k_idx[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
                       k_idx, seqlen_k, offs_dv, HEAD_DIM_V, MASK, BLOCK_DV != HEAD_DIM_V, UPCAST)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        # Accumulate inside the dot (the accumulator operand of wgmma): no second fp32 tile.
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 

@@ -18,6 +18,19 @@ A backend::
 ``backward`` must use the dropout mask of the ``forward`` that made ``ctx`` and may be called
 several times on one ``ctx`` (the timer does). A backend that finds at run time that it cannot
 handle a case raises :class:`Unsupported`.
+
+Optional, for ring context parallelism (:mod:`attnbench.parallel.ring`)::
+
+        def backward_from_stats(self, q, k, v, out, lse, dout, spec) -> tuple[dq, dk, dv]: ...
+
+the gradients of one block of a larger softmax, recomputed from that softmax's *final* output
+and log-sum-exp (P = exp(scores - lse), delta = rowsum(dout * out)), for the keys of this call
+only. ``out`` (B, Hq, Sq, Dv) is in the input dtype, ``lse`` (B, Hq, Sq) float32 (-inf for rows
+that see no key at all); the dropout mask is the one ``spec`` gives (its seed and global
+offsets), so a caller that replays forward's ``spec`` replays forward's mask. Gradients come
+back in the input dtype or wider; callers sum blocks in float32. Ring and zigzag CP need this and
+a ``Forward.lse``; a backend without them is ``unsupported`` there (all-gather CP and TP need
+neither).
 """
 
 from __future__ import annotations

@@ -74,3 +74,49 @@ class NaiveBackend:
         out, q_in, k_in, v_in = ctx
         dq, dk, dv = torch.autograd.grad(out, (q_in, k_in, v_in), dout, retain_graph=True)
         return dq, dk, dv
+
+    def backward_from_stats(self, q, k, v, out, lse, dout, spec):
+        """Gradients of one block of a larger softmax (ring context parallelism), recomputed
+        densely from that softmax's final ``out`` and ``lse`` with forward's precision choices:
+        scores and matmuls in the case's dtype, exponentials and the softmax gradient in fp32.
+        q: (B, Hq, Sq, D), k: (B, Hkv, Sk, D), v: (B, Hkv, Sk, Dv), out / dout: (B, Hq, Sq, Dv),
+        lse: (B, Hq, Sq) float32. Returns dq (B, Hq, Sq, D), dk, dv (B, Hkv, Sk, *)."""
+        batch, heads_q, sq, _ = q.shape
+        heads_kv, sk = k.shape[1], k.shape[2]
+        group = heads_q // heads_kv
+        dtype = q.dtype
+        wide = torch.promote_types(dtype, torch.float32)
+        bias, visible, keep = dense_masks(spec, batch, heads_q, sq, sk, dtype, q.device)
+        k_rep = k.repeat_interleave(group, dim=1)
+        v_rep = v.repeat_interleave(group, dim=1)
+        scores = torch.matmul(q, k_rep.transpose(-1, -2)) * spec.scale
+        tanh = None
+        if spec.softcap > 0:
+            tanh = torch.tanh(scores / spec.softcap)
+            scores = spec.softcap * tanh
+        if bias is not None:
+            scores = scores + bias
+        if visible is not None:
+            scores = scores.masked_fill(~visible, float("-inf"))
+        # A row that sees no key anywhere has lse -inf and only -inf scores: its P is 0.
+        lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse).to(wide)
+        probs = torch.exp(scores.to(wide) - lse_safe[..., None])
+        drop = None
+        if keep is not None:
+            drop = keep.to(wide) / (1.0 - spec.dropout_p)
+        probs_dropped = (probs if drop is None else probs * drop).to(dtype)
+        dv = torch.matmul(probs_dropped.transpose(-1, -2), dout)
+        dp = torch.matmul(dout, v_rep.transpose(-1, -2)).to(wide)
+        if drop is not None:
+            dp = dp * drop
+        delta = (dout.to(wide) * out.to(wide)).sum(-1, keepdim=True)
+        ds = probs * (dp - delta)
+        if tanh is not None:
+            ds = ds * (1.0 - tanh.to(wide) ** 2)
+        ds = (ds * spec.scale).to(dtype)
+        dq = torch.matmul(ds, k_rep)
+        dk = torch.matmul(ds.transpose(-1, -2), q)
+        # GQA: a K/V head's gradient is the sum over its query-head group.
+        dk = dk.view(batch, heads_kv, group, sk, -1).sum(2)
+        dv = dv.view(batch, heads_kv, group, sk, -1).sum(2)
+        return dq, dk, dv

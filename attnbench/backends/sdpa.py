@@ -44,6 +44,7 @@ class _Sdpa:
                 mask = visible
             else:
                 mask = bias if visible is None else bias.masked_fill(~visible, float("-inf"))
+                mask = mask.unsqueeze(0)  # (1, Hq, Sq, Sk): SDPA wants 2-D or 4-D masks
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=spec.dropout_p, is_causal=is_causal,
             scale=spec.scale, enable_gqa=k.shape[1] != heads_q)

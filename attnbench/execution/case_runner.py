@@ -80,8 +80,9 @@ def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = N
         return record("skipped", f"case asks for gpu {case.gpu!r}, this worker has "
                                  f"{env['gpu_kind']!r}")
     if case.world_size > 1:
-        return record("unsupported", f"cp={case.cp} x tp={case.tp}: context/tensor parallel "
-                                     "execution is not part of this build yet")
+        from attnbench.parallel.runner import run_parallel_case  # every rank of the pool runs it
+
+        return run_parallel_case(case, options)
     try:
         backend = get_backend(case.backend)
     except Exception as exc:

@@ -91,6 +91,10 @@ _EXIT_WAIT_S = 2.0
 """After a rank's pipe hangs up, how long it may take to finish dying before we kill it."""
 _POLL_SLICE_S = 0.5
 """Longest single wait without checking rank liveness, where pidfd_open is missing."""
+_PEER_DEATH_WAIT_S = 0.5
+"""When a rank of a multi-rank pool answers with an error, how long to look for another rank
+that died: a peer's death makes the survivors' collectives fail (gloo: "Connection closed by
+peer") about as soon as the dead rank's sockets close, often before its exit is visible."""
 _REFUSED_MODULES = ("torch", "triton")
 """Modules the parent will not import to unpickle a result (it must never import torch)."""
 
@@ -530,12 +534,30 @@ class RankPool:
                                traceback=message["error"], stderr_tail=self._ranks[rank].tail(),
                                note="the rank's answer could not be unpickled by the parent")
             if message["kind"] != "ok":
+                dead = self._dead_peer(rank)
+                if dead is not None:  # the root cause; this rank's error is its consequence
+                    return self._dead_outcome(dead, f"rank {rank} then failed: "
+                                                    f"{message['summary']}")
                 return self._reply_outcome(rank, message)
         first = replies[0]
         recycle = "; ".join(f"rank {r}: {m['recycle']}" for r, m in sorted(replies.items())
                             if m.get("recycle"))
         return Outcome(kind="ok", result=first["result"], rank=0, duration_s=first["duration_s"],
                        stderr_tail=self._ranks[0].tail(), recycle=recycle)
+
+    def _dead_peer(self, rank: int) -> Optional[_Rank]:
+        """Another rank that has died, waiting up to :data:`_PEER_DEATH_WAIT_S` for one; None
+        at once for a single-rank pool."""
+        others = [r for r in self._ranks if r.rank != rank]
+        end = time.monotonic() + (_PEER_DEATH_WAIT_S if others else 0.0)
+        while others:
+            for other in others:
+                if other.returncode() is not None:
+                    return other
+            if time.monotonic() >= end:
+                return None
+            time.sleep(0.005)
+        return None
 
     def _reply_outcome(self, rank: int, message: dict) -> Outcome:
         return Outcome(kind=message["kind"], rank=rank, traceback=message["traceback"],

@@ -79,23 +79,28 @@ def _keyed(run: Run) -> pd.DataFrame:
     by_id = {r.get("id"): r for r in run.records}
     df = run.frame.copy()
     df["match_key"] = [case_key(by_id.get(i, {}).get("case") or {}) for i in df.id]
-    df["run_gpu"] = df.gpu_kind.fillna("?").astype(str)
+    # A case that died before it reached a device may have no env.gpu_kind: in a run on one
+    # GPU kind it ran on that kind; otherwise "?" matches any kind (see compare_runs).
+    kinds = run.gpu_kinds
+    df["run_gpu"] = df.gpu_kind.fillna(kinds[0] if len(kinds) == 1 else "?").astype(str)
     return df.drop_duplicates(["match_key", "run_gpu"], keep="last")
 
 
 def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     fa, fb = _keyed(a), _keyed(b)
     m = fa.merge(fb, on="match_key", suffixes=("_a", "_b"))
-    same = m[m.run_gpu_a == m.run_gpu_b]
+    unknown = (m.run_gpu_a == "?") | (m.run_gpu_b == "?")
+    same = m[(m.run_gpu_a == m.run_gpu_b) | unknown]
     paired = set(zip(same.match_key, same.run_gpu_a))
     # A record with no twin on its own GPU kind is set against the other run's records of the
     # same case on other kinds: a ratio, never a verdict.
     lone_a = [(k, g) not in paired for k, g in zip(m.match_key, m.run_gpu_a)]
     lone_b = [(k, g) not in paired for k, g in zip(m.match_key, m.run_gpu_b)]
-    cross = m[(m.run_gpu_a != m.run_gpu_b) & (pd.Series(lone_a, index=m.index)
-                                               | pd.Series(lone_b, index=m.index))]
+    cross = m[(m.run_gpu_a != m.run_gpu_b) & ~unknown & (pd.Series(lone_a, index=m.index)
+                                                         | pd.Series(lone_b, index=m.index))]
     pairs = pd.concat([same, cross], ignore_index=True)
-    pairs["same_kind"] = pairs.run_gpu_a == pairs.run_gpu_b
+    pairs["same_kind"] = ((pairs.run_gpu_a == pairs.run_gpu_b) | (pairs.run_gpu_a == "?")
+                          | (pairs.run_gpu_b == "?"))
     for d in DIRECTIONS:
         classes, ratios, lo, hi = [], [], [], []
         for r in pairs.itertuples():
