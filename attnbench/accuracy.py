@@ -51,6 +51,11 @@ REFERENCE_SELF_BOUND = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 # What they catch (bf16, seqlen 64-1024, measured by benchmarks/error_scales.py --bugs): a
 # backward replaying another dropout mask gives dv_v 0.015-0.21; dQ scaled by 1.05 gives
 # dq_q 0.013-0.08; stale softmax statistics give dk_sum ~0.1-1.
+# On ill-conditioned inputs (large logits, outliers) every tensor carries more rounding, and so
+# do the identities; their bound grows with the naive baseline's largest error on the same
+# inputs: max(IDENTITY_BOUND, IDENTITY_BASELINE_FACTOR * baseline error). Residual / baseline
+# error seen for correct backends: up to 1.2 (bf16, outliers).
+IDENTITY_BASELINE_FACTOR = 2.0
 IDENTITY_BOUND = {
     "fp32": {"dv_v": 2e-6, "dq_q": 2e-6, "dk_sum": 8e-6},
     "fp16": {"dv_v": 2e-3, "dq_q": 3e-3, "dk_sum": 4e-3},
@@ -103,8 +108,24 @@ def tensor_errors(x: torch.Tensor, ref: torch.Tensor) -> dict:
             "cosine": cosine, "nonfinite": 0}
 
 
+def identity_bounds(dtype: str, conditioning: Optional[float]) -> dict[str, float]:
+    """Bound per identity; ``conditioning`` is the naive baseline's largest rel. L2 error on
+    the same inputs (None when unknown)."""
+    scale = IDENTITY_BASELINE_FACTOR * conditioning if conditioning else 0.0
+    return {name: max(bound, scale) for name, bound in IDENTITY_BOUND[dtype].items()}
+
+
+def conditioning(baseline: Optional[dict]) -> Optional[float]:
+    """Largest finite rel. L2 error of the naive baseline over the four tensors."""
+    if not baseline:
+        return None
+    values = [e["rel_l2"] for e in baseline.values() if e["nonfinite"] == 0]
+    return max(values) if values else None
+
+
 def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optional[dict],
-          identities: dict, softcap: float, reference_note: str) -> tuple[str, str, list[Check], dict]:
+          identities: dict, softcap: float, reference_note: str,
+          identity_bound: Optional[dict] = None) -> tuple[str, str, list[Check], dict]:
     """Return (verdict, reason, checks, per-tensor table) from measured errors.
 
     ``errors`` / ``baseline``: tensor -> tensor_errors() of the backend / the naive baseline
@@ -140,8 +161,9 @@ def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optiona
                        ratio=(e["rel_l2"] / base_err) if base_err else None)
             table[name] = {k: _finite_or_none(v) if isinstance(v, float) else v
                            for k, v in row.items()}
+    bounds = identity_bound or IDENTITY_BOUND[dtype]
     for name, value in identities.items():
-        bound = IDENTITY_BOUND[dtype][name]
+        bound = bounds[name]
         ok = value is not None and math.isfinite(value) and value <= bound
         if value is None or not math.isfinite(value):
             continue  # non-finite gradients are reported by the nonfinite check

@@ -55,8 +55,8 @@ class Variant:
     features: dict = field(default_factory=dict)
     """FlashParams fields switched on (window, softcap, alibi, dropout)."""
     fwd: configs.BlockConfig = configs.BlockConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
-    dkdv: configs.BlockConfig = configs.BlockConfig(block_m=32, block_n=128, num_warps=4, num_stages=3)
-    dq: configs.BlockConfig = configs.BlockConfig(block_m=128, block_n=32, num_warps=4, num_stages=3)
+    dkdv: configs.BlockConfig = configs.BlockConfig(block_m=32, block_n=128, num_warps=8, num_stages=3)
+    dq: configs.BlockConfig = configs.BlockConfig(block_m=128, block_n=32, num_warps=8, num_stages=3)
 
 
 _ALL_FEATURES = dict(window_left=256, window_right=0, softcap=30.0,

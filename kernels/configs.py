@@ -101,18 +101,39 @@ def prune_shared_memory(configs, args) -> list[triton.Config]:
     return kept or [min(configs, key=need)]
 
 
-def prune_small_tiles_with_eight_warps(configs, args) -> list[triton.Config]:
-    """On Hopper, tiles under 128 x 128 leave 8 warps without enough work per warpgroup (the
-    Triton tutorial drops them for the same reason)."""
+def prune_register_spills(configs, args) -> list[triton.Config]:
+    """Drop configs whose fp32 tiles cannot live in registers: at more than
+    ``MAX_LIVE_FP32_PER_THREAD`` live fp32 values per thread (score tile plus accumulators,
+    summed over the warps' threads) ptxas spills to local memory, which costs more than the
+    bigger tile gains."""
+    d, dv = args["BLOCK_D"], args["BLOCK_DV"]
     kept = [c for c in configs
-            if not (c.num_warps == 8 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] < 128 * 128)]
+            if args["_live"](c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], d, dv) / (32 * c.num_warps)
+            <= MAX_LIVE_FP32_PER_THREAD]
     return kept or configs
 
 
-def _pruner(*rules: Callable, streamed, resident) -> Callable:
+def prune_idle_warpgroups(configs, args) -> list[triton.Config]:
+    """Hopper's wgmma gives each warpgroup (4 warps) at least 64 rows of the tile's matmuls:
+    8 warps need 128 rows (the query rows forward and for dQ, the key rows for dK/dV), or
+    half of them wait."""
+    kept = [c for c in configs
+            if args["_rows"](c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) >= 64 * (c.num_warps // 4)]
+    return kept or configs
+
+
+# Measured with kernels.compile_check on sm_90 (bf16, Triton 3.9), live values per thread ->
+# spill: fwd d128 64x64/4w 96 none, 128x64/4w 192 264 B, 128x128/8w 128 none; dK/dV d128
+# 32x64/4w 144 none, 64x64/4w 160 112 B, 32x128/8w 144 none, 64x128/8w 160 88 B; dK/dV d64
+# 32x128/4w 160 120 B; dQ d128 128x32/4w 160 80 B, 128x32/8w 80 none. The one miss at 144:
+# fwd d128 64x128/4w (128, spills 32 B).
+MAX_LIVE_FP32_PER_THREAD = 144
+
+
+def _pruner(*rules: Callable, rows, streamed, resident, live) -> Callable:
     def prune(configs, named_args, **kwargs):
         args = _args(named_args, kwargs)
-        args["_streamed"], args["_resident"] = streamed, resident
+        args.update(_rows=rows, _streamed=streamed, _resident=resident, _live=live)
         for rule in rules:
             configs = rule(configs, args)
         return configs
@@ -121,12 +142,18 @@ def _pruner(*rules: Callable, streamed, resident) -> Callable:
     return prune
 
 
-_RULES = (prune_tiles_longer_than_sequence, prune_shared_memory, prune_small_tiles_with_eight_warps)
-# Forward streams K (BN x D) and V (BN x DV); Q (BM x D) stays.
-prune_fwd = _pruner(*_RULES, streamed=lambda m, n, d, dv: n * (d + dv), resident=lambda m, n, d, dv: m * d)
-# dK/dV streams Q, dO (BM x D, BM x DV); K, V stay.
-prune_bwd_dkdv = _pruner(*_RULES, streamed=lambda m, n, d, dv: m * (d + dv),
-                         resident=lambda m, n, d, dv: n * (d + dv))
-# dQ streams K, V; Q, dO stay.
-prune_bwd_dq = _pruner(*_RULES, streamed=lambda m, n, d, dv: n * (d + dv),
-                       resident=lambda m, n, d, dv: m * (d + dv))
+_RULES = (prune_tiles_longer_than_sequence, prune_shared_memory, prune_register_spills,
+          prune_idle_warpgroups)
+# Tile shapes per kernel (m = BLOCK_M, n = BLOCK_N, d / dv = padded head dims):
+# forward streams K and V (n x d, n x dv), keeps Q (m x d); lives: scores m x n, acc m x dv.
+prune_fwd = _pruner(*_RULES, rows=lambda m, n: m,
+                    streamed=lambda m, n, d, dv: n * (d + dv), resident=lambda m, n, d, dv: m * d,
+                    live=lambda m, n, d, dv: m * n + m * dv)
+# dK/dV streams Q and dO, keeps K and V; lives: scores n x m, dK n x d, dV n x dv.
+prune_bwd_dkdv = _pruner(*_RULES, rows=lambda m, n: n, streamed=lambda m, n, d, dv: m * (d + dv),
+                         resident=lambda m, n, d, dv: n * (d + dv),
+                         live=lambda m, n, d, dv: n * m + n * (d + dv))
+# dQ streams K and V, keeps Q and dO; lives: scores m x n, dQ m x d.
+prune_bwd_dq = _pruner(*_RULES, rows=lambda m, n: m, streamed=lambda m, n, d, dv: n * (d + dv),
+                       resident=lambda m, n, d, dv: m * (d + dv),
+                       live=lambda m, n, d, dv: m * n + m * d)

@@ -86,6 +86,16 @@ class ForgetsRngState(NaiveBackend):
         return super().backward_from_stats(q, k, v, out, lse, dout, moved_on)
 
 
+class IgnoresHeadStart(NaiveBackend):
+    """Seed 004's class of bug: every TP rank takes the ALiBi slopes (and dropout streams) of
+    heads 0.. instead of its own global heads. Right at TP = 1, wrong on every other TP rank."""
+
+    name = "ignores_head_start"
+
+    def forward(self, q, k, v, spec):
+        return super().forward(q, k, v, spec.replace(head_start=0))
+
+
 # -- pools ---------------------------------------------------------------------------------------
 
 
@@ -260,6 +270,14 @@ def test_backward_that_forgets_forwards_rng_state_fails_reference_and_identities
     assert not checks_of(record, "identity")["dv_v"]["passed"]
 
 
+def test_tp_rank_using_another_ranks_alibi_slopes_fails_parity_and_reference(pools):
+    record = run(pools(2), backend="test_parallel:IgnoresHeadStart", tp=2, bias="alibi")
+    assert record["verdict"] == "fail"
+    parity = checks_of(record, "parity")
+    assert not parity["out"]["passed"] and parity["out"]["value"] > 1e-3
+    assert "parity" in record["reason"] or "out" in record["reason"]
+
+
 def test_group_is_created_once_per_pool_and_dispatch_is_fast(pools):
     pool = pools(4)
     quick = RunOptions(timeout_s=60, accuracy=False, timing=TimingOptions(enabled=False))
@@ -270,6 +288,11 @@ def test_group_is_created_once_per_pool_and_dispatch_is_fast(pools):
     assert pool.starts == starts and last["env"]["process_group"]["created"] == created
     assert last["env"]["process_group"]["backend"] == "gloo"
     assert min(walls) < 1.0  # ~30-60 ms measured; generous for a loaded 2-core runner
+    # another case timeout: the group is re-created with it, in the same processes
+    other = run(pool, RunOptions(timeout_s=30, accuracy=False,
+                                 timing=TimingOptions(enabled=False)), cp=4)
+    assert other["verdict"] == "pass" and pool.starts == starts
+    assert other["env"]["process_group"]["created"] != created
 
 
 # -- unsupported splits: records, never dropped, never a hang -------------------------------------
@@ -350,3 +373,27 @@ def test_matrix(pools, split, mask, heads_kv, dtype):
     record = run(pools(cp * tp), cp=cp, tp=tp, cp_algo=algo, heads_q=4, heads_kv=heads_kv,
                  bias="alibi", dropout=0.1, dtype=dtype, **window)
     assert_passes_with_parity(record, FP32_PARITY if dtype == "fp32" else None)
+
+
+@pytest.mark.slow
+def test_cp_tp_sweep_end_to_end(tmp_path):
+    """`attnbench run sweeps/cp_tp.yaml` on the embedded Dask cluster (about a minute on 2
+    cores; the design goal is under 5)."""
+    import subprocess
+    import sys
+
+    from attnbench.store import load_records
+    from conftest import ROOT
+
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "attnbench.cli", "run", "sweeps/cp_tp.yaml",
+                           "--out", str(out), "--no-report"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = load_records(out)
+    verdicts = {r["verdict"] for r in records}
+    assert verdicts == {"pass", "unsupported"}, verdicts
+    multi = [r for r in records if r["verdict"] == "pass" and r["case"]["cp"] * r["case"]["tp"] > 1]
+    assert multi and all(r["timing"]["note"].startswith("correctness only") for r in multi)
+    assert all(sum(c["check"] == "parity" for c in r["checks"]) == 4 for r in multi
+               if r["accuracy"].get("parity_note") is None)

@@ -13,12 +13,13 @@ SWEEP = """
 name: e2e
 defaults: {batch: 1, heads_q: 4, head_dim: 32, seqlen_q: 64, dtype: fp32}
 axes:
-  backend: [naive, sdpa, testing.segfault, testing.hang, testing.raises]
+  backend: [naive, sdpa, testing.segfault, testing.hang, testing.raises, testing.oom]
   mask: [none, causal]
 exclude:
   - {backend: testing.segfault, mask: causal}
   - {backend: testing.hang, mask: causal}
   - {backend: testing.raises, mask: causal}
+  - {backend: testing.oom, mask: causal}
 options:
   timeout_s: 4
   timing: {warmup: 1, min_samples: 3, max_samples: 5, max_seconds: 0.05}
@@ -46,9 +47,9 @@ def test_every_case_becomes_one_record(finished_run):
     sweep, out, proc, _ = finished_run
     assert proc.returncode == 1, proc.stdout + proc.stderr  # failing cases -> exit 1
     records = load_records(out)
-    assert len(records) == 7
+    assert len(records) == 8
     lines = (out / "records.jsonl").read_text().splitlines()
-    assert len(lines) == 7 and len({json.loads(line)["id"] for line in lines}) == 7
+    assert len(lines) == 8 and len({json.loads(line)["id"] for line in lines}) == 8
     by_backend = {}
     for r in records:
         by_backend.setdefault(r["case"]["backend"], []).append(r)
@@ -70,6 +71,8 @@ def test_segfault_hang_and_exception_are_recorded(finished_run):
     err = records["testing.raises"]
     assert err["verdict"] == "error" and "deliberate failure" in err["reason"]
     assert "Traceback" in err["crash"]["traceback"]
+    oom = records["testing.oom"]
+    assert oom["verdict"] == "oom" and "out of memory" in oom["reason"]
     # ...and the sweep went on: the CLI printed the summary and where results are.
     assert "results in" in proc.stdout and "Dask dashboard" in proc.stdout
     assert "CRASH" in proc.stderr or "crash" in proc.stdout
@@ -78,7 +81,7 @@ def test_segfault_hang_and_exception_are_recorded(finished_run):
 def test_manifest_describes_the_run(finished_run):
     sweep, out, _, _ = finished_run
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["sweep"]["name"] == "e2e" and manifest["sweep"]["cases"] == 7
+    assert manifest["sweep"]["name"] == "e2e" and manifest["sweep"]["cases"] == 8
     assert manifest["sweep"]["source"] == sweep.read_text()
     assert manifest["versions"]["torch"] and manifest["hosts"]
     assert manifest["devices"][0]["device"] == "cpu"
@@ -87,18 +90,18 @@ def test_manifest_describes_the_run(finished_run):
 def test_rerun_resumes_and_a_torn_line_is_tolerated(finished_run):
     sweep, out, _, env = finished_run
     again = run_cli(["run", str(sweep), "--out", str(out), "--no-report"], env)
-    assert "7 already in" in again.stdout and "0 to run" in again.stdout
+    assert "8 already in" in again.stdout and "0 to run" in again.stdout
     # Cut the journal mid-record, as a kill during a write would.
     path = out / "records.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     keep = [line for line in lines if '"backend":"naive"' not in line or '"mask":"causal"' not in line]
     torn = [line for line in lines if line not in keep][0]
     path.write_text("".join(keep) + torn[: len(torn) // 2])
-    assert len(load_records(out)) == 6  # the torn line is skipped when reading
+    assert len(load_records(out)) == 7  # the torn line is skipped when reading
     resumed = run_cli(["run", str(sweep), "--out", str(out), "--no-report"], env)
-    assert "6 already in" in resumed.stdout and "1 to run" in resumed.stdout
+    assert "7 already in" in resumed.stdout and "1 to run" in resumed.stdout
     records = load_records(out)
-    assert len(records) == 7
+    assert len(records) == 8
     assert all(json.loads(line) for line in path.read_text().splitlines())
 
 

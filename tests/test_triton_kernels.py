@@ -16,6 +16,7 @@ from __future__ import annotations
 import kernels  # noqa: F401  (first: TRITON_INTERPRET=1 without a GPU, before triton is imported)
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -384,7 +385,12 @@ def test_pruning_rules_are_named_and_keep_something():
     # head_dim 256: 4 stages of 128-key K and V tiles (4 x 128 x 512 x 2 B = 512 KiB) cannot fit
     assert not any(c.kwargs["BLOCK_N"] == 128 and c.num_stages == 4 for c in kept)
     tiny = configs.prune_fwd(configs.FWD_CONFIGS, {}, **dict(args, seqlen_q=5, seqlen_k=7))
-    assert tiny and all(c.kwargs["BLOCK_M"] == 64 for c in tiny)
+    assert tiny and all(c.kwargs["BLOCK_M"] == 64 and c.num_warps == 4 for c in tiny)
+    # d128: 128 x 64 tiles on 4 warps spill (measured, see configs.MAX_LIVE_FP32_PER_THREAD)
+    d128 = configs.prune_fwd(configs.FWD_CONFIGS, {}, **dict(args, seqlen_q=4096, seqlen_k=4096,
+                                                             BLOCK_D=128, BLOCK_DV=128))
+    shapes = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps) for c in d128}
+    assert (128, 64, 8) in shapes and (128, 64, 4) not in shapes
     assert "prune_shared_memory" in configs.prune_bwd_dkdv.__doc__
 
 
@@ -405,20 +411,27 @@ def test_sweeps_validate():
     assert all(c.batch * c.seqlen_q == 16384 for c in gpu.cases)
 
 
-def _compile_check(*flags: str) -> str:
+def _compile_check(*flags: str) -> list[dict]:
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-m", "kernels.compile_check", *flags], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def test_kernels_compile_for_hopper():
-    """Lower the every-feature variant to an sm_90 cubin (no GPU needed: Triton ships ptxas):
-    catches what the interpreter cannot, and checks Hopper tensor cores and pipelining."""
-    out = _compile_check("--variant", "every")
-    assert '"kernel": "_attn_fwd"' in out and '"kernel": "_bwd_dq"' in out
-    assert '"wgmma": 0,' not in out.split('"kernel": "_bwd_preprocess"')[0]
+    """Lower the kernels to sm_90 cubins (no GPU needed: Triton ships ptxas): catches what the
+    interpreter cannot (non-constexpr globals, branch type mismatches, shared memory), and checks
+    that the performance-target variant uses wgmma, pipelines its loads and does not spill."""
+    reports = _compile_check()
+    matmul_kernels = {"_attn_fwd", "_bwd_dkdv", "_bwd_dq"}
+    assert {r["kernel"] for r in reports} >= matmul_kernels
+    for r in reports:
+        assert r["fits"], r
+        if r["kernel"] in matmul_kernels:
+            assert r["wgmma"] > 0 and r["cp_async"] > 0, r
+            if "performance target" in r["variant"]:
+                assert r["stack_bytes"] == 0, f"register spills: {r}"
 
 
 @pytest.mark.slow

@@ -146,14 +146,18 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads):
         note = "exact-mask" if dropout else "exact"
         ref = reference_for(keep_mask)
         errors = {t: acc.tensor_errors(results[t], ref[t]) for t in TENSORS}
-        if case.backend not in ("naive", "reference"):
-            baseline_errors = _baseline(q, k, v, dout, spec, reference_for)
+    if case.backend not in ("naive", "reference"):
+        # The naive baseline on the same inputs: the error scale a backend is allowed, and how
+        # ill-conditioned these inputs are in this dtype (which scales the identity bounds).
+        baseline_errors = _baseline(q, k, v, dout, spec, reference_for)
+    scale = acc.conditioning(errors if case.backend == "naive" else baseline_errors)
 
     identities = identity_residuals(q, k, v, out, dout, *grads, softcap=spec.softcap)
+    bounds = acc.identity_bounds(case.dtype, scale)
     verdict, reason, checks, table = acc.judge(
         dtype=case.dtype, backend=case.backend, errors=errors, baseline=baseline_errors,
-        identities=identities, softcap=spec.softcap, reference_note=note)
-    bounds = acc.IDENTITY_BOUND[case.dtype]
+        identities=identities, softcap=spec.softcap, reference_note=note,
+        identity_bound=bounds)
     accuracy = {
         "reference": note,
         "tensors": table,
