@@ -54,8 +54,10 @@ def parse_args(argv=None) -> tuple[Axes, argparse.Namespace]:
     p.add_argument("--backends", default="triton,sdpa_flash,sdpa_cudnn,sdpa_efficient")
     p.add_argument("--seqlen", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--head-dim", type=int, nargs="+", default=[64, 128])
-    p.add_argument("--causal", dest="causal", action="store_const", const=(True,), default=(False, True))
-    p.add_argument("--no-causal", dest="causal", action="store_const", const=(False,))
+    p.add_argument("--causal", dest="causal", action="store_const", const=(True,),
+                   default=(False, True), help="causal only (default: both)")
+    p.add_argument("--no-causal", dest="causal", action="store_const", const=(False,),
+                   help="non-causal only")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--tokens", type=int, default=16384, help="batch x seqlen")
     p.add_argument("--hidden", type=int, default=2048, help="heads x head_dim")

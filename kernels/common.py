@@ -60,7 +60,9 @@ def dropout_keep(seed, batch, head, q_pos, k_pos, threshold):
     k_full = (k_pos + 0 * q_pos).to(tl.uint32)
     q_full = (q_pos + 0 * k_pos).to(tl.uint32)
     zero = k_full * 0
-    r0, _, _, _ = tl.philox(seed, k_full, q_full, zero + head.to(tl.uint32), zero + batch.to(tl.uint32))
+    head_full = zero + head.to(tl.uint32)
+    batch_full = zero + batch.to(tl.uint32)
+    r0, _, _, _ = tl.philox(seed, k_full, q_full, head_full, batch_full)
     return (r0 >> 1).to(tl.int32) >= threshold
 
 

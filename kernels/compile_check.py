@@ -44,6 +44,11 @@ _TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32
                     torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
 
 
+def _tile(block_m: int, block_n: int, num_warps: int, num_stages: int) -> configs.BlockConfig:
+    return configs.BlockConfig(block_m=block_m, block_n=block_n, num_warps=num_warps,
+                               num_stages=num_stages)
+
+
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -54,9 +59,10 @@ class Variant:
     heads_kv: int = 8
     features: dict = field(default_factory=dict)
     """FlashParams fields switched on (window, softcap, alibi, dropout)."""
-    fwd: configs.BlockConfig = configs.BlockConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
-    dkdv: configs.BlockConfig = configs.BlockConfig(block_m=32, block_n=128, num_warps=8, num_stages=3)
-    dq: configs.BlockConfig = configs.BlockConfig(block_m=128, block_n=32, num_warps=8, num_stages=3)
+    # Defaults: the spill-free picks of the tuning spaces for d128 (see kernels.configs).
+    fwd: configs.BlockConfig = _tile(128, 64, 8, 3)
+    dkdv: configs.BlockConfig = _tile(32, 128, 8, 3)
+    dq: configs.BlockConfig = _tile(128, 32, 8, 3)
 
 
 _ALL_FEATURES = dict(window_left=256, window_right=0, softcap=30.0,
@@ -70,13 +76,13 @@ QUICK = (
 FULL = QUICK + (
     Variant("fp16 d64 causal", torch.float16, 64, features=dict(window_right=0)),
     Variant("fp32 d64 every feature (ieee dots)", torch.float32, 64, features=_ALL_FEATURES,
-            fwd=configs.BlockConfig(block_m=64, block_n=32, num_warps=4, num_stages=2),
-            dkdv=configs.BlockConfig(block_m=32, block_n=64, num_warps=4, num_stages=2),
-            dq=configs.BlockConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)),
+            fwd=_tile(64, 32, 4, 2),
+            dkdv=_tile(32, 64, 4, 2),
+            dq=_tile(64, 32, 4, 2)),
     Variant("bf16 d256", torch.bfloat16, 256,
-            fwd=configs.BlockConfig(block_m=64, block_n=64, num_warps=8, num_stages=2),
-            dkdv=configs.BlockConfig(block_m=32, block_n=64, num_warps=8, num_stages=2),
-            dq=configs.BlockConfig(block_m=64, block_n=32, num_warps=8, num_stages=2)),
+            fwd=_tile(64, 64, 8, 2),
+            dkdv=_tile(32, 64, 8, 2),
+            dq=_tile(64, 32, 8, 2)),
     Variant("bf16 d48 (padded head dim), odd length", torch.bfloat16, 48, seqlen=4099),
 )
 

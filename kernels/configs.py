@@ -51,7 +51,8 @@ def _space(block_m, block_n, num_warps, num_stages) -> list[triton.Config]:
 # update for nothing (32-row tiles pay off only backward, where two tiles live at once).
 FWD_CONFIGS = _space(block_m=(64, 128), block_n=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
 # dK/dV: a program owns BLOCK_N keys and streams BLOCK_M queries past them.
-BWD_DKDV_CONFIGS = _space(block_m=(32, 64), block_n=(64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
+BWD_DKDV_CONFIGS = _space(block_m=(32, 64), block_n=(64, 128), num_warps=(4, 8),
+                          num_stages=(2, 3, 4))
 # dQ: a program owns BLOCK_M queries and streams BLOCK_N keys past them.
 BWD_DQ_CONFIGS = _space(block_m=(64, 128), block_n=(32, 64), num_warps=(4, 8), num_stages=(2, 3, 4))
 

@@ -1,7 +1,8 @@
 """Context and tensor parallelism on real rank pools over gloo: ring, zigzag and all-gather CP,
 TP head sharding, CP x TP; parity with CP = TP = 1 and accuracy against fp64; unsupported splits;
-a rank that segfaults mid-ring or hangs. About 1-2 minutes on 2 busy cores, most of it starting
-the two pools (2 and 4 ranks, each importing torch); the wide matrix is marked slow.
+a rank that segfaults mid-ring or hangs. About 40 s on 2 busy cores, most of it starting the
+pools (2 and 4 ranks, each importing torch) and the hang's timeout; the wide matrix and the
+end-to-end cp_tp sweep are marked slow (about 2 minutes).
 
 The misbehaving backends below are loaded by the rank processes as ``test_parallel:<Name>``
 (the pool hands the ranks this process's sys.path, where pytest has put tests/).

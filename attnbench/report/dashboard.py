@@ -38,7 +38,7 @@ PANEL_OPTIONS: dict[str, dict[str, Any]] = {
                          "decades": 2},
     "throughput": {"x": "seqlen_q", "series": "backend",
                    "facets": ["gpu_kind", "dtype", "features"], "directions": list(DIRECTIONS),
-                   "band": True, "max_figures": 24},
+                   "band": True, "max_figures": 12},
     "error_vs_seqlen": {"x": "seqlen_q", "series": "backend", "facets": ["dtype"],
                         "tensors": list(TENSORS), "max_figures": 6},
     "parallel": {"series": "backend", "directions": list(DIRECTIONS)},

@@ -16,11 +16,12 @@ import matplotlib
 import matplotlib.text
 import numpy as np
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import ListedColormap, LogNorm, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import FuncFormatter, NullLocator
+from matplotlib.ticker import FuncFormatter, LogFormatter, LogFormatterSciNotation, NullLocator
 
 from attnbench.records import TENSORS
 from attnbench.report.dashboard import Panel
@@ -74,7 +75,11 @@ class Context:
 
 
 def new_figure(width: float, height: float) -> Figure:
-    return Figure(figsize=(width, height), layout="constrained")
+    """A figure at the PNG's dpi on an Agg canvas of its own: the layout computed for it (see
+    :func:`save_figure`) and the PNG drawn from it share one renderer and its text metrics."""
+    fig = Figure(figsize=(width, height), layout="constrained", dpi=PNG_DPI)
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def mpl_text(value: Any) -> str:
@@ -89,13 +94,61 @@ def save_figure(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFil
         raw = text.get_text()
         if "$" in raw and "\\$" not in raw and not raw.startswith("$\\mathdefault"):
             text.set_text(mpl_text(raw))
+    plain_log_ticks(fig)
+    # Lay the figure out once, at the PNG's dpi, and keep that layout for both files: savefig
+    # with any layout engine (even the placeholder left by set_layout_engine("none")) draws the
+    # whole figure an extra time per format before drawing it for real.
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    fig.set_dpi(PNG_DPI)
+    engine = fig.get_layout_engine()
+    if engine is not None and fig.axes:
+        engine.execute(fig)
+    with matplotlib.rc_context({"figure.autolayout": False,
+                                "figure.constrained_layout.use": False}):
+        fig.set_layout_engine(None)  # no engine at all: positions stay as computed
     png, svg = ctx.out_dir / f"{stem}.png", ctx.out_dir / f"{stem}.svg"
     fig.savefig(png, dpi=PNG_DPI, metadata={"Software": None})
-    fig.set_layout_engine("none")  # keep the layout just computed: the SVG needs no second pass
     fig.savefig(svg, metadata={"Date": None})
     w, h = fig.get_size_inches()
     return FigureFile(stem=stem, caption=caption, png=png, svg=svg,
                       width_px=int(round(w * PNG_DPI)), height_px=int(round(h * PNG_DPI)))
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def log_label(x: float, base: float = 10) -> str:
+    """A log-axis tick as plain text: 0.001 .. 10000 as numbers, other powers of ten as 10⁻⁷,
+    other values as 2×10⁻⁷ (matplotlib's default mathtext labels cost a parse each)."""
+    if not math.isfinite(x) or x <= 0:
+        return ""
+    if base != 10 or 1e-3 <= x <= 1e4:
+        return f"{x:g}"
+    e = math.floor(math.log10(x) + 1e-9)
+    m = x / 10.0 ** e
+    power = "10" + str(e).translate(_SUPERSCRIPT)
+    return power if abs(m - 1) < 1e-6 else f"{m:.2g}×{power}"
+
+
+class PlainLogFormatter(LogFormatter):
+    """matplotlib's log tick formatter (which ticks get a label), labels from :func:`log_label`."""
+
+    def _num_to_string(self, x, vmin, vmax):
+        return log_label(x, self._base)
+
+
+def plain_log_ticks(fig: Figure) -> None:
+    """Swap the default mathtext formatters of every log axis (colorbars too) for plain text."""
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
+                             (axis.get_minor_formatter, axis.set_minor_formatter)):
+                f = get()
+                if type(f) is LogFormatterSciNotation:
+                    put(PlainLogFormatter(f._base, labelOnlyBase=f.labelOnlyBase,
+                                          minor_thresholds=f.minor_thresholds,
+                                          linthresh=f._linthresh))
 
 
 def _fmt_len(v: float, _pos: Any = None) -> str:
@@ -158,70 +211,289 @@ def _series_color(ctx: Context, value: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# throughput vs sequence length
+# throughput: lines against the sequence length, bars where there is only one length
+
+BAR_MAX_ROWS = 40  # rows of one bar chart; more rows are split into parts
+BAR_LOG_SPAN = 30.0  # a bar axis spanning more than this factor is drawn on a log scale
+
+
+def _throughput_frame(panel: Panel, run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the panel's rows, those of them timed that ran to the end)."""
+    dirs = panel["directions"]
+    every = apply_filter(run.frame, panel.include, panel.exclude)
+    df = every[every.verdict.isin(RAN)]
+    timed = df[[f"{d}_tflops" for d in dirs]].notna().any(axis=1) if len(df) else df.index == 0
+    return every, df[timed]
+
+
+def _throughput_stats(s: pd.DataFrame, d: str, unit_scale: float, by) -> pd.DataFrame:
+    """Per value of ``by`` (column name or names): the median throughput ``t`` and its q1..q3
+    range ``lo``..``hi`` (medians over the cases, in the panel's unit), the number of cases
+    ``n`` and the fewest timing samples of one of them, ``samples``."""
+    s = s[s[f"{d}_tflops"].notna()]
+    tfl = s[f"{d}_tflops"] * unit_scale
+    med = s[f"{d}_median_ms"]
+    keys = [by] if isinstance(by, str) else list(by)
+    t = pd.DataFrame({"t": tfl, "lo": tfl * med / s[f"{d}_q3_ms"],  # slower quartile -> lower
+                      "hi": tfl * med / s[f"{d}_q1_ms"], "samples": s[f"{d}_n"],
+                      **{f"_k{i}": s[k] for i, k in enumerate(keys)}})
+    agg = t.groupby([f"_k{i}" for i in range(len(keys))]).agg(
+        t=("t", "median"), lo=("lo", "median"), hi=("hi", "median"), n=("t", "size"),
+        samples=("samples", "min"))
+    agg.index.names = keys
+    return agg
 
 
 def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    """Throughput per facet (by default GPU kind x dtype x feature combination).
+
+    A facet measured at two or more values of ``x`` is a line plot, at most ``max_figures`` of
+    them. Facets with a single ``x`` (a smoke run, an ``include:`` case) would be one-point
+    line plots: they are folded into one grouped horizontal bar chart per value of the other
+    facets (GPU kind x dtype), one row per feature combination and one bar per series.
+    """
     out = PanelOutput(panel)
-    x, series, facets, dirs = panel["x"], panel["series"], panel["facets"], panel["directions"]
-    df = apply_filter(run.frame, panel.include, panel.exclude)
-    df = df[df.verdict.isin(RAN)]
-    timed = df[[f"{d}_tflops" for d in dirs]].notna().any(axis=1) if len(df) else df.index == 0
-    df = df[timed]
+    x, facets, dirs = panel["x"], panel["facets"], panel["directions"]
+    every, df = _throughput_frame(panel, run)
     if df.empty:
         out.notes.append("No timed cases: timing was off, or no case ran to the end.")
         return out
-    groups = list(_facet_groups(df, facets))
-    if len(groups) > panel["max_figures"]:
-        out.notes.append(f"{len(groups) - panel['max_figures']} more combinations of "
-                         f"{', '.join(facets)} not drawn (raise max_figures or narrow the "
-                         "panel with filter:).")
     unit_scale, unit = (1.0, "TFLOP/s")
     top = np.nanmax(df[[f"{d}_tflops" for d in dirs]].to_numpy(dtype=float))
     if top < 1.0:  # CPU runs: GFLOP/s reads better than 0.00x TFLOP/s
         unit_scale, unit = (1e3, "GFLOP/s")
-    for key, sub in groups[:panel["max_figures"]]:
-        title = _facet_title(facets, key)
-        fig = new_figure(4.2 * len(dirs) + 0.6, 3.5)
-        axes = fig.subplots(1, len(dirs), squeeze=False)[0]
-        handles: dict[str, Any] = {}
-        many = False
-        for ax, d in zip(axes, dirs):
-            pos = setup_x(ax, sub[x].tolist(), x)
-            for name, s in sub.groupby(series, sort=True):
-                s = s[s[f"{d}_tflops"].notna()]
-                if s.empty:
-                    continue
-                tfl = s[f"{d}_tflops"] * unit_scale
-                med = s[f"{d}_median_ms"]
-                lo = tfl * med / s[f"{d}_q3_ms"]  # slower quartile -> lower throughput
-                hi = tfl * med / s[f"{d}_q1_ms"]
-                agg = pd.DataFrame({"x": s[x], "t": tfl, "lo": lo, "hi": hi}).groupby("x").agg(
-                    t=("t", "median"), lo=("lo", "median"), hi=("hi", "median"), n=("t", "size"))
-                many |= bool((agg.n > 1).any())
-                xs = [pos(v) for v in agg.index]
-                color = _series_color(ctx, name)
-                (line,) = ax.plot(xs, agg.t, marker="o", ms=3.5, lw=1.6, color=color)
-                if panel["band"]:
-                    ax.fill_between(xs, agg.lo, agg.hi, color=color, alpha=0.2, lw=0)
-                handles[str(name)] = line
-            ax.set_title(DIRECTION_LABELS[d])
-            ax.set_ylabel(unit)
-            ax.set_ylim(bottom=0)
-            _peak_axis(ax, sub, d, unit_scale)
-        fig.suptitle(title, fontsize=10, fontweight="bold")
-        _legend_below(fig, list(handles.values()), list(handles))
-        caption = f"{title}: median {unit}" + (", median over cases per point" if many else "") + \
-            (", band q1..q3" if panel["band"] else "")
-        out.figures.append(save_figure(fig, ctx, f"{panel.slug}-{_slug(title)}", caption))
+    groups = list(_facet_groups(df, facets))
+    curves = [(k, s) for k, s in groups if s[x].nunique() >= 2]
+    single = [(k, s) for k, s in groups if s[x].nunique() < 2]
+    cap = panel["max_figures"]
+
+    line_figs = [_throughput_lines(panel, key, sub, ctx, unit_scale, unit)
+                 for key, sub in curves[:cap]]
+    bar_figs: list[FigureFile] = []
+    if single:
+        bar_figs = _throughput_bars(panel, single, curves, every, ctx, unit_scale, unit)
+        by = [f for f in facets if f not in _bar_rows(facets)]
+        out.notes.append(
+            f"{len(single)} of {len(groups)} combinations of {', '.join(facets) or 'cases'} "
+            f"were measured at a single {x}: they are folded into {len(bar_figs)} bar "
+            f"chart(s) (one per {' x '.join(by) or 'panel'}) instead of one-point line plots.")
+    # the view that covers more facets comes first (a smoke run: bars; a GPU sweep: lines)
+    out.figures += bar_figs + line_figs if len(single) > len(curves) else line_figs + bar_figs
+    if len(curves) > cap:
+        rest = [_facet_title(facets, k) for k, _ in curves[cap:]]
+        shown = ", ".join(rest[:6]) + (f" and {len(rest) - 6} more" if len(rest) > 6 else "")
+        out.notes.append(
+            f"{len(rest)} more line plots not drawn ({shown}): this panel draws at most "
+            f"max_figures={cap}. Pick the ones you want in the dashboard YAML with this panel's "
+            f"filter: / exclude: (for example {_filter_example(curves, facets)}), or raise "
+            "max_figures.")
     if not any(df[f"{d}_pct_peak"].notna().any() for d in dirs):
         out.notes.append("No percent-of-peak axis: the device has no peak in the table "
                          "(timing.*.pct_peak is null, as on CPU).")
     return out
 
 
-def _peak_axis(ax, sub: pd.DataFrame, d: str, unit_scale: float) -> None:
-    """A right-hand axis in percent of peak, when every point's peak is the same device peak."""
+def _filter_example(curves: list, facets: list[str]) -> str:
+    for i, name in enumerate(facets):
+        values = sorted({str(k[i]) for k, _ in curves})
+        if len(values) > 1:
+            return f"filter: {{{name}: [{values[0]}]}}"
+    return "filter: {features: [...]}"
+
+
+def _throughput_lines(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context,
+                      unit_scale: float, unit: str) -> FigureFile:
+    x, series, facets, dirs = panel["x"], panel["series"], panel["facets"], panel["directions"]
+    title = _facet_title(facets, key)
+    fig = new_figure(4.2 * len(dirs) + 0.6, 3.5)
+    axes = fig.subplots(1, len(dirs), squeeze=False)[0]
+    handles: dict[str, Any] = {}
+    many = False
+    for ax, d in zip(axes, dirs):
+        pos = setup_x(ax, sub[x].tolist(), x)
+        for name, s in sub.groupby(series, sort=True):
+            agg = _throughput_stats(s, d, unit_scale, by=x)
+            if agg.empty:
+                continue
+            many |= bool((agg.n > 1).any())
+            xs = [pos(v) for v in agg.index]
+            color = _series_color(ctx, name)
+            (line,) = ax.plot(xs, agg.t, marker="o", ms=3.5, lw=1.6, color=color)
+            if panel["band"]:
+                ax.fill_between(xs, agg.lo, agg.hi, color=color, alpha=0.2, lw=0)
+            handles[str(name)] = line
+        ax.set_title(DIRECTION_LABELS[d])
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        _peak_axis(ax, sub, d, unit_scale)
+    fig.suptitle(title, fontsize=10, fontweight="bold")
+    _legend_below(fig, list(handles.values()), list(handles))
+    caption = f"{title}: median {unit}" + (", median over cases per point" if many else "") + \
+        (", band q1..q3" if panel["band"] else "")
+    return save_figure(fig, ctx, f"{panel.slug}-{_slug(title)}", caption)
+
+
+def _bar_rows(facets: list[str]) -> list[str]:
+    """The facets that make the rows of a bar chart (the others make one chart each)."""
+    return ["features"] if "features" in facets else facets[-1:]
+
+
+def _key(values: Iterable[Any]) -> tuple[str, ...]:
+    return tuple("?" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+                 for v in values)
+
+
+def _fmt_ratio(r: float) -> str:
+    return f"×{r:.0f}" if r >= 9.95 else f"×{r:.2g}" if r >= 1.995 else f"×{r:.2f}"
+
+
+def _throughput_bars(panel: Panel, single: list, curves: list, every: pd.DataFrame,
+                     ctx: Context, unit_scale: float, unit: str) -> list[FigureFile]:
+    """One grouped horizontal bar chart per value of the non-row facets (GPU kind x dtype):
+    rows are feature combinations, bars the series, one subplot per direction. ``curves``:
+    the facets drawn as line plots, named in the caption of the chart they would be in."""
+    x, series, facets, dirs = panel["x"], panel["series"], panel["facets"], panel["directions"]
+    rows_by = _bar_rows(facets)
+    chart_by = [f for f in facets if f not in rows_by]
+    # cases of these facets that have no numbers (unsupported, crashed, untimed): named in the
+    # row instead of a bar, so that a missing bar is never mistaken for a slow one
+    ran_ids = set().union(*(set(s.id) for _, s in single))
+    dead: dict[tuple, dict[str, str]] = {}
+    if facets:
+        rest = every[~every.id.isin(ran_ids)]
+        for r in rest[facets + [series, "verdict"]].itertuples(index=False):
+            verdict = r[-1] if r[-1] not in RAN else "no timing"
+            dead.setdefault(_key(r[:len(facets)]), {}).setdefault(str(r[-2]), verdict)
+    charts: dict[tuple, list[tuple[str, tuple, pd.DataFrame]]] = {}
+    for key, sub in single:
+        named = dict(zip(facets, key))
+        row = _facet_title(rows_by, tuple(named[f] for f in rows_by)) or "all cases"
+        charts.setdefault(tuple(named[f] for f in chart_by), []).append((row, key, sub))
+    as_lines: dict[tuple, list[str]] = {}
+    for key, _ in curves:
+        named = dict(zip(facets, key))
+        as_lines.setdefault(_key(named[f] for f in chart_by), []).append(
+            _facet_title(rows_by, tuple(named[f] for f in rows_by)))
+    names = sorted({str(v) for _, s in single for v in s[series].dropna()}, key=_natural)
+    figures = []
+    for chart_key, rows in sorted(charts.items(), key=lambda kv: _key(kv[0])):
+        rows.sort(key=lambda r: _natural(r[0]))
+        xs = pd.concat([s[x] for _, _, s in rows])
+        common = xs.mode().iloc[0] if xs.notna().any() else None
+        labels = []
+        for row, _, s in rows:
+            v = s[x].dropna()
+            off = len(v) and common is not None and v.iloc[0] != common
+            labels.append(f"{row} ({x} {_fmt_value(v.iloc[0])})" if off else row)
+        n_parts = math.ceil(len(rows) / BAR_MAX_ROWS)
+        per_part = math.ceil(len(rows) / n_parts)
+        title = _facet_title(chart_by, chart_key) if chart_by else "all cases"
+        at = f" at {x} {_fmt_value(common)}" if common is not None else ""
+        for part in range(n_parts):
+            chunk = slice(part * per_part, (part + 1) * per_part)
+            suffix = f" (part {part + 1} of {n_parts})" if n_parts > 1 else ""
+            fig, log = _bar_figure(panel, rows[chunk], labels[chunk], names, dead, ctx,
+                                   unit_scale, unit)
+            fig.suptitle(f"{title}: throughput{at}{suffix}", fontsize=10, fontweight="bold")
+            caption = (f"{title}: median {unit} per {' x '.join(rows_by) or 'case'} (rows) and "
+                       f"{series} (bars), whiskers q1..q3{', log scale' if log else ''}. "
+                       f"These combinations ran at a single {x}, so they have no curve. Right "
+                       f"of each plot: the fastest {series} and its speedup over the next "
+                       "(grey ~: no clear winner: the q1..q3 ranges overlap, or there are "
+                       "under 3 timing samples and it is less than 2x).")
+            elsewhere = as_lines.get(_key(chart_key), [])
+            if elsewhere:
+                shown = ", ".join(elsewhere[:8]) + (" ..." if len(elsewhere) > 8 else "")
+                caption += (f" Not here: {len(elsewhere)} combination(s) measured at several "
+                            f"{x}, drawn as line plots ({shown}).")
+            stem = f"{panel.slug}-bars-{_slug(title)}" + (f"-part{part + 1}" if n_parts > 1
+                                                          else "")
+            figures.append(save_figure(fig, ctx, stem, caption))
+    return figures
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
+        return _fmt_len(v) if float(v).is_integer() else f"{v:g}"
+    return str(v)
+
+
+def _bar_figure(panel: Panel, rows: list, labels: list[str], names: list[str],
+                dead: dict[tuple, dict[str, str]], ctx: Context, unit_scale: float,
+                unit: str) -> tuple[Figure, bool]:
+    series, dirs = panel["series"], panel["directions"]
+    n, k = len(rows), max(1, len(names))
+    label_chars = max(len(s) for s in labels)
+    fig = new_figure(0.9 + 0.058 * label_chars + 3.9 * len(dirs), 1.35 + n * (0.1 + 0.12 * k))
+    axes = fig.subplots(1, len(dirs), squeeze=False, sharey=True)[0]
+    height = 0.8 / k
+    any_log = False
+    every = pd.concat([sub.assign(_row=i, _name=sub[series].astype(str))
+                       for i, (_, _, sub) in enumerate(rows)])
+    for ax, d in zip(axes, dirs):
+        # stats[i][name]: t, lo, hi, n, samples of row i and series value name
+        stats: list[dict[str, Any]] = [{} for _ in rows]
+        agg = _throughput_stats(every, d, unit_scale, by=["_row", "_name"])
+        for (i, name), st in zip(agg.index, agg.itertuples(index=False)):
+            stats[i][name] = st
+        values = np.array([v for st in stats for e in st.values() for v in (e.lo, e.t, e.hi)
+                           if np.isfinite(v) and v > 0])
+        lo_all = values.min() if len(values) else 1.0
+        hi_all = values.max() if len(values) else 1.0
+        log = hi_all / lo_all > BAR_LOG_SPAN
+        any_log |= log
+        if log:
+            ax.set_xscale("log")
+            left, right = lo_all / 1.8, hi_all * 1.5
+        else:
+            left, right = 0.0, hi_all * 1.06
+        ax.set_xlim(left, right)
+        ax.grid(axis="y", visible=False)
+        ypos = np.arange(n)
+        for j, name in enumerate(names):
+            has = [i for i in range(n) if name in stats[i]]
+            if not has:
+                continue
+            y = ypos[has] - 0.4 + height * (j + 0.5)
+            e = pd.DataFrame([stats[i][name] for i in has])
+            ax.barh(y, e.t - left, left=left, height=height * 0.88, color=ctx.color(name),
+                    zorder=2)
+            ax.errorbar(e.t, y, xerr=[np.clip(e.t - e.lo, 0, None), np.clip(e.hi - e.t, 0, None)],
+                        fmt="none", ecolor="#222222", elinewidth=0.8, capsize=1.8, zorder=3)
+        blend = ax.get_yaxis_transform()  # x in axes fraction, y in data
+        for i, (_, key, _) in enumerate(rows):
+            missing = dead.get(_key(key), {})
+            for j, name in enumerate(names):
+                if name not in stats[i] and name in missing:
+                    ax.text(0.01, i - 0.4 + height * (j + 0.5), f"{name}: {missing[name]}",
+                            transform=blend, va="center", ha="left", fontsize=6.5,
+                            fontstyle="italic", color="#666666", zorder=4)
+            ranked = sorted(stats[i].items(), key=lambda kv: -kv[1].t)
+            if len(ranked) >= 2 and ranked[1][1].t > 0:
+                (best, a), (_, b) = ranked[0], ranked[1]
+                # a clear winner: the q1..q3 ranges are apart, and each has 3 samples or more
+                # (n = 1 has no range at all) unless it is twice as fast
+                clear = a.lo > b.hi and (min(a.samples, b.samples) >= 3 or a.t >= 2 * b.t)
+                text = f"{'' if clear else '~'}{best} {_fmt_ratio(a.t / b.t)}"
+                ax.text(1.015, i, text, transform=blend, va="center", ha="left", fontsize=7,
+                        color=ctx.color(best) if clear else "#888888",
+                        fontweight="bold" if clear else "normal", clip_on=False)
+        ax.set_ylim(n - 0.5, -0.5)
+        if ax is axes[0]:
+            ax.set_yticks(ypos, [mpl_text(s) for s in labels])
+        ax.tick_params(axis="y", length=0)
+        ax.set_title(DIRECTION_LABELS[d])
+        ax.set_xlabel(unit + (" (log scale)" if log else ""))
+        _peak_axis(ax, every, d, unit_scale, axis="x")
+    handles = [Patch(color=ctx.color(name)) for name in names]
+    handles.append(Line2D([], [], color="#222222", lw=0.8, marker="|", ms=5))
+    _legend_below(fig, handles, [*names, "q1..q3"])
+    return fig, any_log
+
+
+def _peak_axis(ax, sub: pd.DataFrame, d: str, unit_scale: float, axis: str = "y") -> None:
+    """A second axis in percent of peak (right of a y axis, above an x axis), when every
+    point's peak is the same device peak."""
     rows = sub[sub[f"{d}_tflops"].notna()]
     pct = rows[f"{d}_pct_peak"]
     if rows.empty or pct.isna().any() or (pct <= 0).any():
@@ -231,8 +503,13 @@ def _peak_axis(ax, sub: pd.DataFrame, d: str, unit_scale: float) -> None:
     if not np.allclose(peaks, peak, rtol=0.02):
         return  # several devices or dtypes with different peaks share this axis: no single %
     peak *= unit_scale
-    sec = ax.secondary_yaxis("right", functions=(lambda t: t / peak * 100.0,
-                                                 lambda p: p * peak / 100.0))
+    functions = (lambda t: t / peak * 100.0, lambda p: p * peak / 100.0)
+    if axis == "x":
+        sec = ax.secondary_xaxis("top", functions=functions)
+        sec.set_xlabel("% of peak")
+        ax.spines["top"].set_visible(True)
+        return
+    sec = ax.secondary_yaxis("right", functions=functions)
     sec.set_ylabel("% of peak")
     ax.spines["right"].set_visible(True)
 
