@@ -65,7 +65,7 @@ IDENTITY_BOUND = {
 
 @dataclass
 class Check:
-    check: str       # reference | baseline_ratio | identity | nonfinite
+    check: str       # reference | baseline_ratio | identity | nonfinite | parity | determinism
     tensor: str      # out/dq/dk/dv, or the identity's name
     metric: str
     value: Optional[float]
@@ -81,6 +81,9 @@ class Check:
     def describe(self) -> str:
         if self.check == "nonfinite":
             return f"{self.tensor} has {int(self.value or 0)} NaN/Inf values"
+        if self.check == "determinism":
+            return (f"{self.tensor} not deterministic: {int(self.value or 0)} elements differ "
+                    f"between backward calls on the same inputs ({self.note})")
         value = "n/a" if self.value is None or not math.isfinite(self.value) else f"{self.value:.3g}"
         text = f"{self.tensor} {self.metric} {value} > bound {self.bound:.3g}"
         return text + (f" ({self.note})" if self.note else "")
@@ -106,6 +109,35 @@ def tensor_errors(x: torch.Tensor, ref: torch.Tensor) -> dict:
     cosine = (x64 * r64).sum().item() / denom if denom > 0 else (1.0 if err_norm == 0 else 0.0)
     return {"rel_l2": rel, "max_abs": diff.abs().max().item() if diff.numel() else 0.0,
             "cosine": cosine, "nonfinite": 0}
+
+
+def determinism_checks(runs: list) -> list[Check]:
+    """For a backend that declares ``deterministic = True``: every backward call on the same
+    forward context must give bit-identical dQ, dK, dV. ``runs``: [(dq, dk, dv), ...] from
+    repeated calls. Value: elements that differ from the first call in any later one (NaN
+    compared by bits, so a NaN that moves is a difference and one that stays is not)."""
+    checks = []
+    for i, name in enumerate(("dq", "dk", "dv")):
+        first = runs[0][i].detach()
+        differ = torch.zeros(first.shape, dtype=torch.bool, device=first.device)
+        worst = 0.0
+        for later in runs[1:]:
+            other = later[i].detach()
+            if other.shape != first.shape or other.dtype != first.dtype:
+                differ = torch.ones_like(differ)
+                break
+            differ |= _bits(first) != _bits(other)
+            gap = (first.to(torch.float64) - other.to(torch.float64)).abs().nan_to_num(0.0)
+            worst = max(worst, gap.max().item() if gap.numel() else 0.0)
+        count = int(differ.sum().item())
+        checks.append(Check("determinism", name, "elements_differing", float(count), 0.0,
+                            count == 0, f"{len(runs)} calls, max |diff| {worst:.3g}"))
+    return checks
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+    return x.contiguous().view(width)
 
 
 def identity_bounds(dtype: str, conditioning: Optional[float]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""``attnbench`` command line: run, validate, show, backends, report, compare.
+"""``attnbench`` command line: run, validate, show, backends, report, compare, selftest.
 
 Exit status: 0 success; 1 a run finished with failing cases (fail, crash, timeout, ...) or a
 comparison found a regression; 2 bad input (sweep file, run directory, arguments); 3 the cluster
@@ -155,7 +155,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
     from attnbench.backends import backend_names, get_backend
 
     for name in backend_names():
-        if name.startswith("testing.") and not args.all:
+        if name.startswith(("testing.", "mutant.")) and not args.all:
             continue
         try:
             get_backend(name)
@@ -220,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_report_commands(sub)
+
+    from attnbench.selftest import add_selftest_command
+
+    add_selftest_command(sub)
     return parser
 
 

@@ -64,7 +64,8 @@ def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
         # `attnbench worker --kind` told this worker to serve that kind; the rank would compare
         # the case with the hardware's own kind and skip it.
         run_as = case.replace(gpu="any")
-    with leases.lease(devices or case.world_size, timeout=options.timeout_s + LEASE_GRACE_S) as lease:
+    wait_s = options.timeout_s + LEASE_GRACE_S
+    with leases.lease(devices or case.world_size, timeout=wait_s) as lease:
         with pools.lease(world_size=case.world_size, env=lease.pool_env(case.world_size)) as pool:
             outcome = pool.run(CASE_FUNC, {"case": run_as.to_dict(), "options": options_dict},
                                timeout=options.timeout_s)
@@ -244,7 +245,8 @@ def connect(scheduler: Optional[str], slots: Optional[int] = None, *,
     return _connect_local(slots)
 
 
-def _connect_scheduler(address: str, min_workers: int, security, worker_wait_s: float) -> Connection:
+def _connect_scheduler(address: str, min_workers: int, security,
+                       worker_wait_s: float) -> Connection:
     from distributed import Client
 
     if address.startswith("tls://") and security is None:

@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional, TextIO
 
 from attnbench.cluster import ClusterError, Connection, WorkerInfo, plan_case, run_case_task
-from attnbench.worker import DEVICE
 from attnbench.records import BAD_VERDICTS, make_record
 from attnbench.spec import Case
 from attnbench.store import RunStore
+from attnbench.worker import DEVICE
 
 log = logging.getLogger("attnbench")
 
@@ -242,10 +242,7 @@ def run_pending(store: RunStore, conn: Connection, stream: TextIO = sys.stderr, 
             record = fut.result()
         except FutureCancelledError as exc:
             if exc.reason == "scheduler-connection-lost":
-                raise ClusterError(
-                    f"lost the connection to the Dask scheduler ({conn.where}); "
-                    f"{summary.written} records written by this run, "
-                    f"{len(in_flight) + 1} cases in flight not recorded") from None
+                raise scheduler_lost(len(in_flight) + 1) from None
             summary.not_run += 1
             progress.note(f"case {flight.case.id[:10]} was cancelled from outside "
                           f"({exc.reason}); it stays pending")
@@ -259,13 +256,19 @@ def run_pending(store: RunStore, conn: Connection, stream: TextIO = sys.stderr, 
                 f"another attnbench version ({(record.get('env') or {}).get('attnbench')})?"))
         write(record)
 
+    def scheduler_lost(in_flight_count: int) -> ClusterError:
+        return ClusterError(f"lost the connection to the Dask scheduler ({conn.where}); "
+                            f"{summary.written} records written by this run, "
+                            f"{in_flight_count} cases in flight not recorded")
+
     def look_at_workers() -> None:
         nonlocal workers
-        if conn.client.status not in ("running", "newly-created"):
-            raise ClusterError(f"lost the connection to the Dask scheduler ({conn.where}); "
-                               f"{summary.written} records written by this run, "
-                               f"{len(in_flight)} cases in flight not recorded")
-        workers = conn.workers()
+        try:
+            if conn.client.status not in ("running", "newly-created"):
+                raise OSError(f"client status {conn.client.status}")
+            workers = conn.workers()
+        except OSError:  # CommClosedError and timeouts included
+            raise scheduler_lost(len(in_flight)) from None
         seen.update((w.address, w) for w in workers)
         now = time.monotonic()
         for flight in list(in_flight.values()):

@@ -219,6 +219,7 @@ def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
                              "(it becomes the Dask resource name kind-<KIND>)")
     gpus = detect_gpus() if gpus is None else list(gpus)
     cores = os.cpu_count() or 1
+    threads = int(os.environ.get(ENV_THREADS) or 0)  # the user's choice wins
     if gpus:
         kinds = sorted({gpu_kind(name) for _, name in gpus})
         if len(kinds) > 1:
@@ -232,12 +233,13 @@ def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
                                  "CUDA_VISIBLE_DEVICES")
         return NodeDevices(kind=kind or kinds[0], detected_kind=kinds[0], gpu=True,
                            ids=tuple(i for i, _ in gpus), names=tuple(n for _, n in gpus),
-                           threads=max(1, cores // len(gpus)))
+                           threads=threads or max(1, cores // len(gpus)))
     if slots is not None and slots < 1:
         raise DetectionError(f"--slots: got {slots}, expected >= 1")
     slots = slots or max(1, cores // 2)
     return NodeDevices(kind=kind or CPU_KIND, detected_kind=CPU_KIND, gpu=False,
-                       ids=tuple(str(i) for i in range(slots)), threads=max(1, cores // slots))
+                       ids=tuple(str(i) for i in range(slots)),
+                       threads=threads or max(1, cores // slots))
 
 
 # -- leases inside the worker process ----------------------------------------------------------

@@ -83,14 +83,16 @@ class Cluster:
         return proc
 
     def close(self) -> None:
+        # Workers before the scheduler, one at a time (stopped from both sides at once, a Dask
+        # worker can hang in its close).
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def _wait(predicate, timeout: float) -> None:

@@ -28,7 +28,8 @@ import pytest
 
 from attnbench.cluster import WorkerInfo, plan_case
 from attnbench.spec import Case
-from attnbench.worker import DetectionError, DeviceLeases, LeaseTimeout, detect_node, main as worker_main
+from attnbench.worker import DetectionError, DeviceLeases, LeaseTimeout, detect_node
+from attnbench.worker import main as worker_main
 from conftest import ROOT, attnbench_cmd
 
 SLEEP_S = 0.3
@@ -71,15 +72,16 @@ class Processes:
         return proc
 
     def stop_all(self) -> None:
+        """Newest first (workers before their scheduler), one at a time: a worker told to stop
+        by SIGTERM and by its closing scheduler at once can hang in Dask's close."""
         for proc in reversed(self.started):
             if proc.poll() is None:
                 proc.terminate()
-        for proc in reversed(self.started):
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:
@@ -432,3 +434,140 @@ def test_worker_command_line_passes_unknown_options_to_dask(capsys):
     assert "ATTNBENCH_KIND=A" in out and "ATTNBENCH_DEVICE_TYPE=cpu" in out
     assert worker_main(["--slots", "1"]) == 2
     assert "give the scheduler's address" in capsys.readouterr().err
+
+
+# -- the client loop against a scripted cluster (no processes) ---------------------------------
+
+
+class _FakeFuture:
+    def __init__(self, key: str, case_id: str):
+        self.key, self.case_id = key, case_id
+        self.outcome = None  # ("result", record) | ("error", exc)
+        self.callbacks = []
+        self.status = "pending"
+
+    def finish(self, kind: str, value) -> None:
+        self.outcome, self.status = (kind, value), "finished"
+        for fn in self.callbacks:
+            fn(self)
+
+    def add_done_callback(self, fn) -> None:
+        self.callbacks.append(fn)
+        if self.outcome is not None:
+            fn(self)
+
+    def result(self):
+        kind, value = self.outcome
+        if kind == "error":
+            raise value
+        return value
+
+    def cancel(self) -> None:
+        self.status = "cancelled"
+
+
+class _FakeClient:
+    """Answers every submission through ``script(case_dict, future)``."""
+
+    def __init__(self, script):
+        self.script, self.status, self.submitted = script, "running", []
+
+    def submit(self, func, case_dict, options, attempt, devices, *, resources, key, pure):
+        fut = _FakeFuture(key, Case.from_dict(case_dict).id)
+        self.submitted.append((case_dict, resources))
+        self.script(case_dict, fut)
+        return fut
+
+
+class _FakeConnection:
+    def __init__(self, script, workers):
+        self.client, self.where, self.slots = _FakeClient(script), "fake scheduler", 2
+        self.worker_sets = list(workers)  # one list of workers per look; the last one stays
+
+    def workers(self):
+        return self.worker_sets.pop(0) if len(self.worker_sets) > 1 else self.worker_sets[0]
+
+
+def _store(tmp_path: Path, gpus: list[str], seeds: int = 2):
+    from attnbench.spec import load_sweep
+    from attnbench.store import RunStore
+
+    path = tmp_path / "fake.yaml"
+    path.write_text(json.dumps({"name": "fake", "defaults": {"backend": "naive"},
+                                "axes": {"gpu": gpus, "seed": list(range(seeds))}}))
+    return RunStore(tmp_path / "run", load_sweep(path), command=["test"])
+
+
+def _passing(case_dict, fut) -> None:
+    from attnbench.records import make_record
+
+    fut.finish("result", make_record(Case.from_dict(case_dict), verdict="pass"))
+
+
+def test_killed_worker_becomes_lost_and_nothing_is_written_twice(tmp_path):
+    from types import SimpleNamespace
+
+    from distributed.scheduler import KilledWorker
+
+    from attnbench.records import make_record
+    from attnbench.runner import run_pending
+
+    store = _store(tmp_path, ["any"], seeds=3)
+
+    def script(case_dict, fut):
+        case = Case.from_dict(case_dict)
+        if case.seed == 0:  # its workers died allowed-failures + 1 times
+            fut.finish("error", KilledWorker(fut.key, SimpleNamespace(address="tcp://10.0.0.9:1"),
+                                             3))
+        elif case.seed == 1:  # the journal got this case meanwhile: the result is a duplicate
+            store.append(make_record(case, verdict="pass"))
+            _passing(case_dict, fut)
+        else:  # a worker with another attnbench computes another id for the same case
+            fut.finish("result", make_record(case.replace(seed=7), verdict="pass"))
+
+    summary = run_pending(store, _FakeConnection(script, [_workers(("A", 1))]),
+                          stream=open(os.devnull, "w"))
+    lines = _journal(tmp_path / "run")
+    assert [r["verdict"] for r in lines] == ["pass", "lost", "error"]  # "pass": seed 1's own
+    assert lines[1]["reason"].startswith("KilledWorker: Attempted to run task 'case-")
+    assert "returned a record for case" in lines[2]["reason"]
+    assert len({r["id"] for r in lines}) == 3
+    assert (summary.written, summary.lost, summary.duplicated) == (2, 1, 1)
+
+
+def test_cases_of_a_kind_whose_worker_left_stay_pending(tmp_path, monkeypatch):
+    from attnbench import runner
+
+    monkeypatch.setattr(runner, "TICK_S", 0.01)
+    held = []
+    store = _store(tmp_path, ["A", "B"], seeds=2)
+    both, only_b = _workers(("A", 1), ("B", 1)), _workers(("B", 1))
+    # A's futures never finish (their worker died); B's do.
+    conn = _FakeConnection(
+        lambda d, fut: held.append(fut) if d["gpu"] == "A" else _passing(d, fut),
+        [both, both, only_b])
+    summary = runner.run_pending(store, conn, stream=open(os.devnull, "w"), worker_wait_s=0.05)
+    assert summary.counts == {"pass": 2} and summary.not_run == 2 and summary.lost == 0
+    assert {Case.from_dict(d).gpu for d, _ in conn.client.submitted} == {"A", "B"}
+    assert all(f.status == "cancelled" for f in held)
+    assert {c.gpu for c in store.pending()} == {"A"}  # the next run does them
+
+
+def test_losing_the_scheduler_raises_one_line_and_records_nothing_in_flight(tmp_path):
+    from distributed.client import FutureCancelledError
+
+    from attnbench.cluster import ClusterError
+    from attnbench.runner import run_pending
+
+    def script(case_dict, fut):
+        if Case.from_dict(case_dict).seed == 0:
+            _passing(case_dict, fut)
+        else:
+            fut.finish("error", FutureCancelledError(fut.key, "scheduler-connection-lost"))
+
+    store = _store(tmp_path, ["any"], seeds=3)
+    with pytest.raises(ClusterError, match=r"lost the connection to the Dask scheduler \(fake "
+                                           r"scheduler\); 1 records written by this run"):
+        run_pending(store, _FakeConnection(script, [_workers(("A", 4))]),
+                    stream=open(os.devnull, "w"))
+    assert [r["verdict"] for r in _journal(tmp_path / "run")] == ["pass"]

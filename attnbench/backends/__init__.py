@@ -38,6 +38,10 @@ BUILTIN.update({
     "testing.raises": "attnbench.backends.testing:RaisesBackend",
     "testing.noop": "attnbench.backends.testing:NoopBackend",
 })
+# The selftest's catalogue of plausible bugs (attnbench.mutants), named mutant.*.
+from attnbench.mutants.catalogue import BACKENDS as _MUTANTS  # noqa: E402  (data only)
+
+BUILTIN.update(_MUTANTS)
 ENTRY_POINT_GROUP = "attnbench.backends"
 
 _cache: dict[str, Backend] = {}
@@ -66,7 +70,7 @@ def check_backend_name(name: str) -> Optional[str]:
         except Exception as exc:  # report any import problem as a validation error
             return f"cannot load backend {name!r}: {type(exc).__name__}: {exc}"
         return None
-    public = [n for n in backend_names() if not n.startswith("testing.")]
+    public = [n for n in backend_names() if not n.startswith(("testing.", "mutant."))]
     return (f"got {name!r}, expected one of {', '.join(public)} "
             "or a third-party backend as 'module:object'")
 

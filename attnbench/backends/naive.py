@@ -31,6 +31,7 @@ def dense_masks(spec, batch: int, heads_q: int, sq: int, sk: int, dtype, device)
 class NaiveBackend:
     name = "naive"
     keep_mask = staticmethod(hash_keep_mask)
+    deterministic = True  # checked: repeated backward calls must agree bit for bit
 
     def supports(self, case, device):
         return None

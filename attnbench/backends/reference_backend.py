@@ -10,6 +10,7 @@ from attnbench.reference import reference_backward, reference_forward
 class ReferenceBackend:
     name = "reference"
     keep_mask = staticmethod(hash_keep_mask)
+    deterministic = True  # checked: repeated backward calls must agree bit for bit
 
     def supports(self, case, device):
         return None

@@ -45,9 +45,11 @@ def device_env(device: torch.device) -> dict[str, Any]:
     else:
         name = "cpu"
     try:
-        import triton
+        # The installed version, without importing triton: kernels must choose the interpreter
+        # (TRITON_INTERPRET) before anything imports triton.
+        from importlib.metadata import version
 
-        triton_version = triton.__version__
+        triton_version = version("triton")
     except Exception:  # triton is optional at run time for non-triton backends
         triton_version = None
     env.update(device=str(device), device_name=name, gpu_kind=gpu_kind(name),
@@ -102,6 +104,9 @@ def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = N
         if options.accuracy:
             accuracy, checks, verdict, reason = evaluate(case, backend, spec, q, k, v, dout,
                                                          fwd.out, grads)
+            if getattr(backend, "deterministic", False):
+                verdict, reason = check_determinism(backend, fwd.ctx, dout, grads, accuracy,
+                                                    checks, verdict, reason)
         timing = time_case(case, backend, spec, q, k, v, dout, fwd.ctx, device, options) \
             if options.timing.enabled else None
     except Unsupported as exc:
@@ -165,6 +170,27 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads):
                        for name, value in identities.items()},
     }
     return accuracy, checks, verdict, reason
+
+
+DETERMINISM_CALLS = 3
+"""Backward calls compared bit for bit (the checked one and two more): a dQ summed in a random
+order differs from another order in only a few bf16 elements of a small case, so one extra call
+can miss it where two rarely do."""
+
+
+def check_determinism(backend, ctx, dout, grads, accuracy, checks, verdict, reason):
+    """A backend that declares ``deterministic = True`` must return bit-identical gradients from
+    repeated backward calls on one forward context; appends the checks, returns the verdict."""
+    runs = [tuple(grads)] + [tuple(backend.backward(ctx, dout))
+                             for _ in range(DETERMINISM_CALLS - 1)]
+    found = acc.determinism_checks(runs)
+    checks.extend(found)
+    accuracy["determinism"] = {c.tensor: int(c.value) for c in found}
+    failed = [c for c in found if not c.passed]
+    if failed:
+        text = "; ".join(c.describe() for c in failed)
+        return "fail", (f"{reason}; {text}" if reason and verdict == "fail" else text)
+    return verdict, reason
 
 
 def _baseline(q, k, v, dout, spec, reference_for) -> Optional[dict]:

@@ -52,8 +52,14 @@ from attnbench.timing import summarize
 PARALLEL_CLOCK = "perf_counter+barrier"
 
 
-def algorithm(case: Case) -> ModuleType:
-    """The module (``forward``, ``backward``) that runs this case's split."""
+def algorithm(case: Case, backend: Any = None) -> ModuleType:
+    """The module (``forward``, ``backward``) that runs this case's split: the backend's own
+    when it brings one (``backend.parallel_algorithm(case)`` not None -- a library with its own
+    CP, or a selftest mutant of ours), else ours."""
+    own = getattr(backend, "parallel_algorithm", None)
+    chosen = own(case) if callable(own) else None
+    if chosen is not None:
+        return chosen
     if case.cp == 1:
         return tp
     match case.cp_algo:
@@ -94,7 +100,8 @@ def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
         return record("error", f"cannot load backend {case.backend!r}: {exc}",
                       crash={"traceback": traceback.format_exc()[-4000:]})
     reason = backend.supports(case, device)
-    if not reason and algorithm(case) is ring:
+    algo = algorithm(case, backend)
+    if not reason and algo is ring:
         reason = ring.unsupported_reason(backend)
     if reason:
         return record("unsupported", reason)
@@ -105,7 +112,6 @@ def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
     shard = Shard.of(case, comm.layout.cp_rank, comm.layout.tp_rank)
     env["process_group"] = {"backend": world.backend, "host_staging": world.staging,
                             "created": world.prefix}
-    algo = algorithm(case)
     spec = AttnSpec.from_case(case).replace(head_start=shard.heads.q_start)
     q, k, v, dout = make_inputs(case, device)
     local = (shard.slice_q(q), shard.slice_kv(k), shard.slice_kv(v))

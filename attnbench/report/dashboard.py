@@ -5,7 +5,7 @@ A dashboard file (YAML)::
     title: attnbench report
     panels:
       - kind: throughput            # one of PANEL_KINDS
-        title: Throughput vs sequence length
+        title: Throughput
         x: seqlen_q                 # any column of attnbench.report.data.frame
         series: backend
         facets: [gpu_kind, dtype, features]
@@ -48,7 +48,7 @@ PANEL_OPTIONS: dict[str, dict[str, Any]] = {
 PANEL_KINDS = tuple(PANEL_OPTIONS)
 COMMON_OPTIONS = ("kind", "title", "description", "filter", "exclude")
 DEFAULT_TITLES = {
-    "throughput": "Throughput vs sequence length",
+    "throughput": "Throughput",
     "accuracy_heatmap": "Accuracy: error over bound, case x tensor",
     "verdict_matrix": "Verdicts: feature combination x backend",
     "error_vs_seqlen": "Error vs sequence length",

@@ -17,11 +17,13 @@ import matplotlib.text
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PolyCollection
 from matplotlib.colors import ListedColormap, LogNorm, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import FuncFormatter, LogFormatter, LogFormatterSciNotation, NullLocator
+from matplotlib.ticker import (FuncFormatter, LogFormatter, LogFormatterSciNotation, LogLocator,
+                               NullLocator)
 
 from attnbench.records import TENSORS
 from attnbench.report.dashboard import Panel
@@ -139,9 +141,19 @@ class PlainLogFormatter(LogFormatter):
 
 
 def plain_log_ticks(fig: Figure) -> None:
-    """Swap the default mathtext formatters of every log axis (colorbars too) for plain text."""
+    """Swap the default mathtext formatters of every log axis (colorbars too) for plain text,
+    and thin its minor ticks: none on an axis spanning 100x or more (a label at every power of
+    ten is enough), at 2 and 5 otherwise. Each tick is several artists, laid out twice and
+    drawn once per format: the 8 default minor ticks per decade dominate a small figure."""
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() != "log" or type(axis.get_minor_locator()) is not LogLocator:
+                continue
+            lo, hi = sorted(axis.get_view_interval())
+            if lo > 0 and hi / lo >= 100:
+                axis.set_minor_locator(NullLocator())
+            elif axis.get_transform().base == 10:
+                axis.set_minor_locator(LogLocator(10, subs=(2.0, 5.0)))
             for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
                              (axis.get_minor_formatter, axis.set_minor_formatter)):
                 f = get()
@@ -467,7 +479,7 @@ def _bar_figure(panel: Panel, rows: list, labels: list[str], names: list[str],
                 if name not in stats[i] and name in missing:
                     ax.text(0.01, i - 0.4 + height * (j + 0.5), f"{name}: {missing[name]}",
                             transform=blend, va="center", ha="left", fontsize=6.5,
-                            fontstyle="italic", color="#666666", zorder=4)
+                            fontstyle="italic", color="#666666", zorder=4, in_layout=False)
             ranked = sorted(stats[i].items(), key=lambda kv: -kv[1].t)
             if len(ranked) >= 2 and ranked[1][1].t > 0:
                 (best, a), (_, b) = ranked[0], ranked[1]
@@ -596,15 +608,19 @@ def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
     values = chunk[[f"{t}_over" for t in tensors]].to_numpy(dtype=float)
     finite = np.where(np.isfinite(values), values, np.nan)
     masked = np.ma.masked_invalid(np.clip(finite, norm.vmin, norm.vmax))
+    cell_rgba = cmap(norm(masked))  # every cell's colour at once (a norm call per cell is slow)
     mesh = ax.pcolormesh(np.arange(len(tensors) + 1), np.arange(rows + 1), masked, cmap=cmap,
                          norm=norm, edgecolors="white", linewidth=0.6)
     ax.set_xlim(-0.35, len(tensors))
     ax.set_ylim(rows, 0)
-    for i, (_, r) in enumerate(chunk.iterrows()):
+    # a verdict strip left of the cells, in the verdict's colour (one artist for all rows)
+    ax.add_collection(PolyCollection(
+        [[(-0.32, i + 0.08), (-0.10, i + 0.08), (-0.10, i + 0.92), (-0.32, i + 0.92)]
+         for i in range(rows)], facecolors=[VERDICT_COLORS.get(v, "#777777")
+                                            for v in chunk.verdict],
+        edgecolors="none", clip_on=False), autolim=False)
+    for i, r in enumerate(chunk.itertuples(index=False)):
         verdict = r.verdict
-        # a verdict strip left of the cells, in the verdict's colour
-        ax.add_patch(Rectangle((-0.32, i + 0.08), 0.22, 0.84, clip_on=False,
-                               color=VERDICT_COLORS.get(verdict, "#777777")))
         if verdict in NO_RESULT and np.isnan(values[i]).all():
             color = VERDICT_COLORS[verdict]
             ax.add_patch(Rectangle((0, i), len(tensors), 1, facecolor=color, edgecolor="white",
@@ -629,10 +645,11 @@ def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
                 ax.text(j + 0.5, i + 0.5, "n/a", ha="center", va="center", fontsize=6.5,
                         color="#888888")
             elif annotate or v > 1:
-                rgba = cmap(norm(min(max(v, norm.vmin), norm.vmax)))
-                fg = text_color_on(matplotlib.colors.to_hex(rgba))
+                fg = text_color_on(matplotlib.colors.to_hex(cell_rgba[i, j]))
                 ax.text(j + 0.5, i + 0.5, f"{v:.2g}", ha="center", va="center", fontsize=6.5,
                         color=fg, fontweight="bold" if v > 1 else "normal")
+    for text in ax.texts:  # inside their cells: nothing for the layout to make room for
+        text.set_in_layout(False)
     ax.set_xticks(np.arange(len(tensors)) + 0.5, [TENSOR_LABELS[t] for t in tensors])
     ax.xaxis.tick_top()
     ax.tick_params(axis="x", length=0, labelsize=9)
@@ -694,6 +711,8 @@ def draw_verdict_matrix(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
             ax.add_patch(Rectangle((j, i), 1, 1, facecolor=color, edgecolor="white", lw=1.5))
             ax.text(j + 0.5, i + 0.5, "\n".join(f"{n} {v}" for v, n in items), ha="center",
                     va="center", fontsize=7, color=text_color_on(color), linespacing=1.15)
+    for text in ax.texts:  # inside their cells: nothing for the layout to make room for
+        text.set_in_layout(False)
     ax.set_xlim(0, len(col_vals))
     ax.set_ylim(len(row_vals), 0)
     ax.set_xticks(np.arange(len(col_vals)) + 0.5, [mpl_text(c) for c in col_vals])

@@ -59,6 +59,10 @@ RC = {
     "axes.spines.right": False,
     "svg.fonttype": "none",      # text stays text in SVG: smaller, searchable
     "svg.hashsalt": "attnbench",  # stable ids, so regenerated SVGs diff cleanly
+    # FreeType's autohinter (matplotlib's default) analyses every glyph it draws and is about a
+    # quarter of the PNG time of a text-heavy figure (the heatmap); unhinted text at 120 dpi
+    # reads the same.
+    "text.hinting": "no_hinting",
 }
 
 

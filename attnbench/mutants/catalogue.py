@@ -1,0 +1,108 @@
+"""The catalogue of attention bug classes, as data (no torch: the registry and the CLI read it).
+
+Each entry is a backend (``mutant.*``) with one plausible bug, modeled on a public report;
+``attnbench selftest`` runs them all through the standard sweep's checks and requires every one
+to be caught, and every correct backend (``CONTROLS``) to pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Mutant:
+    name: str
+    """Registered backend name."""
+    ref: str
+    """``module:object`` of the backend."""
+    number: str
+    """Catalogue number (issue 7's list), or "extra" for classes added from public reports."""
+    bug: str
+    """The bug class in one line."""
+    report: str
+    """The public report it models."""
+    exposed_by: str
+    """What a sweep must contain for the bug to show."""
+    parallel: bool = False
+    """Needs a CP/TP case (runs on a rank pool)."""
+
+
+M = "attnbench.mutants"
+CATALOGUE: tuple[Mutant, ...] = (
+    Mutant(name="mutant.cp_fresh_dropout", ref=f"{M}.parallel:CpFreshDropout", number="1",
+           bug="CP ring backward draws a fresh dropout mask instead of replaying forward's",
+           report="seed 000 (TransformerEngine CP backward without rng_state)",
+           exposed_by="ring/zigzag CP with dropout", parallel=True),
+    Mutant(name="mutant.dq_log2_scale", ref=f"{M}.backward:DqLog2Scale", number="2a",
+           bug="dQ with a wrong scale (log2 e), dK/dV right",
+           report="seed 001 (TE dQ wrong, dK/dV right); Triton tutorial's dq *= LN2",
+           exposed_by="any case"),
+    Mutant(name="mutant.dq_stale_delta", ref=f"{M}.backward:DqStaleDelta", number="2b",
+           bug="dQ from stale softmax statistics (delta = 0), dK/dV right",
+           report="seed 001; huggingface/picotron#37", exposed_by="any case"),
+    Mutant(name="mutant.mqa_alibi_order", ref=f"{M}.forward:MqaAlibiOrder", number="3",
+           bug="MQA + ALiBi bias rows in [sq*np] order where [np*sq] was built",
+           report="seed 004 (bigcode Megatron-LM MQA non-flash path)",
+           exposed_by="MQA with ALiBi"),
+    Mutant(name="mutant.cp_stale_kv", ref=f"{M}.parallel:CpStaleKv", number="4",
+           bug="CP ring backward reuses the first step's K/V at every step",
+           report="huggingface/diffusers#14265", exposed_by="ring/zigzag CP",
+           parallel=True),
+    Mutant(name="mutant.kv_layout_swap", ref=f"{M}.backward:KvLayoutSwap", number="5",
+           bug="K/V transposed (BSHD vs BHSD) in backward; silent only when H == S",
+           report="huggingface/diffusers#14338 / #14341",
+           exposed_by="any case (shape error); heads == seqlen for the silent form"),
+    Mutant(name="mutant.tp_gqa_interleaved", ref=f"{M}.parallel:TpGqaInterleaved", number="6",
+           bug="GQA K/V heads of a TP rank picked interleaved, not contiguous",
+           report="alibaba/ChatLearn#277; HazyResearch/HipKittens#22",
+           exposed_by="TP with >= 2 K/V heads per rank", parallel=True),
+    Mutant(name="mutant.top_left_causal", ref=f"{M}.forward:TopLeftCausal", number="7",
+           bug="causal mask aligned top-left where bottom-right was meant (Sq != Sk)",
+           report="pytorch/pytorch#108108; Dao-AILab/flash-attention#517",
+           exposed_by="causal with Sq != Sk, no ALiBi, no dropout"),
+    Mutant(name="mutant.cp_lse_no_max", ref=f"{M}.parallel:CpLseNoMax", number="8",
+           bug="CP log-sum-exp merge without the running max (overflows)",
+           report="SHI-Labs/NATTEN#202", exposed_by="ring CP, fp16, large logits",
+           parallel=True),
+    Mutant(name="mutant.window_off_by_one", ref=f"{M}.forward:WindowOffByOne", number="9",
+           bug="sliding window of W keys passed as W (inclusive bound: W - 1)",
+           report="huggingface/transformers#39408; zml/zml#763", exposed_by="window masks"),
+    Mutant(name="mutant.dropout_no_rescale", ref=f"{M}.backward:DropoutNoRescale", number="10",
+           bug="backward drops dropout's 1/(1-p) rescale (mask hidden)",
+           report="NVIDIA/apex#816", exposed_by="dropout"),
+    Mutant(name="mutant.nondeterministic_dq", ref=f"{M}.backward:NondeterministicDq",
+           number="11", bug="dQ accumulated in arrival order, presented as deterministic",
+           report="Dao-AILab/flash-attention#414, #1766", exposed_by="any case"),
+    Mutant(name="mutant.nan_tail_block", ref=f"{M}.backward:NanTailBlock", number="12",
+           bug="NaN in backward when Sq is not a multiple of the 64-row tile",
+           report="pytorch/pytorch#153799; NVIDIA/cudnn-frontend#160",
+           exposed_by="odd sequence lengths"),
+    Mutant(name="mutant.softcap_no_tanh_grad", ref=f"{M}.backward:SoftcapNoTanhGrad",
+           number="extra", bug="softcap's tanh derivative missing from backward",
+           report="Dao-AILab/flash-attention#1033, #2402", exposed_by="softcap"),
+    Mutant(name="mutant.gqa_dkv_mean", ref=f"{M}.backward:GqaDkvMean", number="extra",
+           bug="GQA/MQA dK/dV averaged over the head group instead of summed",
+           report="marin-community/levanter#449", exposed_by="GQA or MQA"),
+    Mutant(name="mutant.masked_row_nan", ref=f"{M}.forward:MaskedRowNan", number="extra",
+           bug="NaN output for query rows that see no key",
+           report="pytorch/pytorch#41508; NVIDIA-NeMo/Automodel#2826",
+           exposed_by="causal with Sq > Sk, or windows"),
+    Mutant(name="mutant.lse_log2", ref=f"{M}.parallel:LseLog2", number="extra",
+           bug="log-sum-exp returned in base 2, merged as natural log under CP",
+           report="sgl-project/sglang#35045; flashinfer-ai/flashinfer#4547",
+           exposed_by="ring/zigzag CP", parallel=True),
+)
+
+CONTROL = "mutant.base"
+"""The correct recomputing backend most single-device mutants edit; it must pass."""
+
+BACKENDS: dict[str, str] = {CONTROL: f"{M}.base:RecomputingNaive",
+                            **{m.name: m.ref for m in CATALOGUE}}
+
+
+def by_name(name: str) -> Mutant:
+    for mutant in CATALOGUE:
+        if mutant.name == name:
+            return mutant
+    raise KeyError(f"no mutant {name!r}; known: {', '.join(m.name for m in CATALOGUE)}")
