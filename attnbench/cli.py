@@ -152,17 +152,26 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 # -- backends ---------------------------------------------------------------------------------
 def cmd_backends(args: argparse.Namespace) -> int:
-    from attnbench.backends import backend_names, get_backend
+    """Each backend, and whether it can run a plain bf16 case on this machine's device."""
+    import torch
 
+    from attnbench.backends import backend_names, get_backend
+    from attnbench.spec import make_case
+
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    print(f"device: {device} ({torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu'})")
     for name in backend_names():
         if name.startswith(("testing.", "mutant.")) and not args.all:
             continue
         try:
-            get_backend(name)
-            state = "available"
+            backend = get_backend(name)
+            probe = make_case("backends", {"backend": name, "dtype": "bf16"})
+            reason = backend.supports(probe, device)
+            state = "ready" if reason is None else f"unavailable: {reason}"
         except Exception as exc:
-            state = f"unavailable ({type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''})"
-        print(f"{name:<20} {state}")
+            first = str(exc).splitlines()[0][:100] if str(exc) else ""
+            state = f"unavailable: {type(exc).__name__}: {first}"
+        print(f"  {name:<20} {state}")
     return 0
 
 
@@ -211,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start a Dask worker for this node (attnbench worker --help)")
 
     be = sub.add_parser("backends", help="list backends and whether they load here")
-    be.add_argument("--all", action="store_true", help="include test-only backends")
+    be.add_argument("--all", action="store_true", help="include test-only backends and mutants")
     be.set_defaults(func=cmd_backends)
 
     try:

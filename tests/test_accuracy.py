@@ -94,3 +94,11 @@ def test_record_carries_errors_bounds_and_ratio():
     assert dq["baseline_rel_l2"] > 0 and dq["ratio"] == pytest.approx(dq["rel_l2"] / dq["baseline_rel_l2"])
     assert 0.99 < dq["cosine"] <= 1.0
     assert record["env"]["device"] == "cpu" and record["env"]["torch"]
+
+
+@pytest.mark.parametrize("backend", ["flash_attn", "transformer_engine", "xformers",
+                                     "sdpa_efficient", "sdpa_cudnn"])
+def test_unavailable_backends_are_recorded_unsupported_with_reason(backend):
+    record = run(backend, dtype="bf16")
+    assert record["verdict"] == "unsupported"
+    assert record["reason"] and ("CUDA" in record["reason"] or "not importable" in record["reason"])

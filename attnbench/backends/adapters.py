@@ -1,0 +1,166 @@
+"""Adapters for third-party fused attention: flash-attn, TransformerEngine, xformers.
+
+Each imports its package only when asked and reports a missing package, or a feature it does
+not map, through ``supports`` -> the case is recorded ``unsupported`` with the reason. None of
+them exposes its dropout mask, so with dropout the reference-free identities decide.
+
+Layouts: attnbench passes (B, H, S, D); flash-attn and TransformerEngine ("bshd") take
+(B, S, H, D), xformers (B, S, H, D) too. Conventions line up with attnbench's: flash-attn's
+``window_size=(left, right)``, bottom-right causal alignment and ALiBi bias
+``-slope * |i + Sk - Sq - j|`` are exactly attnbench's (see problem.py).
+
+These adapters have not been run here (no GPU, packages absent); they are written against the
+packages' documented APIs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+
+from attnbench.backends.base import Forward
+
+
+def _missing(module: str) -> Optional[str]:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # ImportError, or a broken CUDA extension raising at import
+        return f"{module} is not importable here ({type(exc).__name__}: {str(exc)[:100]})"
+    return None
+
+
+def _autograd_backward(ctx, dout):
+    out, q_in, k_in, v_in = ctx
+    return torch.autograd.grad(out, (q_in, k_in, v_in), dout, retain_graph=True)
+
+
+class FlashAttnBackend:
+    """flash-attn 2 (``flash_attn.flash_attn_func``)."""
+
+    name = "flash_attn"
+    keep_mask = None
+
+    def supports(self, case, device):
+        if device.type != "cuda":
+            return "flash_attn runs only on CUDA devices"
+        if case.dtype == "fp32":
+            return "flash_attn supports fp16 and bf16 only"
+        return _missing("flash_attn")
+
+    def forward(self, q, k, v, spec):
+        from flash_attn import flash_attn_func
+
+        q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
+        slopes = None
+        if spec.alibi_slopes is not None:
+            heads = range(spec.head_start, spec.head_start + q.shape[1])
+            slopes = torch.tensor([spec.alibi_slopes[h] for h in heads], dtype=torch.float32,
+                                  device=q.device)
+        with torch.enable_grad():
+            out, lse, _ = flash_attn_func(
+                q_in.transpose(1, 2), k_in.transpose(1, 2), v_in.transpose(1, 2),
+                dropout_p=spec.dropout_p, softmax_scale=spec.scale, causal=False,
+                window_size=(spec.window_left, spec.window_right), softcap=spec.softcap,
+                alibi_slopes=slopes, return_attn_probs=True)
+            out = out.transpose(1, 2)
+        return Forward(out=out.detach(), lse=lse.float(), ctx=(out, q_in, k_in, v_in))
+
+    backward = staticmethod(_autograd_backward)
+
+
+class TransformerEngineBackend:
+    """TransformerEngine ``DotProductAttention`` (qkv_format="bshd")."""
+
+    name = "transformer_engine"
+    keep_mask = None
+
+    def __init__(self):
+        self._modules: dict = {}
+
+    def supports(self, case, device):
+        if device.type != "cuda":
+            return "transformer_engine runs only on CUDA devices"
+        if case.softcap:
+            return "transformer_engine DotProductAttention has no softcap"
+        return _missing("transformer_engine.pytorch")
+
+    def _module(self, heads_q, heads_kv, head_dim, spec, device):
+        import transformer_engine.pytorch as te
+
+        if spec.window_left < 0 and spec.window_right < 0:
+            mask_type, window = "no_mask", None
+        elif spec.is_causal:
+            mask_type, window = "causal_bottom_right", None
+        else:
+            mask_type, window = "no_mask", (spec.window_left, spec.window_right)
+        key = (heads_q, heads_kv, head_dim, spec.dropout_p, mask_type, window, spec.scale)
+        if key not in self._modules:
+            self._modules[key] = te.DotProductAttention(
+                heads_q, head_dim, num_gqa_groups=heads_kv, attention_dropout=spec.dropout_p,
+                qkv_format="bshd", attn_mask_type=mask_type, window_size=window,
+                softmax_scale=spec.scale).to(device)
+        return self._modules[key]
+
+    def forward(self, q, k, v, spec):
+        module = self._module(q.shape[1], k.shape[1], q.shape[-1], spec, q.device)
+        q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
+        extra = {}
+        if spec.alibi_slopes is not None:
+            heads = range(spec.head_start, spec.head_start + q.shape[1])
+            extra = {"core_attention_bias_type": "alibi",
+                     "alibi_slopes": torch.tensor([spec.alibi_slopes[h] for h in heads],
+                                                  dtype=torch.float32, device=q.device)}
+        with torch.enable_grad():
+            out = module(q_in.transpose(1, 2), k_in.transpose(1, 2), v_in.transpose(1, 2),
+                         **extra)
+            # bshd output is (B, S, H * Dv)
+            out = out.view(q.shape[0], q.shape[2], q.shape[1], -1).transpose(1, 2)
+        return Forward(out=out.detach(), lse=None, ctx=(out, q_in, k_in, v_in))
+
+    backward = staticmethod(_autograd_backward)
+
+
+class XformersBackend:
+    """xformers ``memory_efficient_attention`` with an explicit bias tensor for ALiBi and
+    windows, and its bottom-right causal mask."""
+
+    name = "xformers"
+    keep_mask = None
+
+    def supports(self, case, device):
+        if case.softcap:
+            return "xformers memory_efficient_attention has no softcap"
+        return _missing("xformers.ops")
+
+    def forward(self, q, k, v, spec):
+        import xformers.ops as xops
+
+        from attnbench.backends.naive import dense_masks
+
+        batch, heads_q, sq, _ = q.shape
+        sk, heads_kv = k.shape[2], k.shape[1]
+        bias, visible, _ = dense_masks(spec, batch, heads_q, sq, sk, q.dtype, q.device)
+        if bias is None and spec.is_causal and spec.q_start == 0 and spec.kv_start == 0 \
+                and sq == spec.seqlen_q_total:
+            attn_bias = xops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
+        elif bias is None and visible is None:
+            attn_bias = None
+        else:
+            dense = bias if bias is not None else torch.zeros(heads_q, sq, sk, dtype=q.dtype,
+                                                              device=q.device)
+            if visible is not None:
+                dense = dense.masked_fill(~visible, float("-inf"))
+            attn_bias = dense.unsqueeze(0).expand(batch, -1, -1, -1)
+        q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
+        group = heads_q // heads_kv
+        with torch.enable_grad():
+            k_rep = k_in.repeat_interleave(group, dim=1) if group > 1 else k_in
+            v_rep = v_in.repeat_interleave(group, dim=1) if group > 1 else v_in
+            out = xops.memory_efficient_attention(
+                q_in.transpose(1, 2), k_rep.transpose(1, 2), v_rep.transpose(1, 2),
+                attn_bias=attn_bias, p=spec.dropout_p, scale=spec.scale).transpose(1, 2)
+        return Forward(out=out.detach(), lse=None, ctx=(out, q_in, k_in, v_in))
+
+    backward = staticmethod(_autograd_backward)
