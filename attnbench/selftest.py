@@ -90,21 +90,28 @@ def make_plan(sweep: Sweep, *, seeds: int = 1, mutants: Sequence[Mutant] = CATAL
 
 class _QuietStream(io.TextIOBase):
     """The runner's progress without its one line per failing case (most selftest cases fail on
-    purpose); the status line and notes pass through."""
+    purpose); status lines and notes pass through. Lines are filtered whole: the runner writes
+    a case line and its newline in separate calls."""
 
-    _CASE_LINE = re.compile(r"^\s+[A-Z]+\s+[0-9a-f]{10} ")
+    _CASE_LINE = re.compile(r"^(\r\x1b\[K)?\s+[A-Z]+\s+[0-9a-f]{10} ")
+    _STATUS = "\r\x1b[K["  # a terminal's rewritten status line, no newline until the end
 
     def __init__(self, stream: TextIO):
         self.stream = stream
+        self.pending = ""
 
     def isatty(self) -> bool:
         return self.stream.isatty()
 
     def write(self, text: str) -> int:
-        kept = "".join(line for line in text.splitlines(keepends=True)
-                       if not self._CASE_LINE.match(line))
-        if kept:
-            self.stream.write(kept)
+        self.pending += text
+        while "\n" in self.pending:
+            line, self.pending = self.pending.split("\n", 1)
+            if not self._CASE_LINE.match(line):
+                self.stream.write(line + "\n")
+        if self.pending.startswith(self._STATUS):
+            self.stream.write(self.pending)
+            self.pending = ""
         return len(text)
 
     def flush(self) -> None:
@@ -401,6 +408,11 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"attnbench: error: --mutant: {exc.args[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    # Accuracy only, many small cases: one torch thread per rank. Two threads per rank on a
+    # busy 2-core machine ran the selftest ~10x slower (OpenMP threads waiting on each other).
+    from attnbench.worker import ENV_THREADS
+
+    os.environ.setdefault(ENV_THREADS, "1")
     problem = _choose_device(args.device)
     if problem:
         print(f"attnbench: error: {problem}", file=sys.stderr)

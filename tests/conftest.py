@@ -5,8 +5,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# Triton's interpreter must be chosen before any kernel is defined; CI has no GPU.
-os.environ.setdefault("TRITON_INTERPRET", "1")
+# Triton's interpreter must be chosen before any kernel is defined; only without a GPU (a GPU
+# test run must compile the kernels). kernels/__init__.py makes the same choice.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:
+    pass
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from attnbench.records import TENSORS
 from attnbench.report import commands
 from attnbench.report.dashboard import PANEL_KINDS, default_dashboard, load_dashboard
 from attnbench.report.data import load_run
-from attnbench.report.panels import heatmap_figure, heatmap_rows, over_cmap
+from attnbench.report.panels import _slug, heatmap_figure, heatmap_rows, over_cmap
 from attnbench.report.style import SEVERITY
 from matplotlib.colors import LogNorm
 
@@ -146,6 +146,96 @@ def test_report_of_a_gpu_run_draws_every_panel(base, synthetic):
     assert any("parallel-parity" in p for p in pngs) and any("parallel-speedup" in p for p in pngs)
     assert any(re.search(r"architecture-a100-vs-h100", p) for p in pngs)
     assert "H100" in page.split("</header>")[0] and "A100" in page.split("</header>")[0]
+
+
+THROUGHPUT_ONLY = "title: t\npanels:\n  - kind: throughput\n    {filter}\n"
+
+
+def _run_subset(src: Path, dst: Path, keep) -> Path:
+    """A copy of run ``src`` with only the records for which ``keep(record)`` is true."""
+    dst.mkdir(parents=True)
+    shutil.copy(src / "manifest.json", dst / "manifest.json")
+    lines = [line for line in (src / "records.jsonl").read_text().splitlines()
+             if keep(json.loads(line))]
+    (dst / "records.jsonl").write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def _throughput_report(run: Path, out: Path, extra: str = "",
+                       filter: str = "filter: {world_size: 1}") -> tuple[str, list[str]]:
+    """A dashboard of one throughput panel (``extra``: more of its options) drawn for ``run``:
+    the page and its figures."""
+    dash = out.parent / f"{out.name}.yaml"
+    dash.write_text(THROUGHPUT_ONLY.format(filter=filter) + extra)
+    index = commands.write_report(run, dash, out)
+    return index.read_text(), _check_figures(index)
+
+
+def test_single_seqlen_facets_fold_into_one_bar_chart_per_gpu_and_dtype(synthetic, tmp_path):
+    # a run at one sequence length, as a smoke run on CPU: no one-point line plots
+    run = _run_subset(synthetic["mixed"], tmp_path / "one-len",
+                      lambda r: r["case"]["seqlen_q"] == 4096)
+    page, pngs = _throughput_report(run, tmp_path / "out1")
+    frame = load_run(run).frame
+    single = frame[(frame.world_size == 1) & frame.verdict.isin(["pass", "fail"])]
+    kinds = sorted({(g.lower(), d) for g, d in zip(single.gpu_kind, single.dtype)})
+    assert pngs == [f"p00-throughput-bars-{g}-{d}.png" for g, d in kinds], pngs
+    assert f"were measured at a single seqlen_q: they are folded into {len(kinds)} bar" in page
+    said = 0
+    for gpu, dtype in kinds:
+        svg = (tmp_path / "out1" / f"p00-throughput-bars-{gpu}-{dtype}.svg").read_text()
+        rows = single[(single.gpu_kind.str.lower() == gpu) & (single.dtype == dtype)]
+        for feature in set(rows.features):  # one row per feature combination
+            assert f">{html.escape(feature)}<" in svg, feature
+        for backend in set(rows.backend):  # bars (and legend) per backend
+            assert html.escape(backend) in svg, backend
+        assert "% of peak" in svg  # synthetic GPU records carry pct_peak
+        # a backend without numbers for a row says why instead of leaving a blank
+        dead = frame[(frame.gpu_kind.str.lower() == gpu) & (frame.world_size == 1)
+                     & frame.verdict.isin(["unsupported", "crash"])]
+        for r in dead.itertuples():
+            if r.features in set(rows.features):
+                assert f"{html.escape(r.backend)}: {r.verdict}" in svg
+                said += 1
+    assert said, "no unsupported case in a bar chart row: the test lost its point"
+
+    # one combination at three lengths keeps its line plot; the rest stay bars, whose caption
+    # says where that combination went
+    lined = ("H100", "MHA causal")
+    run2 = _run_subset(synthetic["mixed"], tmp_path / "one-curve", lambda r: (
+        r["case"]["seqlen_q"] == 4096 or (r["env"]["gpu_kind"], r["features"]) == lined))
+    page2, pngs2 = _throughput_report(run2, tmp_path / "out2")
+    lines = [p for p in pngs2 if "-bars-" not in p]
+    assert lines == ["p00-throughput-h100-bf16-mha-causal.png"], pngs2
+    assert sorted(p for p in pngs2 if "-bars-" in p) == sorted(pngs)
+    assert "Not here: 1 combination(s) measured at several seqlen_q, drawn as line plots " \
+           "(MHA causal)" in page2
+    bars_h100 = (tmp_path / "out2" / "p00-throughput-bars-h100-bf16.svg").read_text()
+    assert ">MHA causal<" not in bars_h100 and ">MHA causal alibi<" in bars_h100
+
+
+def test_line_plots_are_capped_with_a_note_naming_the_rest(synthetic, tmp_path):
+    import yaml
+
+    page, pngs = _throughput_report(synthetic["mixed"], tmp_path / "out", "    max_figures: 3\n")
+    lines = [p for p in pngs if "-bars-" not in p]
+    assert len(lines) == 3
+    # spread over the GPU kinds rather than the first three of one
+    assert {p.split("-")[2] for p in lines} == {"a100", "h100"}
+    frame = load_run(synthetic["mixed"]).frame
+    timed = frame[(frame.world_size == 1) & frame.verdict.isin(["pass", "fail"])]
+    curves = (timed.groupby(["gpu_kind", "dtype", "features"]).seqlen_q.nunique() >= 2).sum()
+    note = re.search(r"(\d+) more line plots not drawn \((.*?)\): this panel draws at most "
+                     r"max_figures=3.*?for example (filter: \{.*?\})\)", html.unescape(page))
+    assert note and int(note.group(1)) == curves - 3, page
+    # the example is a filter: line for the YAML (the panel's own filter kept) that brings
+    # back the first plot left out
+    hidden = note.group(2).split(", ")[0]  # "A100 · bf16 · MHA none"
+    example = yaml.safe_load(note.group(3))["filter"]
+    assert example == {"world_size": [1], "features": [hidden.split(" · ")[-1]]}
+    _, pngs2 = _throughput_report(synthetic["mixed"], tmp_path / "narrow", "    max_figures: 3\n",
+                                  filter=note.group(3))
+    assert f"p00-throughput-{_slug(hidden.replace(' · ', ' '))}.png" in pngs2, (hidden, pngs2)
 
 
 def _seed_rows(frame):

@@ -128,7 +128,7 @@ def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = N
 def _reference(q, k, v, dout, spec, keep_mask):
     out, lse = reference_forward(q, k, v, spec, keep_mask=keep_mask)
     dq, dk, dv = reference_backward(q, k, v, out, lse, dout, spec, keep_mask=keep_mask)
-    return {"out": out, "dq": dq, "dk": dk, "dv": dv}
+    return {"out": out, "dq": dq, "dk": dk, "dv": dv, "lse": lse}
 
 
 def evaluate(case, backend, spec, q, k, v, dout, out, grads):
@@ -162,7 +162,7 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads):
     verdict, reason, checks, table = acc.judge(
         dtype=case.dtype, backend=case.backend, errors=errors, baseline=baseline_errors,
         identities=identities, softcap=spec.softcap, reference_note=note,
-        identity_bound=bounds)
+        identity_bound=bounds, logit_scale=_logit_scale(reference_cache))
     accuracy = {
         "reference": note,
         "tensors": table,
@@ -170,6 +170,15 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads):
                        for name, value in identities.items()},
     }
     return accuracy, checks, verdict, reason
+
+
+def _logit_scale(reference_cache: dict) -> float:
+    """Largest finite |lse| of the fp64 reference (any entry: dropout does not change lse)."""
+    for ref in reference_cache.values():
+        lse = ref["lse"]
+        finite = lse[torch.isfinite(lse)]
+        return float(finite.abs().max()) if finite.numel() else 0.0
+    return 0.0
 
 
 DETERMINISM_CALLS = 3

@@ -120,56 +120,31 @@ class KvLayoutSwap(RecomputingNaive):
 class NanTailBlock(RecomputingNaive):
     """Catalogue 12 -- NaN in backward when Sq is not a multiple of the query tile.
 
-    A tiled backward pads the last query tile to BLOCK_M rows. It loads the tail's log-sum-exp
-    with the masked-load default -inf, so the padded rows get P = exp(s + inf) = inf, and
-    inf * 0 (their dO is zero) = NaN in dK and dV -- the class of pytorch/pytorch#153799 (NaN in
-    FlexAttention backward unless seqlen % 128 == 0) and cudnn-frontend#160. With
-    ``lse_padding = 0.0`` the same code is correct (the control in the tests).
+    A tiled backward pads the last query tile to BLOCK_M rows and loads the tail's log-sum-exp
+    with the masked-load default -inf. Its kernel zeroes P for rows that see no key (as a kernel
+    does from its running max), but the padded rows do see keys, so they get
+    P = exp(s + inf) = inf, and inf * 0 (their dO is zero) = NaN in dK and dV -- the class of
+    pytorch/pytorch#153799 (NaN in FlexAttention backward unless seqlen % 128 == 0) and
+    NVIDIA/cudnn-frontend#160. With ``lse_padding = 0.0`` the same code is correct (the control
+    in the tests).
     """
 
     name = "mutant.nan_tail_block"
     BLOCK_M = 64
     lse_padding = float("-inf")  # BUG: the padded rows need a finite value (0.0)
+    backward_from_stats = mutated(
+        _correct,
+        "lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse).to(wide)",
+        "lse_safe = (lse if visible is None else lse.masked_fill(~visible.any(-1), 0.0)).to(wide)")
 
     def backward(self, ctx, dout):
         q, k, v, out, lse, spec = ctx
-        batch, heads_q, sq, _ = q.shape
-        heads_kv, sk = k.shape[1], k.shape[2]
-        group = heads_q // heads_kv
+        sq = q.shape[2]
         pad = -sq % self.BLOCK_M
-        wide = torch.promote_types(q.dtype, torch.float32)
-        q_t, out_t, dout_t = (F.pad(t, (0, 0, 0, pad)).to(wide) for t in (q, out, dout))
-        lse_t = F.pad(lse.to(wide), (0, pad), value=self.lse_padding)
-        bias, visible, keep = dense_masks(spec, batch, heads_q, sq + pad, sk, wide, q.device)
-        k_rep = k.repeat_interleave(group, dim=1).to(wide)
-        v_rep = v.repeat_interleave(group, dim=1).to(wide)
-        scores = torch.matmul(q_t, k_rep.transpose(-1, -2)) * spec.scale
-        tanh = None
-        if spec.softcap > 0:
-            tanh = torch.tanh(scores / spec.softcap)
-            scores = spec.softcap * tanh
-        if bias is not None:
-            scores = scores + bias
-        if visible is not None:
-            scores = scores.masked_fill(~visible, float("-inf"))
-            # rows that see no key have P = 0 (their lse is -inf and so are their scores)
-            lse_t = lse_t.masked_fill(~visible.any(-1), 0.0)
-        probs = torch.exp(scores - lse_t[..., None])
-        drop = None if keep is None else keep.to(wide) / (1.0 - spec.dropout_p)
-        dv = torch.matmul((probs if drop is None else probs * drop).transpose(-1, -2), dout_t)
-        dp = torch.matmul(dout_t, v_rep.transpose(-1, -2))
-        if drop is not None:
-            dp = dp * drop
-        delta = (dout_t * out_t).sum(-1, keepdim=True)
-        ds = probs * (dp - delta)
-        if tanh is not None:
-            ds = ds * (1.0 - tanh ** 2)
-        ds = ds * spec.scale
-        dq = torch.matmul(ds, k_rep)[:, :, :sq]
-        dk = torch.matmul(ds.transpose(-1, -2), q_t)
-        dk = dk.view(batch, heads_kv, group, sk, -1).sum(2)
-        dv = dv.view(batch, heads_kv, group, sk, -1).sum(2)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        q_t, out_t, dout_t = (F.pad(t, (0, 0, 0, pad)) for t in (q, out, dout))
+        lse_t = F.pad(lse, (0, pad), value=self.lse_padding)
+        dq, dk, dv = self.backward_from_stats(q_t, k, v, out_t, lse_t, dout_t, spec)
+        return dq[:, :, :sq].to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class NondeterministicDq(RecomputingNaive):

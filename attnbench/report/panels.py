@@ -7,6 +7,7 @@ note instead of drawing an empty axis.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,8 +144,9 @@ class PlainLogFormatter(LogFormatter):
 def plain_log_ticks(fig: Figure) -> None:
     """Swap the default mathtext formatters of every log axis (colorbars too) for plain text,
     and thin its minor ticks: none on an axis spanning 100x or more (a label at every power of
-    ten is enough), at 2 and 5 otherwise. Each tick is several artists, laid out twice and
-    drawn once per format: the 8 default minor ticks per decade dominate a small figure."""
+    ten is enough), at 2, 3, 4, 6 otherwise (those the formatter labels when a narrow axis
+    shows few powers of ten). Each tick is several artists, laid out twice and drawn once per
+    format: the 8 default minor ticks per decade dominate a small figure."""
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             if axis.get_scale() != "log" or type(axis.get_minor_locator()) is not LogLocator:
@@ -153,7 +155,7 @@ def plain_log_ticks(fig: Figure) -> None:
             if lo > 0 and hi / lo >= 100:
                 axis.set_minor_locator(NullLocator())
             elif axis.get_transform().base == 10:
-                axis.set_minor_locator(LogLocator(10, subs=(2.0, 5.0)))
+                axis.set_minor_locator(LogLocator(10, subs=(2.0, 3.0, 4.0, 6.0)))
             for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
                              (axis.get_minor_formatter, axis.set_minor_formatter)):
                 f = get()
@@ -279,8 +281,9 @@ def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     single = [(k, s) for k, s in groups if s[x].nunique() < 2]
     cap = panel["max_figures"]
 
+    drawn = set(_spread(curves, cap))
     line_figs = [_throughput_lines(panel, key, sub, ctx, unit_scale, unit)
-                 for key, sub in curves[:cap]]
+                 for i, (key, sub) in enumerate(curves) if i in drawn]
     bar_figs: list[FigureFile] = []
     if single:
         bar_figs = _throughput_bars(panel, single, curves, every, ctx, unit_scale, unit)
@@ -292,25 +295,46 @@ def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     # the view that covers more facets comes first (a smoke run: bars; a GPU sweep: lines)
     out.figures += bar_figs + line_figs if len(single) > len(curves) else line_figs + bar_figs
     if len(curves) > cap:
-        rest = [_facet_title(facets, k) for k, _ in curves[cap:]]
+        hidden = [k for i, (k, _) in enumerate(curves) if i not in drawn]
+        rest = [_facet_title(facets, k) for k in hidden]
         shown = ", ".join(rest[:6]) + (f" and {len(rest) - 6} more" if len(rest) > 6 else "")
         out.notes.append(
             f"{len(rest)} more line plots not drawn ({shown}): this panel draws at most "
-            f"max_figures={cap}. Pick the ones you want in the dashboard YAML with this panel's "
-            f"filter: / exclude: (for example {_filter_example(curves, facets)}), or raise "
-            "max_figures.")
+            f"max_figures={cap}, a few of each {' x '.join(facets[:-1]) or 'kind'}. Pick the "
+            "ones you want in the dashboard YAML with this panel's filter: / exclude: (for "
+            f"example {_filter_example(panel, hidden[0], facets)}), or raise max_figures.")
     if not any(df[f"{d}_pct_peak"].notna().any() for d in dirs):
         out.notes.append("No percent-of-peak axis: the device has no peak in the table "
                          "(timing.*.pct_peak is null, as on CPU).")
     return out
 
 
-def _filter_example(curves: list, facets: list[str]) -> str:
-    for i, name in enumerate(facets):
-        values = sorted({str(k[i]) for k, _ in curves})
-        if len(values) > 1:
-            return f"filter: {{{name}: [{values[0]}]}}"
-    return "filter: {features: [...]}"
+def _spread(curves: list, cap: int) -> list[int]:
+    """Indices of at most ``cap`` facets, taken in turn from each value of the leading facets
+    (GPU kind x dtype), so that a capped page still shows every GPU kind and dtype."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (key, _) in enumerate(curves):
+        groups.setdefault(_key(key[:-1]), []).append(i)
+    order, queues = [], list(groups.values())
+    while len(order) < cap and any(queues):
+        for q in queues:
+            if q and len(order) < cap:
+                order.append(q.pop(0))
+    return sorted(order)
+
+
+def _filter_example(panel: Panel, key: tuple, facets: list[str]) -> str:
+    """A filter: line for the YAML that keeps the facet ``key`` (not drawn) by its last facet
+    (the feature combination), with the panel's own filter."""
+    def scalar(v: Any) -> str:  # a YAML flow scalar: quoted when it holds , [ ] { } : # ...
+        text = str(v)
+        return json.dumps(text) if any(c in text for c in ",[]{}:#&*!|>'\"%@`") else text
+
+    items = {col: list(vals) for col, vals in panel.include.items()}
+    if facets:
+        items[facets[-1]] = [_key(key[-1:])[0]]
+    return "filter: {" + ", ".join(f"{col}: [{', '.join(scalar(v) for v in vals)}]"
+                                   for col, vals in items.items()) + "}"
 
 
 def _throughput_lines(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context,
@@ -386,7 +410,10 @@ def _throughput_bars(panel: Panel, single: list, curves: list, every: pd.DataFra
         named = dict(zip(facets, key))
         as_lines.setdefault(_key(named[f] for f in chart_by), []).append(
             _facet_title(rows_by, tuple(named[f] for f in rows_by)))
-    names = sorted({str(v) for _, s in single for v in s[series].dropna()}, key=_natural)
+    # every series of these rows, with numbers or not (one unsupported everywhere still shows)
+    names = {str(v) for _, s in single for v in s[series].dropna()}
+    names |= {name for key, _ in single for name in dead.get(_key(key), {})}
+    names = sorted(names, key=_natural)
     figures = []
     for chart_key, rows in sorted(charts.items(), key=lambda kv: _key(kv[0])):
         rows.sort(key=lambda r: _natural(r[0]))
@@ -407,8 +434,9 @@ def _throughput_bars(panel: Panel, single: list, curves: list, every: pd.DataFra
             fig, log = _bar_figure(panel, rows[chunk], labels[chunk], names, dead, ctx,
                                    unit_scale, unit)
             fig.suptitle(f"{title}: throughput{at}{suffix}", fontsize=10, fontweight="bold")
-            caption = (f"{title}: median {unit} per {' x '.join(rows_by) or 'case'} (rows) and "
-                       f"{series} (bars), whiskers q1..q3{', log scale' if log else ''}. "
+            what = "feature combinations" if rows_by == ["features"] else " x ".join(rows_by)
+            caption = (f"{title}: median {unit}; rows: {what or 'all cases'}, bars: {series}, "
+                       f"whiskers q1..q3{', log scale' if log else ''}. "
                        f"These combinations ran at a single {x}, so they have no curve. Right "
                        f"of each plot: the fastest {series} and its speedup over the next "
                        "(grey ~: no clear winner: the q1..q3 ranges overlap, or there are "
@@ -767,8 +795,10 @@ def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
             col = f"{t}_rel_l2"
             bound = sub[[x, f"{t}_bound"]].dropna().groupby(x)[f"{t}_bound"].median()
             if len(bound):
+                # a bound at a single x (a smoke run) is a line of one point: mark it
                 (bl,) = ax.plot([pos(v) for v in bound.index], bound.values, ls="--", lw=1.2,
-                                color="#444444", zorder=1)
+                                color="#444444", zorder=1, ms=14,
+                                marker="_" if len(bound) == 1 else "")
                 extra.setdefault("bound (median)", bl)
             for name, s in sub.groupby(series, sort=True):
                 s = s[s[col].notna() & (s[col] > 0)]

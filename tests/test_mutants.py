@@ -1,0 +1,284 @@
+"""The catalogue of attention bugs (attnbench.mutants) is caught, by the check that should catch
+it, and the correct code each mutant edits passes the same cases: the edit is what fails.
+
+Default run (about a minute on 2 busy cores): every mutant on one case that exposes it, its
+control on the same case, the determinism check, the selftest's plan/evidence/exit status, and
+one selftest through rank pools and one through Dask. The full catalogue x dtypes x seeds and the
+whole ``attnbench selftest --seeds 3`` are marked slow.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+
+import pytest
+
+from attnbench.backends import BUILTIN, get_backend
+from attnbench.cluster import outcome_to_record
+from attnbench.execution.case_runner import run_case
+from attnbench.execution.pool import RankPool
+from attnbench.mutants.catalogue import CATALOGUE, CONTROL, by_name
+from attnbench.selftest import (Evidence, evidence, judge_controls, judge_mutant, make_plan,
+                                run_in_pools, summary)
+from attnbench.spec import Case, RunOptions, TimingOptions, load_sweep, make_case
+from conftest import ROOT, attnbench_cmd
+
+NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))
+CASE_FUNC = "attnbench.execution.case_runner:run_payload"
+BASE = dict(seqlen_q=128, heads_q=4, heads_kv=2, head_dim=32)
+
+# name -> (fields of a case that exposes the bug, checks that must catch it, dtypes where the
+# bug is a bug: cp_lse_no_max merges in the activations' dtype and overflows only in fp16;
+# softcap's missing d tanh is 2% at normal logits, so the case has large ones).
+REFERENCE = {"baseline_ratio", "reference"}
+EXPOSE = {
+    "mutant.cp_fresh_dropout": (dict(cp=2, dropout=0.1), {"identity"}, None),
+    "mutant.dq_log2_scale": (dict(mask="causal"), REFERENCE | {"identity"}, None),
+    "mutant.dq_stale_delta": (dict(), REFERENCE | {"identity"}, None),
+    "mutant.mqa_alibi_order": (dict(heads_kv=1, bias="alibi"), REFERENCE, None),
+    "mutant.cp_stale_kv": (dict(cp=2, mask="causal"), REFERENCE | {"parity", "identity"}, None),
+    "mutant.kv_layout_swap": (dict(seqlen_q=16, heads_q=16, heads_kv=16, head_dim=16),
+                              REFERENCE | {"identity"}, None),
+    "mutant.tp_gqa_interleaved": (dict(tp=2, heads_q=8, heads_kv=4),
+                                  REFERENCE | {"parity", "identity"}, None),
+    "mutant.top_left_causal": (dict(seqlen_q=96, seqlen_kv=203, mask="causal"), REFERENCE, None),
+    "mutant.cp_lse_no_max": (dict(cp=2, inputs="large_logits"), {"nonfinite"}, ("fp16",)),
+    "mutant.window_off_by_one": (dict(mask="window", window_left=23, window_right=0),
+                                 REFERENCE, None),
+    "mutant.dropout_no_rescale": (dict(dropout=0.1), {"identity"}, None),
+    # bf16 rounding hides most last-bit differences of a small dQ: a longer sequence has more
+    # elements near a rounding boundary
+    "mutant.nondeterministic_dq": (dict(seqlen_q=512), {"determinism"}, None),
+    "mutant.nan_tail_block": (dict(seqlen_q=113), {"nonfinite"}, None),
+    "mutant.softcap_no_tanh_grad": (dict(softcap=20.0, inputs="large_logits"), REFERENCE, None),
+    "mutant.gqa_dkv_mean": (dict(heads_kv=1), REFERENCE | {"identity"}, None),
+    "mutant.masked_row_nan": (dict(seqlen_q=203, seqlen_kv=113, mask="causal"),
+                              {"nonfinite"}, None),
+    "mutant.lse_log2": (dict(cp=2, mask="causal"), REFERENCE | {"parity"}, None),
+}
+DEFAULT_DTYPE = {"mutant.nondeterministic_dq": "fp32", "mutant.cp_lse_no_max": "fp16"}
+
+
+def case_of(backend: str, dtype: str, seed: int = 0, **fields) -> Case:
+    return make_case("test", {**BASE, "backend": backend, "dtype": dtype, "seed": seed, **fields})
+
+
+def failing_kinds(record: dict) -> set[str]:
+    return {c["check"] for c in record["checks"] if not c["passed"]}
+
+
+@pytest.fixture(scope="module")
+def pool2():
+    pool = RankPool(2, threads=1, preload=[CASE_FUNC.split(":")[0]])
+    yield pool
+    pool.close()
+
+
+def run(case: Case, pool: RankPool | None = None) -> dict:
+    if case.world_size == 1:
+        return run_case(case, NO_TIMING)
+    assert pool is not None and pool.world_size == case.world_size
+    outcome = pool.run(CASE_FUNC, {"case": case.to_dict(), "options": NO_TIMING.to_dict()},
+                       timeout=NO_TIMING.timeout_s)
+    return outcome_to_record(case, outcome, 0.0, 1, NO_TIMING.timeout_s)
+
+
+def control_of(name: str) -> str:
+    """The correct backend the mutant edits."""
+    if name == "mutant.top_left_causal":
+        return "sdpa"
+    if by_name(name).parallel and name != "mutant.lse_log2":
+        return "naive"
+    return CONTROL
+
+
+# -- the catalogue itself ------------------------------------------------------------------------
+
+
+def test_catalogue_covers_issue_7_and_every_mutant_loads_and_is_registered():
+    numbers = {m.number.rstrip("ab") for m in CATALOGUE}
+    assert {str(i) for i in range(1, 13)} <= numbers
+    assert set(EXPOSE) == {m.name for m in CATALOGUE}
+    for mutant in CATALOGUE:
+        assert BUILTIN[mutant.name] == mutant.ref
+        backend = get_backend(mutant.name)  # building it applies its edit (or fails loudly)
+        assert backend.name == mutant.name and type(backend).__doc__
+        assert mutant.report and mutant.bug
+    assert get_backend(CONTROL).name == CONTROL
+
+
+def test_an_edit_whose_text_is_gone_fails_loudly_instead_of_copying_correct_code():
+    from attnbench.backends.naive import NaiveBackend
+    from attnbench.mutants.patch import MutationError, mutated
+
+    with pytest.raises(MutationError, match="exactly once"):
+        mutated(NaiveBackend.backward_from_stats, "this text is not there", "x")
+
+
+# -- each mutant caught on a case that exposes it; its control passes there ----------------------
+
+
+@pytest.mark.parametrize("name", list(EXPOSE))
+def test_mutant_is_caught_and_its_control_passes(name, pool2):
+    fields, kinds, dtypes = EXPOSE[name]
+    dtype = DEFAULT_DTYPE.get(name, "bf16")
+    record = run(case_of(name, dtype, **fields), pool2)
+    assert record["verdict"] == "fail", (record["verdict"], record["reason"])
+    assert failing_kinds(record) & kinds, (failing_kinds(record), record["reason"])
+    control = run(case_of(control_of(name), dtype, **fields), pool2)
+    assert control["verdict"] == "pass", (control_of(name), control["reason"])
+
+
+def test_kv_layout_swap_fails_loudly_when_heads_differ_from_seqlen():
+    record = run_case(case_of("mutant.kv_layout_swap", "fp32", seqlen_q=113), NO_TIMING)
+    assert record["verdict"] == "error" and "key/value heads" in record["reason"]
+
+
+def test_nan_tail_block_is_right_with_a_finite_padding_value(monkeypatch):
+    from attnbench.mutants.backward import NanTailBlock
+
+    monkeypatch.setattr(NanTailBlock, "lse_padding", 0.0)
+    for fields in (dict(seqlen_q=113), dict(seqlen_q=203, seqlen_kv=113, mask="causal",
+                                            bias="alibi", dropout=0.1)):
+        record = run_case(case_of("mutant.nan_tail_block", "bf16", **fields), NO_TIMING)
+        assert record["verdict"] == "pass", record["reason"]
+
+
+def test_parallel_mutants_are_the_correct_backend_on_one_device():
+    for mutant in CATALOGUE:
+        if mutant.parallel:
+            fields = {k: v for k, v in EXPOSE[mutant.name][0].items() if k not in ("cp", "tp")}
+            record = run_case(case_of(mutant.name, "bf16", **fields), NO_TIMING)
+            assert record["verdict"] == "pass", (mutant.name, record["reason"])
+
+
+# -- the determinism check -------------------------------------------------------------------------
+
+
+def test_backends_that_declare_determinism_are_checked_bit_for_bit():
+    record = run_case(case_of("naive", "bf16", dropout=0.1), NO_TIMING)
+    det = [c for c in record["checks"] if c["check"] == "determinism"]
+    assert [c["tensor"] for c in det] == ["dq", "dk", "dv"] and all(c["passed"] for c in det)
+    assert record["accuracy"]["determinism"] == {"dq": 0, "dk": 0, "dv": 0}
+    sdpa = run_case(case_of("sdpa", "bf16"), NO_TIMING)  # makes no such claim
+    assert not [c for c in sdpa["checks"] if c["check"] == "determinism"]
+
+
+def test_determinism_failure_names_the_tensor_and_keeps_dk_dv_clean():
+    record = run_case(case_of("mutant.nondeterministic_dq", "fp32"), NO_TIMING)
+    det = {c["tensor"]: c for c in record["checks"] if c["check"] == "determinism"}
+    assert not det["dq"]["passed"] and det["dq"]["value"] > 0
+    assert det["dk"]["passed"] and det["dv"]["passed"]
+    assert "dq not deterministic" in record["reason"]
+    # every other check passes: the results are as accurate as the correct code's
+    assert failing_kinds(record) == {"determinism"}
+
+
+# -- the selftest: plan, evidence, verdict ---------------------------------------------------------
+
+
+def test_plan_takes_over_the_template_cases_and_parallel_mutants_get_only_split_cases():
+    sweep = load_sweep(ROOT / "sweeps" / "standard.yaml")
+    plan = make_plan(sweep, seeds=2)
+    naive = [c for c in sweep.cases if c.backend == "naive"]
+    assert len(plan.mutants["mutant.dq_log2_scale"]) == 2 * len(naive)
+    assert all(c.world_size > 1 for c in plan.mutants["mutant.cp_stale_kv"])
+    assert {c.seed for c in plan.controls} == {0, 1}
+    assert {c.backend for c in plan.controls} >= {"naive", "sdpa", "triton", "reference", CONTROL}
+    assert len({c.id for c in plan.cases}) == len(plan.cases)
+
+
+def test_evidence_ranks_measured_margins_and_names_crashes():
+    crash = {"verdict": "crash", "checks": [], "case": {"dtype": "bf16"}}
+    assert evidence(crash) == Evidence(math.inf, "crash", "crash")
+    fail = {"verdict": "fail", "case": {"dtype": "bf16"}, "checks": [
+        {"check": "baseline_ratio", "tensor": "dq", "value": 0.3, "bound": 0.01, "passed": False},
+        {"check": "identity", "tensor": "dq_q", "value": 0.05, "bound": 0.01, "passed": False},
+        {"check": "identity", "tensor": "dv_v", "value": 0.001, "bound": 0.01, "passed": True}]}
+    best = evidence(fail)
+    assert (best.check, best.tensor) == ("baseline_ratio", "dq") and best.margin == pytest.approx(30)
+    assert evidence({"verdict": "pass", "checks": [], "case": {"dtype": "bf16"}}) is None
+    result = judge_mutant(by_name("mutant.dq_log2_scale"), [crash, fail])
+    assert result.caught and result.failed == 2 and result.best.margin == pytest.approx(30)
+    controls = judge_controls([{**fail, "case": {"backend": "sdpa", "dtype": "bf16"},
+                                "label": "x", "reason": "r"}])
+    ok, text = summary([result], controls)
+    assert not ok and "1 false alarms" in text
+
+
+def test_selftest_through_rank_pools_survives_a_segfault():
+    cases = [Case(backend="testing.segfault", seqlen_kv=128, heads_kv=8, head_dim_v=64),
+             case_of("naive", "bf16")]
+    records = run_in_pools(cases, NO_TIMING)
+    assert [r["verdict"] for r in records] == ["crash", "pass"]
+    assert evidence(records[0]).check == "crash"
+
+
+SMALL_SWEEP = """
+name: small
+defaults: {batch: 1, heads_q: 4, heads_kv: 2, head_dim: 32, seqlen_q: 113, dtype: bf16}
+axes:
+  backend: [naive, sdpa]
+  mask: [none, causal]
+"""
+
+
+def _selftest(tmp_path, *args: str, env) -> subprocess.CompletedProcess:
+    sweep = tmp_path / "small.yaml"
+    sweep.write_text(SMALL_SWEEP)
+    return subprocess.run([*attnbench_cmd(), "selftest", "--sweep", str(sweep), *args],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+
+
+def test_selftest_cli_through_dask_reports_catches_and_exits_zero(tmp_path, cli_env):
+    done = _selftest(tmp_path, "--mutant", "dq_log2_scale", "--mutant", "kv_layout_swap",
+                     "--mutant", "nan_tail_block", "--out", str(tmp_path / "run"), env=cli_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "3/3 mutants caught" in out and "0 false alarms" in out
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith(("2a", "5 ", "12"))}
+    assert "NaN/Inf" in rows["nan_tail_block"]
+    assert "error" in rows["kv_layout_swap"]  # the shapes differ: a loud failure
+    assert (tmp_path / "run" / "records.jsonl").exists()
+
+
+def test_selftest_exits_nonzero_when_a_mutant_is_missed(tmp_path, cli_env):
+    # this sweep has no sliding window and no CP: both bugs stay hidden, and the selftest says so
+    done = _selftest(tmp_path, "--mutant", "window_off_by_one", "--mutant", "dq_stale_delta",
+                     "--no-controls", "--executor", "pools", env=cli_env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1/2 mutants caught (missed: mutant.window_off_by_one)" in done.stdout
+    assert "MISSED" in done.stdout
+
+
+# -- slow: the whole catalogue x dtypes x seeds; the whole selftest ---------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("name", list(EXPOSE))
+def test_every_mutant_in_every_dtype_and_seed(name, dtype, seed, pool2):
+    fields, kinds, dtypes = EXPOSE[name]
+    record = run(case_of(name, dtype, seed, **fields), pool2)
+    if dtypes is not None and dtype not in dtypes:
+        # not a bug in this dtype (the merge does not overflow): must not be flagged either
+        assert record["verdict"] == "pass", record["reason"]
+        return
+    assert record["verdict"] == "fail", (record["verdict"], record["reason"])
+    assert failing_kinds(record) & kinds, (failing_kinds(record), record["reason"])
+    control = run(case_of(control_of(name), dtype, seed, **fields), pool2)
+    assert control["verdict"] == "pass", control["reason"]
+
+
+@pytest.mark.slow
+def test_selftest_on_the_standard_sweep_catches_everything_without_false_alarms(tmp_path,
+                                                                                 cli_env):
+    done = subprocess.run([*attnbench_cmd(), "selftest", "--seeds", "3",
+                           "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=cli_env, timeout=3600,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
+    assert f"{len(CATALOGUE)}/{len(CATALOGUE)} mutants caught" in done.stdout
+    assert "only by a hair" not in done.stdout
