@@ -225,7 +225,12 @@ class _Rank:
         except ChildProcessError:  # already reaped by someone else
             return self.popen.poll()
         if info is None:
-            return None
+            if not _leader_is_zombie(self.pid):
+                return None
+            # The main thread has exited but other threads are still being torn down, so the
+            # exit is not reportable yet; it will be in moments. Without this a rank killed
+            # while idle looked alive and received the next case.
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
         if info.si_code == os.CLD_EXITED:
             return info.si_status
         return -info.si_status  # CLD_KILLED / CLD_DUMPED: killed by a signal
@@ -268,6 +273,14 @@ class _Rank:
                     os.close(fd)
         self.req_w = self.resp_r = -1
         self.pidfd = None
+
+
+def _leader_is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return False
 
 
 def _signal_name(returncode: int) -> Optional[str]:
