@@ -218,7 +218,7 @@ def make_security(ca_file: Optional[str], cert: Optional[str], key: Optional[str
 
 
 def default_local_slots() -> int:
-    """Concurrent cases on the embedded cluster: one per GPU; on CPU one per two cores."""
+    """Concurrent cases on the embedded cluster: one per GPU; on CPU one per core."""
     from attnbench.worker import detect_node
 
     return len(detect_node().ids)

@@ -311,18 +311,18 @@ def judge_controls(records: Sequence[dict]) -> dict[str, ControlResult]:
 
 def render(results: Sequence[MutantResult], controls: dict[str, ControlResult]) -> str:
     lines = ["Mutants (each must be caught):",
-             f"{'#':<6}{'mutant':<28}{'caught':<8}{'strongest check':<24}{'margin':>9}"
-             + "".join(f"{d:>10}" for d in DTYPE_ORDER) + f"{'failed/run':>12}  bug class"]
+             f"{'#':<6}{'mutant':<24}{'caught':<8}{'strongest check':<22}{'margin':>11}"
+             + "".join(f"{d:>12}" for d in DTYPE_ORDER) + f"{'failed/run':>12}  bug class"]
     for res in results:
         m = res.mutant
         caught = ("WEAK" if res.weak else "yes") if res.caught else "MISSED"
         best = res.best
-        cells = "".join(f"{(res.by_dtype[d].margin_text() if d in res.by_dtype else '-'):>10}"
+        cells = "".join(f"{(res.by_dtype[d].margin_text() if d in res.by_dtype else '-'):>12}"
                         for d in DTYPE_ORDER)
-        lines.append(f"{m.number:<6}{m.name.removeprefix('mutant.'):<28}{caught:<8}"
-                     f"{(best.label if best else '-'):<24}"
-                     f"{(best.margin_text() if best else '-'):>9}{cells}"
-                     f"{res.failed:>6}/{res.run:<5}  {m.bug}")
+        lines.append(f"{m.number:<6}{m.name.removeprefix('mutant.'):<24}{caught:<8}"
+                     f"{(best.label if best else '-'):<22}"
+                     f"{(best.margin_text() if best else '-'):>11}{cells}"
+                     f"{res.failed:>7}/{res.run:<4}  {m.bug}")
     lines.append("  margin: measured value / bound of the strongest failing check (NaN/Inf: "
                  "non-finite output; bits: elements that differ between backward calls).")
     lines.append("")
@@ -341,7 +341,8 @@ def render(results: Sequence[MutantResult], controls: dict[str, ControlResult]) 
     return "\n".join(lines)
 
 
-def summary(results: Sequence[MutantResult], controls: dict[str, ControlResult]) -> tuple[bool, str]:
+def summary(results: Sequence[MutantResult],
+            controls: dict[str, ControlResult]) -> tuple[bool, str]:
     missed = [r.mutant.name for r in results if not r.caught]
     weak = [r.mutant.name for r in results if r.weak]
     alarms = sum(len(c.false_alarms) for c in controls.values())

@@ -209,8 +209,10 @@ def detect_gpus() -> list[tuple[str, str]]:
 
 def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
                 gpus: Optional[Sequence[tuple[str, str]]] = None) -> NodeDevices:
-    """The units this node offers: its GPUs, else ``slots`` CPU slots (default: one per two
-    cores, so a case's timing is not disturbed by its neighbour more than necessary).
+    """The units this node offers: its GPUs, else ``slots`` CPU slots (default: one per core,
+    each rank single-threaded: on 2 cores the 78-case smoke sweep took 9.0 s with 2 slots x 1
+    thread and 28.3 s with 1 slot x 2 threads -- small attention ops gain nothing from
+    intra-op threads, and CPU timings are for correctness runs, not for comparison).
     ``kind`` overrides the advertised kind (tests use it to pretend several kinds)."""
     from attnbench.flops import gpu_kind
 
@@ -236,7 +238,7 @@ def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
                            threads=threads or max(1, cores // len(gpus)))
     if slots is not None and slots < 1:
         raise DetectionError(f"--slots: got {slots}, expected >= 1")
-    slots = slots or max(1, cores // 2)
+    slots = slots or cores
     return NodeDevices(kind=kind or CPU_KIND, detected_kind=CPU_KIND, gpu=False,
                        ids=tuple(str(i) for i in range(slots)),
                        threads=threads or max(1, cores // slots))

@@ -197,7 +197,8 @@ def test_evidence_ranks_measured_margins_and_names_crashes():
         {"check": "identity", "tensor": "dq_q", "value": 0.05, "bound": 0.01, "passed": False},
         {"check": "identity", "tensor": "dv_v", "value": 0.001, "bound": 0.01, "passed": True}]}
     best = evidence(fail)
-    assert (best.check, best.tensor) == ("baseline_ratio", "dq") and best.margin == pytest.approx(30)
+    assert (best.check, best.tensor) == ("baseline_ratio", "dq")
+    assert best.margin == pytest.approx(30)
     assert evidence({"verdict": "pass", "checks": [], "case": {"dtype": "bf16"}}) is None
     result = judge_mutant(by_name("mutant.dq_log2_scale"), [crash, fail])
     assert result.caught and result.failed == 2 and result.best.margin == pytest.approx(30)
@@ -237,7 +238,8 @@ def test_selftest_cli_through_dask_reports_catches_and_exits_zero(tmp_path, cli_
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "3/3 mutants caught" in out and "0 false alarms" in out
-    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith(("2a", "5 ", "12"))}
+    rows = {line.split()[1]: line for line in out.splitlines()
+            if line.startswith(("2a", "5 ", "12"))}
     assert "NaN/Inf" in rows["nan_tail_block"]
     assert "error" in rows["kv_layout_swap"]  # the shapes differ: a loud failure
     assert (tmp_path / "run" / "records.jsonl").exists()
@@ -252,7 +254,7 @@ def test_selftest_exits_nonzero_when_a_mutant_is_missed(tmp_path, cli_env):
     assert "MISSED" in done.stdout
 
 
-# -- slow: the whole catalogue x dtypes x seeds; the whole selftest ---------------------------------
+# -- slow: the whole catalogue x dtypes x seeds; the whole selftest --------------------------------
 
 
 @pytest.mark.slow

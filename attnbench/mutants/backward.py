@@ -13,7 +13,8 @@ import random
 import torch
 import torch.nn.functional as F
 
-from attnbench.backends.naive import NaiveBackend, dense_masks
+from attnbench.backends.base import Forward
+from attnbench.backends.naive import NaiveBackend
 from attnbench.mutants.base import RecomputingNaive
 from attnbench.mutants.patch import mutated
 
@@ -104,8 +105,7 @@ class KvLayoutSwap(RecomputingNaive):
     def forward(self, q, k, v, spec):
         fwd = super().forward(q, k, v, spec)
         k_bshd, v_bshd = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
-        return fwd.__class__(out=fwd.out, lse=fwd.lse,
-                             ctx=(q, k_bshd, v_bshd, fwd.out, fwd.lse, spec))
+        return Forward(out=fwd.out, lse=fwd.lse, ctx=(q, k_bshd, v_bshd, fwd.out, fwd.lse, spec))
 
     def backward(self, ctx, dout):
         q, k_bshd, v_bshd, out, lse, spec = ctx
@@ -169,7 +169,8 @@ class NondeterministicDq(RecomputingNaive):
     def backward(self, ctx, dout):
         q, k, v, out, lse, spec = ctx
         sk = k.shape[2]
-        blocks = [slice(start, min(start + self.BLOCK_N, sk)) for start in range(0, sk, self.BLOCK_N)]
+        blocks = [slice(start, min(start + self.BLOCK_N, sk))
+                  for start in range(0, sk, self.BLOCK_N)]
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         order = list(range(len(blocks)))

@@ -20,7 +20,7 @@ from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.naive import NaiveBackend
 from attnbench.mutants.base import RecomputingNaive
 from attnbench.mutants.patch import mutated, rebound
-from attnbench.parallel import ring, tp
+from attnbench.parallel import ring
 
 F32 = torch.float32
 
@@ -126,11 +126,12 @@ class LseLog2(RecomputingNaive):
 
     def forward(self, q, k, v, spec):
         fwd = super().forward(q, k, v, spec)
-        lse2 = fwd.lse * LOG2_E  # BUG: exported as is; callers expect natural log
-        q_, k_, v_, out, _, spec_ = fwd.ctx
-        return Forward(out=fwd.out, lse=lse2, ctx=(q_, k_, v_, out, fwd.lse, spec_))
+        lse2 = fwd.lse * LOG2_E  # the kernel's own statistic, base 2
+        return Forward(out=fwd.out, lse=lse2,  # BUG: exported as is; callers expect natural log
+                       ctx=(q, k, v, fwd.out, lse2, spec))
 
     def backward_from_stats(self, q, k, v, out, lse, dout, spec):
+        """Takes its statistic in base 2, like its forward gives it."""
         return super().backward_from_stats(q, k, v, out, lse / LOG2_E, dout, spec)
 
 
