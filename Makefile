@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow setup clean
+.PHONY: run test test-slow selftest setup clean
 
 $(STAMP): pyproject.toml
 	# A torch that the system Python already has (a GPU box's own build) is reused.
@@ -26,6 +26,9 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
+
+selftest: $(STAMP)
+	$(VENV)/bin/attnbench selftest
 
 clean:
 	rm -rf $(VENV) results

@@ -72,6 +72,9 @@ class _Context:
 class TritonBackend:
     name = "triton"
     keep_mask = staticmethod(triton_keep_mask)
+    # No atomics: dK/dV per key block, dQ in its own pass, fixed loop orders. The harness
+    # holds us to it (three backward calls must agree bit for bit).
+    deterministic = True
 
     def supports(self, case, device) -> str | None:
         interpreted = is_interpreted(_attn_fwd)
