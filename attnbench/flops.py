@@ -32,13 +32,7 @@ def visible_pairs(seqlen_q: int, seqlen_kv: int, window_left: int, window_right:
 
 def case_flops(case: Case) -> tuple[float, float]:
     """(forward, backward) FLOPs of one call on the whole (unsplit) case."""
-    if case.mask == "none":
-        left, right = -1, -1
-    elif case.mask == "causal":
-        left, right = -1, 0
-    else:
-        left, right = case.window_left, case.window_right
-    pairs = visible_pairs(case.seqlen_q, case.seqlen_kv, left, right)
+    pairs = visible_pairs(case.seqlen_q, case.seqlen_kv, *case.window_bounds)
     fwd = 2.0 * case.batch * case.heads_q * pairs * (case.head_dim + case.head_dim_v)
     return fwd, BACKWARD_FACTOR * fwd
 

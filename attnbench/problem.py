@@ -80,12 +80,7 @@ class AttnSpec:
 
     @classmethod
     def from_case(cls, case: "Case") -> "AttnSpec":
-        if case.mask == "none":
-            left, right = -1, -1
-        elif case.mask == "causal":
-            left, right = -1, 0
-        else:
-            left, right = case.window_left, case.window_right
+        left, right = case.window_bounds
         return cls(
             scale=1.0 / math.sqrt(case.head_dim),
             window_left=left,

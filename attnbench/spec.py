@@ -95,6 +95,16 @@ class Case:
         return "MQA" if self.heads_kv == 1 else "GQA"
 
     @property
+    def window_bounds(self) -> tuple[int, int]:
+        """(left, right) keys visible around the aligned diagonal, -1 = unbounded; causal is
+        (-1, 0). One place for this mapping (flops, AttnSpec)."""
+        if self.mask == "none":
+            return -1, -1
+        if self.mask == "causal":
+            return -1, 0
+        return self.window_left, self.window_right
+
+    @property
     def mask_label(self) -> str:
         if self.mask != "window":
             return self.mask
