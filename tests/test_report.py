@@ -389,3 +389,22 @@ def test_case_strings_are_escaped_in_page_and_figures(tiny, tmp_path):
     _check_figures(index)  # "$a$" did not break matplotlib (mathtext)
     svg = next(index.parent.glob("*verdict-matrix.svg")).read_text()
     assert "$a$" in svg and "&lt;script&gt;" in svg
+
+
+def test_identity_and_parity_failures_are_heatmap_cells():
+    """A case judged only by identities (hidden dropout mask) must still be a red cell."""
+    from attnbench.report.data import flatten
+
+    record = {
+        "id": "x", "case": {"backend": "b", "cp": 2, "tp": 1, "heads_q": 8, "heads_kv": 8},
+        "verdict": "fail", "label": "b", "features": "MHA",
+        "accuracy": {"reference": "none: hidden", "tensors": {},
+                     "identities": {"dv_v": {"value": 0.48, "bound": 0.012},
+                                    "dq_q": {"value": 0.001, "bound": 0.012},
+                                    "dk_sum": {"value": 0.6, "bound": 0.03}},
+                     "parity": {"dq": {"rel_l2": 0.5, "bound": None}}},
+    }
+    row = flatten(record)
+    assert row["dv_v_over"] == pytest.approx(40.0) and row["dk_sum_over"] == pytest.approx(20.0)
+    assert row["worst_over"] == pytest.approx(40.0)
+    assert row["parity_over"] != row["parity_over"]  # NaN: parity without a bound is not judged

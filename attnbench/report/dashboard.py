@@ -28,13 +28,14 @@ from typing import Any, Mapping
 import yaml
 
 from attnbench.records import TENSORS
-from attnbench.report.data import DIRECTIONS, FILTER_COLUMNS, ReportError
+from attnbench.report.data import CHECK_COLUMNS, DIRECTIONS, FILTER_COLUMNS, ReportError
 
 # kind -> {option: default}. The type of the default is the type an option must have
 # (a list default: a list of strings; None: an optional string).
 PANEL_OPTIONS: dict[str, dict[str, Any]] = {
     "verdict_matrix": {"rows": "features", "columns": "backend"},
-    "accuracy_heatmap": {"tensors": list(TENSORS), "sort": "verdict", "max_rows": 120,
+    "accuracy_heatmap": {"tensors": list(TENSORS) + list(CHECK_COLUMNS), "sort": "verdict",
+                         "max_rows": 120,
                          "decades": 2},
     "throughput": {"x": "seqlen_q", "series": "backend",
                    "facets": ["gpu_kind", "dtype", "features"], "directions": list(DIRECTIONS),
@@ -58,7 +59,7 @@ DEFAULT_TITLES = {
 # Options whose values must be one of a fixed set (besides column names).
 _CHOICES: dict[str, tuple[str, ...]] = {
     "directions": DIRECTIONS,
-    "tensors": TENSORS,
+    "tensors": TENSORS + CHECK_COLUMNS,  # error_vs_seqlen draws only the tensors among them
     "sort": ("verdict", "features", "worst", "label"),
 }
 _COLUMN_OPTIONS = ("x", "series", "facets", "rows", "columns")

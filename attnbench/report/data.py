@@ -28,6 +28,10 @@ from typing import Any, Iterable
 import pandas as pd
 
 from attnbench.records import TENSORS
+
+IDENTITIES = ("dv_v", "dq_q", "dk_sum")
+# Heatmap columns besides the tensors: the identities, then CP/TP parity.
+CHECK_COLUMNS = IDENTITIES + ("parity",)
 from attnbench.spec import CASE_FIELDS
 
 
@@ -183,6 +187,19 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
             over = math.inf  # NaN/Inf in a tensor is as wrong as it gets
         row[f"{t}_over"] = over
         overs.append(over)
+    # Reference-free checks, as value over bound like the tensors: the identities (they decide
+    # where a backend hides its dropout mask) and the worst parity error of a CP/TP split.
+    for name in IDENTITIES:
+        check = (acc.get("identities") or {}).get(name) or {}
+        value, bound = _num(check.get("value")), _num(check.get("bound"))
+        over = value / bound if bound and bound > 0 and not math.isnan(value) else math.nan
+        row[f"{name}_over"] = over
+        overs.append(over)
+    parity = [(_num(p.get("rel_l2")), _num(p.get("bound")))
+              for p in (acc.get("parity") or {}).values() if isinstance(p, dict)]
+    parity_over = [v / b for v, b in parity if b and b > 0 and not math.isnan(v)]
+    row["parity_over"] = max(parity_over) if parity_over else math.nan
+    overs.append(row["parity_over"])
     finite = [o for o in overs if not math.isnan(o)]
     row["worst_over"] = max(finite) if finite else math.nan
 
