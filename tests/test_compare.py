@@ -4,11 +4,9 @@ make a regression) and synthetic GPU runs. About 30 s on 2 cores."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,18 +17,7 @@ from attnbench.report.data import load_run
 from attnbench.report.synthetic import write_synthetic_run
 
 
-def _load_helpers():
-    name = "attnbench_report_test_runs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).parent / "data" / "report_runs.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-runs = _load_helpers()
+import report_runs as runs  # tests/ is on sys.path under pytest (see conftest)
 
 
 @pytest.fixture(scope="session")

@@ -13,13 +13,11 @@ import base64
 import fcntl
 import functools
 import http.server
-import importlib.util
 import json
 import os
 import select
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,18 +25,7 @@ from pathlib import Path
 import pytest
 
 
-def _load_helpers():
-    name = "attnbench_report_test_runs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).parent / "data" / "report_runs.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-runs = _load_helpers()
+import report_runs as runs  # tests/ is on sys.path under pytest (see conftest)
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))
                  if p), None)

@@ -1,7 +1,6 @@
 """The fp64 reference against dense autograd, and its memory bound."""
 
 import itertools
-import resource
 import subprocess
 import sys
 

@@ -5,11 +5,9 @@ errors; escaping. About 40 s on 2 cores (matplotlib rendering dominates)."""
 from __future__ import annotations
 
 import html
-import importlib.util
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,18 +21,7 @@ from attnbench.report.style import SEVERITY
 from matplotlib.colors import LogNorm
 
 
-def _load_helpers():
-    name = "attnbench_report_test_runs"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).parent / "data" / "report_runs.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-runs = _load_helpers()
+import report_runs as runs  # tests/ is on sys.path under pytest (see conftest)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

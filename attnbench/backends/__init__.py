@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from importlib import metadata
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from attnbench.backends.base import Backend, Forward, Unsupported
 

@@ -230,7 +230,7 @@ def sort_key(value: Any) -> str:
 
 def filter_controls(table_id: str, columns: Sequence[tuple[str, str, list[str]]]) -> str:
     """``columns``: (data attribute name, label, values)."""
-    parts = [f'<div class="filters" role="search">']
+    parts = ['<div class="filters" role="search">']
     for attr, label, values in columns:
         opts = "".join(f'<option value="{esc(v)}">{esc(v)}</option>' for v in values)
         parts.append(f'<label>{esc(label)} <select data-filter="{esc(attr)}" '

@@ -390,7 +390,7 @@ def _throughput_bars(panel: Panel, single: list, curves: list, every: pd.DataFra
     """One grouped horizontal bar chart per value of the non-row facets (GPU kind x dtype):
     rows are feature combinations, bars the series, one subplot per direction. ``curves``:
     the facets drawn as line plots, named in the caption of the chart they would be in."""
-    x, series, facets, dirs = panel["x"], panel["series"], panel["facets"], panel["directions"]
+    x, series, facets = panel["x"], panel["series"], panel["facets"]
     rows_by = _bar_rows(facets)
     chart_by = [f for f in facets if f not in rows_by]
     # cases of these facets that have no numbers (unsupported, crashed, untimed): named in the

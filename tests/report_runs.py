@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 TINY_SWEEP = "tests/data/tiny.yaml"  # relative: the manifest keeps it for repro commands
 TINY_TIMEOUT_S = 600
 
