@@ -317,6 +317,17 @@ def test_what_cannot_be_split_is_unsupported_with_the_reason(pools, fields, text
     assert pool.starts == starts  # decided alike on every rank: nobody hung, nothing rebuilt
 
 
+@pytest.mark.parametrize("algo", ["ring", "zigzag"])
+def test_triton_kernels_under_cp_with_their_own_dropout_mask(pools, algo):
+    # The kernels' backward recomputes P from the merged (out, lse) of the whole ring, and their
+    # Philox mask is keyed by global positions: the fp64 reference rebuilds it (exact-mask).
+    record = run(pools(2), backend="triton", cp=2, cp_algo=algo, mask="causal", dropout=0.1,
+                 dtype="bf16", seqlen_q=64, seqlen_kv=64, heads_q=2, heads_kv=1, head_dim=32,
+                 head_dim_v=32)
+    assert record["accuracy"]["reference"] == "exact-mask"
+    assert_passes_with_parity(record)
+
+
 def test_allgather_runs_a_backend_without_lse(pools):
     assert_passes_with_parity(run(pools(2), cp=2, cp_algo="allgather",
                                   backend="test_parallel:NoLse"), FP32_PARITY)

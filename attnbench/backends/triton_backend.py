@@ -96,3 +96,9 @@ class TritonBackend:
 
     def backward(self, ctx: _Context, dout):
         return flash_backward(ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, dout, ctx.params)
+
+    def backward_from_stats(self, q, k, v, out, lse, dout, spec: AttnSpec):
+        """Gradients of one K/V block of a larger softmax (ring context parallelism), from that
+        softmax's merged ``out`` and ``lse``: the kernels' backward already recomputes P from
+        (out, lse) and keys masks, ALiBi and dropout by the spec's global offsets."""
+        return flash_backward(q, k, v, out, lse.float().contiguous(), dout, flash_params(spec))
