@@ -59,20 +59,13 @@ def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
     if not len(pools):  # first case on this worker: configure the ranks it will start
         pools.threads_per_pool = int(os.environ.get(ENV_THREADS, "0")) or None
         pools.preload = (CASE_FUNC.split(":")[0],)  # import torch once, at rank start
-    run_as = case
-    if case.gpu == leases.kind and leases.kind != leases.detected_kind:
-        # `attnbench worker --kind` told this worker to serve that kind; the rank would compare
-        # the case with the hardware's own kind and skip it.
-        run_as = case.replace(gpu="any")
     wait_s = options.timeout_s + LEASE_GRACE_S
     with leases.lease(devices or case.world_size, timeout=wait_s) as lease:
         with pools.lease(world_size=case.world_size, env=lease.pool_env(case.world_size)) as pool:
-            outcome = pool.run(CASE_FUNC, {"case": run_as.to_dict(), "options": options_dict},
+            outcome = pool.run(CASE_FUNC, {"case": case_dict, "options": options_dict},
                                timeout=options.timeout_s)
     wall = time.perf_counter() - t0
     record = outcome_to_record(case, outcome, wall, attempt, options.timeout_s)
-    if run_as is not case:
-        record.update(id=case.id, case=case.to_dict(), label=case.label, features=case.features)
     worker = get_worker()
     record["env"] = dict(record.get("env") or {}, lease=list(lease.ids), worker=str(worker.name),
                          worker_kind=leases.kind)

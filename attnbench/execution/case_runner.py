@@ -78,9 +78,12 @@ def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = N
         return make_record(case, verdict=verdict, reason=reason, env=env, started=started,
                            duration_s=time.perf_counter() - t0, **fields)
 
-    if case.gpu not in ("any", env["gpu_kind"]):
-        return record("skipped", f"case asks for gpu {case.gpu!r}, this worker has "
-                                 f"{env['gpu_kind']!r}")
+    # The kind this rank serves: what `attnbench worker --kind` advertised (inherited from the
+    # worker process), else the hardware's own.
+    served = os.environ.get("ATTNBENCH_KIND") or env["gpu_kind"]
+    if case.gpu not in ("any", served):
+        return record("skipped", f"case asks for gpu {case.gpu!r}, this worker serves "
+                                 f"{served!r}")
     if case.world_size > 1:
         from attnbench.parallel.runner import run_parallel_case  # every rank of the pool runs it
 
