@@ -11,8 +11,8 @@ from attnbench.spec import TimingOptions, make_case
 from attnbench.timing import _CpuClock, measure, summarize
 
 
-@pytest.mark.parametrize("sq, sk, left, right", itertools.product(
-    [1, 7, 32], [1, 9, 32], [-1, 0, 3], [-1, 0, 2]))
+@pytest.mark.parametrize("sq, sk, left, right", list(itertools.product(
+    [1, 7, 32], [1, 9, 32], [-1, 0, 3], [-1, 0, 2])))
 def test_visible_pairs_match_the_mask(sq, sk, left, right):
     spec = AttnSpec(scale=1.0, window_left=left, window_right=right, seqlen_q_total=sq,
                     seqlen_kv_total=sk)
