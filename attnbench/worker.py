@@ -106,7 +106,7 @@ class NodeDevices:
             what = f"{len(self.ids)} x {self.detected_kind} ({self.names[0]}), devices {ids}"
         else:
             what = (f"no GPU: {len(self.ids)} CPU slot{'s' if len(self.ids) != 1 else ''}, "
-                    f"{self.threads} threads per rank")
+                    f"{self.threads} thread{'s' if self.threads != 1 else ''} per rank")
         if self.kind != self.detected_kind:
             what += f"; advertised as kind {self.kind!r} (--kind)"
         return what
