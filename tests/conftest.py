@@ -27,3 +27,25 @@ def cli_env():
 
 def attnbench_cmd() -> list[str]:
     return [sys.executable, "-m", "attnbench.cli"]
+
+
+# -- runs shared by the report, compare and browser tests (made once per session) -------------
+
+
+@pytest.fixture(scope="session")
+def base(tmp_path_factory) -> Path:
+    return tmp_path_factory.getbasetemp() / "report-runs"
+
+
+@pytest.fixture(scope="session")
+def tiny(base) -> Path:
+    import report_runs
+
+    return report_runs.tiny_run(base)
+
+
+@pytest.fixture(scope="session")
+def synthetic(base) -> dict:
+    import report_runs
+
+    return report_runs.synthetic_runs(base)

@@ -17,22 +17,6 @@ from attnbench.report.data import load_run
 from attnbench.report.synthetic import write_synthetic_run
 
 
-import report_runs as runs  # tests/ is on sys.path under pytest (see conftest)
-
-
-@pytest.fixture(scope="session")
-def base(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp() / "report-runs"
-
-
-@pytest.fixture(scope="session")
-def tiny(base) -> Path:
-    return runs.tiny_run(base)
-
-
-@pytest.fixture(scope="session")
-def synthetic(base) -> dict[str, Path]:
-    return runs.synthetic_runs(base)
 
 
 def _stats(median, lo, q3):

@@ -168,11 +168,6 @@ def browser(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp() / "report-runs"
-
-
-@pytest.fixture(scope="module")
 def reports(base) -> dict[str, Path]:
     synthetic = runs.synthetic_runs(base)
     return {"tiny": runs.report(base, "tiny", runs.tiny_run(base)),

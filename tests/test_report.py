@@ -25,21 +25,6 @@ import report_runs as runs  # tests/ is on sys.path under pytest (see conftest)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="session")
-def base(tmp_path_factory) -> Path:
-    return tmp_path_factory.getbasetemp() / "report-runs"
-
-
-@pytest.fixture(scope="session")
-def tiny(base) -> Path:
-    return runs.tiny_run(base)
-
-
-@pytest.fixture(scope="session")
-def synthetic(base) -> dict[str, Path]:
-    return runs.synthetic_runs(base)
-
-
 def _figures(index: Path) -> list[str]:
     return re.findall(r'<img src="([^"]+)"', index.read_text())
 
