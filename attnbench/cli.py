@@ -1,9 +1,7 @@
 """``attnbench`` command line: run, validate, show, backends, report, compare, selftest.
 
-Exit status: 0 success; 1 a run finished with failing cases (fail, crash, timeout, ...) or a
-comparison found a regression; 2 bad input (sweep file, run directory, arguments); 3 the cluster
-failed (scheduler unreachable or lost, no workers, cases left pending): resume later; 130
-interrupted.
+Exit status: see :mod:`attnbench.errors` (0 success; 1 failing cases or a regression; 2 bad
+input; 3 the cluster failed, resume later; 4 an accuracy-trend finding; 130 interrupted).
 """
 
 from __future__ import annotations
@@ -15,26 +13,20 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from attnbench.backends import check_backend_name
+from attnbench.errors import (EXIT_CLUSTER, EXIT_FAILURES, EXIT_INTERRUPTED,
+                              EXIT_OK, ClusterError, UserError)
 from attnbench.records import BAD_VERDICTS, VERDICTS
-from attnbench.spec import SweepError, load_sweep, single_case_sweep
-from attnbench.store import RunDirError, RunStore, default_run_dir, latest_run_dir, load_manifest, \
-    load_records
-
-EXIT_BAD_INPUT = 2
-EXIT_CLUSTER = 3
-
-
-def _error(message: str) -> int:
-    print(f"attnbench: error: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+from attnbench.spec import load_sweep, single_case_sweep
+from attnbench.store import RunStore, default_run_dir, latest_run_dir, load_manifest, load_records
 
 
 # -- run --------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnbench.cluster import ClusterError, connect, make_security
+    from attnbench.cluster import connect, make_security
     from attnbench.runner import run_pending
 
-    sweep = load_sweep(args.sweep)
+    sweep = load_sweep(args.sweep, check_backend_name)
     if args.case:
         sweep = single_case_sweep(sweep, args.case)
     if args.out:
@@ -44,6 +36,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         run_dir = default_run_dir(sweep)
     store = RunStore(run_dir, sweep, command=sys.argv)
+    if store.resume_note:
+        print(f"attnbench: warning: {store.resume_note}", file=sys.stderr, flush=True)
     pending = store.pending()
     print(f"attnbench: sweep {sweep.name!r}: {len(sweep.cases)} cases, "
           f"{len(sweep.cases) - len(pending)} already in {run_dir}, {len(pending)} to run")
@@ -75,30 +69,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"attnbench: results in {run_dir}/ (records.jsonl, manifest.json)")
     if summary is not None and summary.interrupted:
         print(f"attnbench: interrupted; resume with: {resume}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     if summary is not None and summary.not_run:
         print(f"attnbench: {summary.not_run} cases not run; resume with: {resume}",
               file=sys.stderr)
         return EXIT_CLUSTER
     if not args.no_report:
-        report = _write_report(run_dir)
-        if report:
-            print(f"attnbench: dashboard {report}")
-    bad = sum(1 for r in records if r["verdict"] in BAD_VERDICTS)
-    return 1 if bad else 0
-
-
-def _write_report(run_dir: Path) -> Optional[Path]:
-    try:
         from attnbench.report.commands import write_report
-    except ImportError:
-        return None
-    return write_report(run_dir)
+
+        print(f"attnbench: dashboard {write_report(run_dir)}")
+    bad = sum(1 for r in records if r["verdict"] in BAD_VERDICTS)
+    return EXIT_FAILURES if bad else EXIT_OK
 
 
 # -- validate ---------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
-    sweep = load_sweep(args.sweep)
+    sweep = load_sweep(args.sweep, check_backend_name)
     counts = collections.Counter(c.backend for c in sweep.cases)
     print(f"{sweep.path}: ok: sweep {sweep.name!r}, {len(sweep.cases)} cases "
           f"({', '.join(f'{b}: {n}' for b, n in sorted(counts.items()))})")
@@ -223,15 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--all", action="store_true", help="include test-only backends and mutants")
     be.set_defaults(func=cmd_backends)
 
-    try:
-        from attnbench.report.commands import add_report_commands
-    except ImportError:
-        pass
-    else:
-        add_report_commands(sub)
-
+    from attnbench.report.commands import add_report_commands
     from attnbench.selftest import add_selftest_command
 
+    add_report_commands(sub)
     add_selftest_command(sub)
     return parser
 
@@ -249,20 +230,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         return worker_main(argv[1:])
     args = build_parser().parse_args(argv)
-    user_errors: tuple[type[Exception], ...] = (SweepError, RunDirError)
-    try:
-        from attnbench.report.data import ReportError
-
-        user_errors += (ReportError,)
-    except ImportError:
-        pass
     try:
         return args.func(args)
-    except user_errors as exc:
-        return _error(str(exc))
+    except UserError as exc:
+        print(f"attnbench: error: {exc}", file=sys.stderr)
+        return exc.exit_status
     except KeyboardInterrupt:
         print("attnbench: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

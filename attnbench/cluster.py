@@ -24,7 +24,8 @@ from typing import Iterable, Mapping, Optional
 
 from attnbench.records import make_record
 from attnbench.spec import Case, RunOptions
-from attnbench.worker import CPU_KIND, DEVICE, KIND_PREFIX, case_resources
+from attnbench.errors import ClusterError
+from attnbench.resources import CPU_KIND, DEVICE, ENV_THREADS, KIND_PREFIX, case_resources
 
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
 log = logging.getLogger("attnbench")
@@ -32,11 +33,6 @@ log = logging.getLogger("attnbench")
 LEASE_GRACE_S = 60.0
 """Beyond a case's own timeout, how long a task waits for devices a cancelled (but still
 running) case holds before it gives up."""
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot be used (unreachable, no workers, scheduler lost); the message is one
-    line for the user."""
 
 
 # -- the task ----------------------------------------------------------------------------------
@@ -49,7 +45,7 @@ def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
     from distributed import get_worker
 
     from attnbench.execution.pool import get_default_poolset
-    from attnbench.worker import ENV_THREADS, worker_leases
+    from attnbench.worker import worker_leases
 
     case = Case.from_dict(case_dict)
     options = RunOptions.from_dict(options_dict)
@@ -115,9 +111,15 @@ class WorkerInfo:
         return int(self.resources.get(DEVICE, 0))
 
     @property
+    def kinds(self) -> list[str]:
+        """Every kind it advertises: the exact one and its family (kind-H100-SXM5-80GB and
+        kind-H100)."""
+        return [k[len(KIND_PREFIX):] for k in self.resources if k.startswith(KIND_PREFIX)]
+
+    @property
     def kind(self) -> Optional[str]:
-        kinds = [k[len(KIND_PREFIX):] for k in self.resources if k.startswith(KIND_PREFIX)]
-        return kinds[0] if kinds else None
+        """The exact kind (the longest name advertised)."""
+        return max(self.kinds, key=len) if self.kinds else None
 
     def offers(self, resources: Mapping[str, float]) -> bool:
         return all(self.resources.get(k, 0) >= v for k, v in resources.items())
@@ -157,9 +159,10 @@ def plan_case(case: Case, workers: Iterable[WorkerInfo]) -> tuple[Optional[dict]
     where = describe_workers(workers)
     if not workers:
         return None, "no workers connected"
-    if case.gpu != "any" and not any(w.kind == case.gpu for w in workers):
+    if case.gpu != "any" and not any(case.gpu in w.kinds for w in workers):
         return None, f"no worker offers GPU kind {case.gpu!r} (workers: {where})"
-    largest = max((w.devices for w in workers if case.gpu in ("any", w.kind)), default=0)
+    largest = max((w.devices for w in workers if case.gpu == "any" or case.gpu in w.kinds),
+                  default=0)
     kind = "" if case.gpu == "any" else f" of kind {case.gpu}"
     return None, (f"cp={case.cp} x tp={case.tp} needs {need} devices{kind} on one worker; the "
                   f"largest offers {largest} (workers: {where})")

@@ -32,11 +32,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, TextIO
 
-from attnbench.cluster import ClusterError, Connection, WorkerInfo, plan_case, run_case_task
+from attnbench.cluster import Connection, WorkerInfo, plan_case, run_case_task
+from attnbench.errors import ClusterError
 from attnbench.records import BAD_VERDICTS, make_record
 from attnbench.spec import Case
 from attnbench.store import RunStore
-from attnbench.worker import DEVICE
+from attnbench.resources import DEVICE
 
 log = logging.getLogger("attnbench")
 
@@ -70,10 +71,12 @@ class RunSummary:
 
 class Progress:
     """One status line (rewritten on a terminal, printed every few seconds otherwise); failing
-    cases get a line of their own as they arrive."""
+    cases get a line of their own as they arrive, unless ``quiet`` (the selftest, whose mutant
+    cases fail on purpose)."""
 
-    def __init__(self, total: int, already: int, stream: TextIO = sys.stderr):
-        self.total, self.already, self.stream = total, already, stream
+    def __init__(self, total: int, already: int, stream: TextIO = sys.stderr,
+                 quiet: bool = False):
+        self.total, self.already, self.stream, self.quiet = total, already, stream, quiet
         self.done = 0
         self.counts: collections.Counter = collections.Counter()
         self.start = time.perf_counter()
@@ -83,7 +86,7 @@ class Progress:
     def update(self, record: dict) -> None:
         self.done += 1
         self.counts[record["verdict"]] += 1
-        if record["verdict"] in BAD_VERDICTS:
+        if record["verdict"] in BAD_VERDICTS and not self.quiet:
             self._clear()
             print(f"  {record['verdict'].upper():8s} {record['id'][:10]} {record['label']}: "
                   f"{record['reason']}", file=self.stream)
@@ -171,81 +174,125 @@ def _interleave_by_kind(cases: list[Case]) -> list[Case]:
 
 
 def run_pending(store: RunStore, conn: Connection, stream: TextIO = sys.stderr, *,
-                worker_wait_s: float = 60.0) -> RunSummary:
+                worker_wait_s: float = 60.0, quiet: bool = False) -> RunSummary:
     """Run the store's pending cases on ``conn``; see the module docstring for the rules."""
-    from distributed.client import FutureCancelledError
+    return SweepRun(store, conn, Progress(0, len(store.done), stream, quiet),
+                    worker_wait_s).run()
 
-    cases = list({c.id: c for c in store.pending()}.values())  # a case listed twice runs once
-    summary = RunSummary(cases=len(cases))
-    progress = Progress(len(cases), len(store.done), stream)
-    options = store.sweep.options.to_dict()
-    todo: list[Case] = []  # next case last: pop() from the end
-    held: dict[str, float] = {}  # case id -> since when it waits for workers that left
-    in_flight: dict[str, _Flight] = {}
-    done: queue_mod.Queue = queue_mod.Queue()
-    skip_reasons: set[str] = set()
-    interrupts = _Interrupts()
-    t0 = time.perf_counter()
 
-    workers: list[WorkerInfo] = conn.workers()
-    seen: dict[str, WorkerInfo] = {w.address: w for w in workers}
-    next_look = time.monotonic() + TICK_S
+class SweepRun:
+    """One pass over a run directory's pending cases. The steps: :meth:`plan` (cases no worker
+    can run are skipped now), :meth:`submit_more` (keep a bounded window in flight),
+    :meth:`collect` (a finished future becomes a record), :meth:`write` (append it, once),
+    :meth:`look_at_workers` (joins, departures, cases that wait for a worker that left)."""
 
-    def write(record: dict) -> None:
-        if record["id"] in store.done:
-            summary.duplicated += 1
-            log.warning("a second result for case %s arrived; the journal keeps the first",
-                        record["id"])
+    def __init__(self, store: RunStore, conn: Connection, progress: Progress,
+                 worker_wait_s: float = 60.0):
+        self.store, self.conn, self.progress = store, conn, progress
+        self.worker_wait_s = worker_wait_s
+        self.cases = list({c.id: c for c in store.pending()}.values())  # listed twice: run once
+        self.summary = RunSummary(cases=len(self.cases))
+        progress.total = len(self.cases)
+        self.options = store.sweep.options.to_dict()
+        self.todo: list[Case] = []  # next case last: pop() from the end
+        self.held: dict[str, float] = {}  # case id -> since when it waits for workers that left
+        self.in_flight: dict[str, _Flight] = {}
+        self.done: queue_mod.Queue = queue_mod.Queue()
+        self.skip_reasons: set[str] = set()
+        self.interrupts = _Interrupts()
+        self.workers: list[WorkerInfo] = conn.workers()
+        self.seen: dict[str, WorkerInfo] = {w.address: w for w in self.workers}
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        t0 = time.perf_counter()
+        next_look = time.monotonic() + TICK_S
+        with self.interrupts.installed():
+            try:
+                self.plan()
+                self.submit_more()
+                while self.todo or self.in_flight:
+                    self._collect_finished(max(0.0, next_look - time.monotonic()))
+                    if time.monotonic() >= next_look:
+                        self.look_at_workers()
+                        next_look = time.monotonic() + TICK_S
+                    self.submit_more()
+            except KeyboardInterrupt:
+                self.summary.interrupted = True
+                for flight in self.in_flight.values():
+                    flight.cancelled = True
+                    flight.future.cancel()
+            except ClusterError:
+                for name in ("distributed.client", "distributed.batched", "distributed.core"):
+                    logging.getLogger(name).setLevel(logging.CRITICAL)  # no reconnect noise
+                raise
+        if self.summary.not_run:
+            self.progress.note(f"{self.summary.not_run} cases not run (no worker left that can "
+                               "run them); they stay pending")
+        self.summary.wall_s = time.perf_counter() - t0
+        return self.summary
+
+    def _collect_finished(self, wait_s: float) -> None:
+        try:
+            fut = self.done.get(timeout=wait_s)
+        except queue_mod.Empty:
             return
-        with interrupts.deferred():
-            store.append(record)
-        summary.written += 1
-        summary.counts[record["verdict"]] += 1
-        summary.inside_s += record.get("duration_s") or 0.0
-        progress.update(record)
+        while fut is not None:
+            self.collect(fut)
+            try:
+                fut = self.done.get_nowait()
+            except queue_mod.Empty:
+                fut = None
 
-    def skip(case: Case, reason: str) -> None:
-        if reason not in skip_reasons:
-            skip_reasons.add(reason)
-            progress.note(f"skipping cases no worker can run: {reason}")
-        write(make_record(case, verdict="skipped", reason=reason))
-
-    def limit() -> int:
-        return max(2, 2 * sum(w.devices for w in workers))
-
-    def submit_more() -> None:
-        parked = []
-        while todo and len(in_flight) < limit():
-            case = todo.pop()
-            resources, reason = plan_case(case, workers)
+    # -- the steps -----------------------------------------------------------------------------
+    def plan(self) -> None:
+        """Everything no worker can run is reported now, not when its turn comes."""
+        for case in _interleave_by_kind(self.cases):
+            resources, reason = plan_case(case, self.workers)
             if resources is None:
-                if plan_case(case, seen.values())[0] is not None:  # its workers may come back
-                    held.setdefault(case.id, time.monotonic())
+                self.skip(case, reason)
+            else:
+                self.todo.append(case)
+        self.todo.reverse()
+
+    def limit(self) -> int:
+        return max(2, 2 * sum(w.devices for w in self.workers))
+
+    def submit_more(self) -> None:
+        parked = []
+        while self.todo and len(self.in_flight) < self.limit():
+            case = self.todo.pop()
+            resources, reason = plan_case(case, self.workers)
+            if resources is None:
+                if plan_case(case, self.seen.values())[0] is not None:  # they may come back
+                    self.held.setdefault(case.id, time.monotonic())
                     parked.append(case)
                     continue
-                skip(case, reason)
+                self.skip(case, reason)
                 continue
-            held.pop(case.id, None)
-            fut = conn.client.submit(run_case_task, case.to_dict(), options, 1,
-                                     resources[DEVICE], resources=resources,
-                                     key=f"case-{case.id}-{time.monotonic_ns()}", pure=False)
-            in_flight[fut.key] = _Flight(case, fut)
-            summary.submitted += 1
-            fut.add_done_callback(done.put)
-        todo.extend(reversed(parked))
+            self.held.pop(case.id, None)
+            fut = self.conn.client.submit(run_case_task, case.to_dict(), self.options, 1,
+                                          resources[DEVICE], resources=resources,
+                                          key=f"case-{case.id}-{time.monotonic_ns()}", pure=False)
+            self.in_flight[fut.key] = _Flight(case, fut)
+            self.summary.submitted += 1
+            fut.add_done_callback(self.done.put)
+        self.todo.extend(reversed(parked))
 
-    def collect(fut) -> None:
-        flight = in_flight.pop(fut.key, None)
+    def collect(self, fut) -> None:
+        from distributed.client import FutureCancelledError
+
+        flight = self.in_flight.pop(fut.key, None)
         if flight is None or flight.cancelled:
             return
         try:
             record = fut.result()
         except FutureCancelledError as exc:
             if exc.reason == "scheduler-connection-lost":
-                raise scheduler_lost(len(in_flight) + 1) from None
-            summary.not_run += 1
-            progress.note(f"case {flight.case.id[:10]} was cancelled from outside "
-                          f"({exc.reason}); it stays pending")
+                raise self.scheduler_lost(len(self.in_flight) + 1) from None
+            self.summary.not_run += 1
+            self.progress.note(f"case {flight.case.id[:10]} was cancelled from outside "
+                               f"({exc.reason}); it stays pending")
             return
         except Exception as exc:  # the task itself failed: KilledWorker, lease timeout, ...
             record = make_record(flight.case, verdict="lost",
@@ -254,79 +301,64 @@ def run_pending(store: RunStore, conn: Connection, stream: TextIO = sys.stderr, 
             record = make_record(flight.case, verdict="error", reason=(
                 f"the worker returned a record for case {record.get('id')!r}: does it run "
                 f"another attnbench version ({(record.get('env') or {}).get('attnbench')})?"))
-        write(record)
+        self.write(record)
 
-    def scheduler_lost(in_flight_count: int) -> ClusterError:
-        return ClusterError(f"lost the connection to the Dask scheduler ({conn.where}); "
-                            f"{summary.written} records written by this run, "
+    def write(self, record: dict) -> None:
+        if record["id"] in self.store.done:
+            self.summary.duplicated += 1
+            log.warning("a second result for case %s arrived; the journal keeps the first",
+                        record["id"])
+            return
+        with self.interrupts.deferred():
+            note = self.store.append(record)
+        if note:
+            self.progress.note(note)
+        self.summary.written += 1
+        self.summary.counts[record["verdict"]] += 1
+        self.summary.inside_s += record.get("duration_s") or 0.0
+        self.progress.update(record)
+
+    def skip(self, case: Case, reason: str) -> None:
+        if reason not in self.skip_reasons:
+            self.skip_reasons.add(reason)
+            self.progress.note(f"skipping cases no worker can run: {reason}")
+        self.write(make_record(case, verdict="skipped", reason=reason))
+
+    def scheduler_lost(self, in_flight_count: int) -> ClusterError:
+        return ClusterError(f"lost the connection to the Dask scheduler ({self.conn.where}); "
+                            f"{self.summary.written} records written by this run, "
                             f"{in_flight_count} cases in flight not recorded")
 
-    def look_at_workers() -> None:
-        nonlocal workers
+    def look_at_workers(self) -> None:
         try:
-            if conn.client.status not in ("running", "newly-created"):
-                raise OSError(f"client status {conn.client.status}")
-            workers = conn.workers()
+            if self.conn.client.status not in ("running", "newly-created"):
+                raise OSError(f"client status {self.conn.client.status}")
+            self.workers = self.conn.workers()
         except OSError:  # CommClosedError and timeouts included
-            raise scheduler_lost(len(in_flight)) from None
-        seen.update((w.address, w) for w in workers)
+            raise self.scheduler_lost(len(self.in_flight)) from None
+        self.seen.update((w.address, w) for w in self.workers)
         now = time.monotonic()
-        for flight in list(in_flight.values()):
-            if plan_case(flight.case, workers)[0] is not None:
-                flight.stuck_since = None
-                continue
-            if flight.stuck_since is None:
-                flight.stuck_since = now
-                progress.note(f"case {flight.case.id[:10]} waits for a worker: "
-                              f"{plan_case(flight.case, seen.values())[1] or 'its worker left'}"
-                              f"; giving up after {worker_wait_s:g} s")
-            elif now - flight.stuck_since > worker_wait_s:
-                flight.cancelled = True
-                flight.future.cancel()
-                in_flight.pop(flight.future.key, None)
-                summary.not_run += 1
-        for case in [c for c in todo if c.id in held and now - held[c.id] > worker_wait_s]:
-            todo.remove(case)
-            held.pop(case.id)
-            summary.not_run += 1
+        for flight in list(self.in_flight.values()):
+            self._check_stuck(flight, now)
+        for case in [c for c in self.todo
+                     if c.id in self.held and now - self.held[c.id] > self.worker_wait_s]:
+            self.todo.remove(case)
+            self.held.pop(case.id)
+            self.summary.not_run += 1
 
-    with interrupts.installed():
-        try:
-            # Everything no worker can run is reported now, not when its turn comes.
-            for case in _interleave_by_kind(cases):
-                resources, reason = plan_case(case, workers)
-                if resources is None:
-                    skip(case, reason)
-                else:
-                    todo.append(case)
-            todo.reverse()
-            submit_more()
-            while todo or in_flight:
-                try:
-                    fut = done.get(timeout=max(0.0, next_look - time.monotonic()))
-                except queue_mod.Empty:
-                    fut = None
-                while fut is not None:
-                    collect(fut)
-                    try:
-                        fut = done.get_nowait()
-                    except queue_mod.Empty:
-                        fut = None
-                if time.monotonic() >= next_look:
-                    look_at_workers()
-                    next_look = time.monotonic() + TICK_S
-                submit_more()
-        except KeyboardInterrupt:
-            summary.interrupted = True
-            for flight in in_flight.values():
-                flight.cancelled = True
-                flight.future.cancel()
-        except ClusterError:
-            for name in ("distributed.client", "distributed.batched", "distributed.core"):
-                logging.getLogger(name).setLevel(logging.CRITICAL)  # no reconnect noise
-            raise
-    if summary.not_run:
-        progress.note(f"{summary.not_run} cases not run (no worker left that can run them); "
-                      "they stay pending")
-    summary.wall_s = time.perf_counter() - t0
-    return summary
+    def _check_stuck(self, flight: _Flight, now: float) -> None:
+        """A case in flight whose workers all left waits ``worker_wait_s``, then is cancelled
+        (it stays pending)."""
+        if plan_case(flight.case, self.workers)[0] is not None:
+            flight.stuck_since = None
+            return
+        if flight.stuck_since is None:
+            flight.stuck_since = now
+            why = plan_case(flight.case, self.seen.values())[1] or "its worker left"
+            self.progress.note(f"case {flight.case.id[:10]} waits for a worker: {why}; giving "
+                               f"up after {self.worker_wait_s:g} s")
+        elif now - flight.stuck_since > self.worker_wait_s:
+            flight.cancelled = True
+            flight.future.cancel()
+            self.in_flight.pop(flight.future.key, None)
+            self.summary.not_run += 1

@@ -25,18 +25,18 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import io
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, TextIO
 
+from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_OK, ClusterError
 from attnbench.mutants.catalogue import CATALOGUE, CONTROL, Mutant, by_name
 from attnbench.records import BAD_VERDICTS
+from attnbench.resources import ENV_DEVICE, ENV_THREADS
 from attnbench.spec import Case, RunOptions, Sweep, TimingOptions, load_sweep
 
 DEFAULT_SWEEP = Path(__file__).resolve().parent.parent / "sweeps" / "standard.yaml"
@@ -88,36 +88,6 @@ def make_plan(sweep: Sweep, *, seeds: int = 1, mutants: Sequence[Mutant] = CATAL
 # -- running them ----------------------------------------------------------------------------------
 
 
-class _QuietStream(io.TextIOBase):
-    """The runner's progress without its one line per failing case (most selftest cases fail on
-    purpose); status lines and notes pass through. Lines are filtered whole: the runner writes
-    a case line and its newline in separate calls."""
-
-    _CASE_LINE = re.compile(r"^(\r\x1b\[K)?\s+[A-Z]+\s+[0-9a-f]{10} ")
-    _STATUS = "\r\x1b[K["  # a terminal's rewritten status line, no newline until the end
-
-    def __init__(self, stream: TextIO):
-        self.stream = stream
-        self.pending = ""
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-    def write(self, text: str) -> int:
-        self.pending += text
-        while "\n" in self.pending:
-            line, self.pending = self.pending.split("\n", 1)
-            if not self._CASE_LINE.match(line):
-                self.stream.write(line + "\n")
-        if self.pending.startswith(self._STATUS):
-            self.stream.write(self.pending)
-            self.pending = ""
-        return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-
 def run_with_dask(sweep: Sweep, run_dir: Path, *, scheduler: Optional[str] = None,
                   workers: Optional[int] = None, stream: TextIO = sys.stderr) -> list[dict]:
     """The normal path: a run directory, Dask, rank pools. Resumes a run directory."""
@@ -132,7 +102,7 @@ def run_with_dask(sweep: Sweep, run_dir: Path, *, scheduler: Optional[str] = Non
             try:
                 print(f"attnbench selftest: {len(store.pending())} cases on {conn.where}",
                       file=stream)
-                run_pending(store, conn, stream=_QuietStream(stream))
+                run_pending(store, conn, stream=stream, quiet=True)
             finally:
                 conn.close()
     finally:
@@ -390,14 +360,13 @@ def _choose_device(device: str) -> Optional[str]:
     if device == "cuda" and not gpus:
         return "--device cuda: no CUDA device is visible"
     if device == "cpu" or not gpus:
-        os.environ["ATTNBENCH_DEVICE"] = "cpu"
+        os.environ[ENV_DEVICE] = "cpu"
         os.environ.setdefault("TRITON_INTERPRET", "1")  # our kernels on CPU: the interpreter
     return None
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from attnbench.cli import EXIT_BAD_INPUT, EXIT_CLUSTER
-    from attnbench.cluster import ClusterError
+    from attnbench.backends import check_backend_name
     from attnbench.store import default_run_dir
 
     if args.seeds < 1:
@@ -411,14 +380,12 @@ def cmd_selftest(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     # Accuracy only, many small cases: one torch thread per rank. Two threads per rank on a
     # busy 2-core machine ran the selftest ~10x slower (OpenMP threads waiting on each other).
-    from attnbench.worker import ENV_THREADS
-
     os.environ.setdefault(ENV_THREADS, "1")
-    problem = _choose_device(args.device)
+    problem = _choose_device(args.device)  # before anything starts a rank process
     if problem:
         print(f"attnbench: error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    sweep = load_sweep(args.sweep)
+    sweep = load_sweep(args.sweep, check_backend_name)
     try:
         plan = make_plan(sweep, seeds=args.seeds, mutants=mutants,
                          controls=not args.no_controls)
@@ -456,4 +423,4 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     ok, text = summary(results, controls)
     print(text + f" ({time.perf_counter() - t0:.0f} s"
           + (f"; records in {run_dir}/" if run_dir else "") + ")")
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_FAILURES

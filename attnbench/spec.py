@@ -26,9 +26,11 @@ import itertools
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import yaml
+
+from attnbench.errors import SweepError
 
 DTYPES = ("fp32", "fp16", "bf16")
 DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
@@ -36,10 +38,6 @@ MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
 INPUTS = ("normal", "large_logits", "outliers")
 CP_ALGOS = ("ring", "zigzag", "allgather")
-
-
-class SweepError(ValueError):
-    """A sweep file (or a case) is malformed; the message is ready to show to a user."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -165,7 +163,17 @@ class TimingOptions:
 
     enabled: bool = True
     warmup: int = 2
-    """Untimed calls before sampling (compilation, allocator, caches)."""
+    """Untimed calls before sampling, at least (compilation, allocator, caches)."""
+    warmup_ms: float = field(default=25.0, metadata={"minimum": 0.0})
+    """...and at least this much measured time in those calls (GPU clocks ramp up; do_bench's
+    default). CPU correctness sweeps set 0."""
+    min_sample_ms: float = field(default=0.1, metadata={"minimum": 0.0})
+    """A call shorter than this is repeated within one sample (``calls_per_sample``), so a
+    sample is not mostly event resolution and launch latency. 0 = always one call."""
+    mode: str = field(default="eager", metadata={"choices": ("eager", "graph")})
+    """eager: the backend's calls as a user makes them; graph: captured once into a CUDA graph
+    and replayed (no host launch overhead; falls back to eager, with a note, when a backend
+    cannot be captured)."""
     min_samples: int = 5
     max_samples: int = 100
     target_rel_iqr: float = 0.05
@@ -313,9 +321,15 @@ def make_case(where: str, values: Mapping[str, Any]) -> Case:
     return case
 
 
-def load_sweep(path: str | Path, backend_check=None) -> Sweep:
+BackendCheck = Callable[[str], Optional[str]]
+"""name -> None if the backend name can be resolved, else why not (the CLI passes
+:func:`attnbench.backends.check_backend_name`; this module knows no registry)."""
+
+
+def load_sweep(path: str | Path, backend_check: Optional[BackendCheck] = None) -> Sweep:
     """Read, validate and expand a sweep file. Raises :class:`SweepError` with a user-ready
-    message (``FILE: FIELD: ...``) on any mistake."""
+    message (``FILE: FIELD: ...``) on any mistake. ``backend_check`` validates backend names
+    (default: any non-empty name)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -324,9 +338,9 @@ def load_sweep(path: str | Path, backend_check=None) -> Sweep:
     return parse_sweep(text, str(path), backend_check)
 
 
-def parse_sweep(text: str, filename: str, backend_check=None) -> Sweep:
+def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] = None) -> Sweep:
     if backend_check is None:
-        from attnbench.backends import check_backend_name as backend_check
+        backend_check = _any_backend
     try:
         data = yaml.safe_load(text)  # data only: no tags that construct objects
     except yaml.YAMLError as exc:
@@ -408,6 +422,10 @@ def parse_sweep(text: str, filename: str, backend_check=None) -> Sweep:
                  description=str(desc))
 
 
+def _any_backend(name: str) -> Optional[str]:
+    return None
+
+
 def _show(values: Mapping[str, Any], name: str) -> str:
     if name == "mask":
         return Case(backend="x", **{k: values[k] for k in ("mask", "window_left", "window_right")
@@ -450,14 +468,27 @@ def _parse_options(filename: str, raw: Mapping[str, Any]) -> RunOptions:
                     raise SweepError(f"{filename}: options.timing.{tkey}: unknown option, expected "
                                      f"one of {', '.join(timing_known)}")
                 timing[tkey] = _check_option(filename, f"options.timing.{tkey}",
-                                             timing_known[tkey].default, tval)
+                                             timing_known[tkey], tval)
             clean["timing"] = timing
         else:
-            clean[key] = _check_option(filename, f"options.{key}", known[key].default, value)
+            clean[key] = _check_option(filename, f"options.{key}", known[key], value)
     return RunOptions.from_dict(clean)
 
 
-def _check_option(filename: str, where: str, default: Any, value: Any) -> Any:
+def _check_option(filename: str, where: str, spec: dataclasses.Field, value: Any) -> Any:
+    default = spec.default
+    choices = spec.metadata.get("choices")
+    if choices is not None:
+        if value not in choices:
+            raise SweepError(f"{filename}: {where}: got {value!r}, expected one of "
+                             f"{', '.join(choices)}")
+        return value
+    minimum = spec.metadata.get("minimum")
+    if minimum is not None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < minimum:
+            raise SweepError(f"{filename}: {where}: got {value!r}, expected a number >= "
+                             f"{minimum:g}")
+        return float(value)
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise SweepError(f"{filename}: {where}: got {value!r}, expected true or false")

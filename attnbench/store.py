@@ -20,14 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from attnbench.errors import RunDirError
 from attnbench.spec import Sweep
 
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
-
-
-class RunDirError(ValueError):
-    """A run directory that cannot be used; the message names the file and what is wrong."""
 
 
 def default_run_dir(sweep: Sweep, root: Path = Path("results")) -> Path:
@@ -48,16 +45,28 @@ def latest_run_dir(sweep: Sweep, root: Path = Path("results")) -> Optional[Path]
     return max(candidates)[1] if candidates else None
 
 
-def _versions() -> dict[str, Optional[str]]:
-    from importlib import metadata
+def client_environment() -> dict[str, Any]:
+    """Versions where the run is driven from (read from package metadata: the client never
+    imports torch) and the project's git commit."""
+    from attnbench.hardware.software import distribution_version, git_state
 
-    out: dict[str, Optional[str]] = {"python": sys.version.split()[0]}
+    out: dict[str, Any] = {"python": sys.version.split()[0]}
     for dist in ("torch", "triton", "dask", "distributed", "attnbench"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+        out[dist] = distribution_version(dist)
+    return {**out, **git_state()}
+
+
+# What makes two records' environments different enough to say so (see :meth:`RunStore.append`).
+_ENV_KEYS = ("gpu_kind", "driver_version", "cuda_runtime", "cudnn", "nccl", "torch", "triton",
+             "commit", "dirty", "sm_clock_max_mhz", "sm_clock_app_mhz", "memory_clock_max_mhz",
+             "power_limit_w", "power_limit_enforced_w")
+
+
+def record_environment(env: dict) -> dict[str, Any]:
+    """The parts of a record's env that a comparison of numbers depends on."""
+    flat = {**(env.get("identity") or {}), **(env.get("software") or {}),
+            **{k: v for k, v in env.items() if not isinstance(v, dict)}}
+    return {k: flat.get(k) for k in _ENV_KEYS}
 
 
 class RunStore:
@@ -69,6 +78,9 @@ class RunStore:
         self.manifest_path = self.dir / MANIFEST
         self.records_path = self.dir / RECORDS
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.resume_note = ""
+        """Set when this run directory is resumed in another environment than it began in."""
+        client = client_environment()
         if self.manifest_path.exists():
             self.manifest = load_manifest(self.dir)
             old = self.manifest.get("sweep", {})
@@ -78,6 +90,7 @@ class RunStore:
                     f"({old.get('cases')} cases, digest {old.get('digest')}), not "
                     f"{sweep.name!r} ({len(sweep.cases)} cases, digest {sweep.digest}); "
                     "choose another --out to start a new run")
+            self._note_resume(client)
         else:
             self.manifest = {
                 "run_id": self.dir.name,
@@ -87,11 +100,12 @@ class RunStore:
                           "cases": len(sweep.cases), "source": sweep.source,
                           "description": sweep.description},
                 "options": sweep.options.to_dict(),
-                "attnbench": _versions().get("attnbench"),
-                "versions": _versions(),
+                "attnbench": client.get("attnbench"),
+                "versions": client,
                 "client_host": socket.gethostname(),
                 "hosts": [],
                 "devices": [],
+                "environments": [],
             }
             self._write_manifest()
         self._repair_tail()
@@ -110,17 +124,51 @@ class RunStore:
             cut = data.rfind(b"\n") + 1
             fh.truncate(cut)
 
-    def append(self, record: dict[str, Any]) -> None:
+    def _note_resume(self, client: dict[str, Any]) -> None:
+        """A resumed run remembers where each session ran from, and says so when it differs."""
+        from attnbench.hardware import environment_differences
+
+        before = self.manifest.get("versions") or {}
+        changed = environment_differences(before, client)
+        if changed:
+            self.resume_note = ("this run was started in another environment; its records "
+                                "will mix the two: " + "; ".join(changed))
+        self.manifest.setdefault("resumed", []).append(
+            {"at": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+             "versions": client, "differences": changed})
+        self._write_manifest()
+
+    def append(self, record: dict[str, Any]) -> Optional[str]:
+        """Append one record (flushed and synced). Returns a note when the record comes from an
+        environment (driver, CUDA, torch, clocks, commit, ...) the run has not seen before while
+        earlier records of the same GPU kind came from another one."""
         self._fh.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())
         self.done[record["id"]] = record
-        self._note_env(record.get("env") or {})
+        return self._note_env(record.get("env") or {})
 
-    def _note_env(self, env: dict) -> None:
+    def _note_env(self, env: dict) -> Optional[str]:
+        from attnbench.hardware import environment_differences
+
+        note = None
         host = env.get("host")
         device = {k: env.get(k) for k in ("host", "device", "gpu_kind", "device_name")}
         changed = False
+        if env.get("device"):
+            seen = self.manifest.setdefault("environments", [])
+            current = record_environment(env)
+            if current not in seen:
+                # Against the same kind only: a sweep over H100s and A100s is two
+                # environments by design.
+                same_kind = [e for e in seen if e.get("gpu_kind") == current["gpu_kind"]]
+                if same_kind:
+                    differences = environment_differences(same_kind[-1], current)
+                    if differences:
+                        note = ("records now come from another environment than earlier ones: "
+                                + "; ".join(differences))
+                seen.append(current)
+                changed = True
         if host and host not in self.manifest["hosts"]:
             self.manifest["hosts"].append(host)
             changed = True
@@ -129,6 +177,7 @@ class RunStore:
             changed = True
         if changed:
             self._write_manifest()
+        return note
 
     def _write_manifest(self) -> None:
         tmp = self.manifest_path.with_suffix(".json.tmp")

@@ -40,40 +40,14 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional, Sequence
 
+from attnbench.resources import (CPU_KIND, DEVICE, ENV_DEVICE_KIND, ENV_FAMILY, ENV_IDS, ENV_KIND,
+                                 ENV_THREADS, ENV_TYPE, KIND_PREFIX, node_resources)
+
 log = logging.getLogger("attnbench.worker")
 
-DEVICE = "device"
-"""Resource name of one exclusive unit (a GPU, or a CPU slot)."""
-KIND_PREFIX = "kind-"
-CPU_KIND = "cpu"
-
-# Environment of the worker process, set by `attnbench worker` (and the embedded cluster) for
-# the lease table; a plain `dask worker` has none of them and falls back to its resources.
-ENV_IDS = "ATTNBENCH_DEVICE_IDS"        # "0,1,2,3" (GPU ids as CUDA_VISIBLE_DEVICES takes them)
-ENV_TYPE = "ATTNBENCH_DEVICE_TYPE"      # "gpu" or "cpu"
-ENV_KIND = "ATTNBENCH_KIND"             # the advertised kind
-ENV_DEVICE_KIND = "ATTNBENCH_DEVICE_KIND"  # the detected kind (differs under --kind)
-ENV_THREADS = "ATTNBENCH_THREADS"       # torch threads per rank
-
-_KIND_RE = re.compile(r"^[A-Za-z0-9_.+]+$")
+_KIND_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _NVIDIA_SMI_TIMEOUT_S = 30.0
 _TORCH_PROBE_TIMEOUT_S = 120.0  # importing torch and creating a CUDA context on a busy node
-
-
-def kind_resource(kind: str) -> str:
-    return KIND_PREFIX + kind
-
-
-def node_resources(kind: str, count: int) -> dict[str, int]:
-    """What a worker with ``count`` units of ``kind`` advertises."""
-    return {DEVICE: count, kind_resource(kind): count}
-
-
-def case_resources(gpu: str, devices: int) -> dict[str, int]:
-    """What a case asks for: ``devices`` units, of kind ``gpu`` unless it is ``any``."""
-    if gpu == "any":
-        return {DEVICE: devices}
-    return {DEVICE: devices, kind_resource(gpu): devices}
 
 
 # -- what a node has ---------------------------------------------------------------------------
@@ -84,9 +58,11 @@ class NodeDevices:
     """The units one worker offers."""
 
     kind: str
-    """Advertised kind (``H100``, ``cpu``, or what ``--kind`` says)."""
+    """Advertised kind (``H100-SXM5-80GB``, ``cpu``, or what ``--kind`` says)."""
     detected_kind: str
     """Kind of the hardware found (``cpu`` on a CPU-only node)."""
+    family: str = ""
+    """Advertised too, when it differs from the kind (``H100``); empty under ``--kind``."""
     gpu: bool
     """True: ``ids`` are GPUs; False: CPU slots."""
     ids: tuple[str, ...]
@@ -98,7 +74,7 @@ class NodeDevices:
 
     @property
     def resources(self) -> dict[str, int]:
-        return node_resources(self.kind, len(self.ids))
+        return node_resources(self.kind, len(self.ids), self.family)
 
     def describe(self) -> str:
         ids = ",".join(self.ids)
@@ -115,7 +91,7 @@ class NodeDevices:
         """Environment of the worker process, read by :func:`worker_leases`."""
         return {ENV_IDS: ",".join(self.ids), ENV_TYPE: "gpu" if self.gpu else "cpu",
                 ENV_KIND: self.kind, ENV_DEVICE_KIND: self.detected_kind,
-                ENV_THREADS: str(self.threads)}
+                ENV_FAMILY: self.family, ENV_THREADS: str(self.threads)}
 
 
 class DetectionError(RuntimeError):
@@ -133,13 +109,17 @@ def _visible_entries() -> Optional[list[str]]:
     return entries
 
 
-def _nvidia_smi() -> Optional[list[tuple[str, str, str]]]:
-    """(index, uuid, name) of every GPU the driver sees; None when nvidia-smi is unusable."""
+_SMI_FIELDS = "index,uuid,name,memory.total,pci.device_id"
+
+
+def _nvidia_smi() -> Optional[list[tuple[str, ...]]]:
+    """(index, uuid, name, memory, pci device id) of every GPU the driver sees, as nvidia-smi
+    prints them; None when nvidia-smi is unusable."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
     try:
-        proc = subprocess.run([exe, "--query-gpu=index,uuid,name", "--format=csv,noheader"],
+        proc = subprocess.run([exe, f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=_NVIDIA_SMI_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("nvidia-smi failed (%s); asking torch instead", exc)
@@ -149,9 +129,9 @@ def _nvidia_smi() -> Optional[list[tuple[str, str, str]]]:
         return None
     rows = []
     for line in proc.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",", 2)]
-        if len(parts) == 3:
-            rows.append((parts[0], parts[1], parts[2]))
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 5:  # a name with commas keeps them: the last two fields are numbers
+            rows.append((parts[0], parts[1], ",".join(parts[2:-2]), parts[-2], parts[-1]))
     return rows
 
 
@@ -179,25 +159,23 @@ def _might_have_gpus() -> bool:
     return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd", "/proc/driver/nvidia"))
 
 
-def detect_gpus() -> list[tuple[str, str]]:
-    """(id, name) of the GPUs this process may use, ids as ``CUDA_VISIBLE_DEVICES`` takes them.
-    Never initialises CUDA in this process."""
+def detect_gpus() -> list[tuple[str, ...]]:
+    """(id, name[, memory, pci device id]) of the GPUs this process may use, ids as
+    ``CUDA_VISIBLE_DEVICES`` takes them. Never initialises CUDA in this process."""
     visible = _visible_entries()
     if visible == []:
         return []
     rows = _nvidia_smi()
     if rows is not None:
         if visible is None:
-            return [(index, name) for index, _, name in rows]
-        by_index = {index: name for index, _, name in rows}
+            return [(index, *rest) for index, _, *rest in rows]
         found = []
         for entry in visible:
-            name = by_index.get(entry) or next(
-                (n for _, uuid, n in rows if entry.startswith("GPU-") and uuid.startswith(entry)),
-                None)
-            if name is None:  # MIG instances and the like: let torch say what it sees
+            row = next((r for r in rows if r[0] == entry
+                        or (entry.startswith("GPU-") and r[1].startswith(entry))), None)
+            if row is None:  # MIG instances and the like: let torch say what it sees
                 break
-            found.append((entry, name))
+            found.append((entry, *row[2:]))
         else:
             return found
     elif not _might_have_gpus():
@@ -208,25 +186,27 @@ def detect_gpus() -> list[tuple[str, str]]:
 
 
 def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
-                gpus: Optional[Sequence[tuple[str, str]]] = None) -> NodeDevices:
+                gpus: Optional[Sequence[tuple[str, ...]]] = None) -> NodeDevices:
     """The units this node offers: its GPUs, else ``slots`` CPU slots (default: one per core,
     each rank single-threaded: on 2 cores the 78-case smoke sweep took 9.0 s with 2 slots x 1
     thread and 28.3 s with 1 slot x 2 threads -- small attention ops gain nothing from
     intra-op threads, and CPU timings are for correctness runs, not for comparison).
     ``kind`` overrides the advertised kind (tests use it to pretend several kinds)."""
-    from attnbench.flops import gpu_kind
+    from attnbench.hardware import kind_from_name
 
     if kind is not None and not _KIND_RE.match(kind):
-        raise DetectionError(f"--kind: got {kind!r}, expected letters, digits, '_', '.' or '+' "
-                             "(it becomes the Dask resource name kind-<KIND>)")
+        raise DetectionError(f"--kind: got {kind!r}, expected letters, digits, '_', '.', '+' or "
+                             "'-' (it becomes the Dask resource name kind-<KIND>)")
     gpus = detect_gpus() if gpus is None else list(gpus)
     cores = os.cpu_count() or 1
     threads = int(os.environ.get(ENV_THREADS) or 0)  # the user's choice wins
     if gpus:
-        kinds = sorted({gpu_kind(name) for _, name in gpus})
+        found = [kind_from_name(*gpu[1:]) for gpu in gpus]  # (name, memory, pci id)
+        kinds = sorted({k.kind for k in found})
         if len(kinds) > 1:
             per_kind = "; ".join(
-                f"{k}: CUDA_VISIBLE_DEVICES={','.join(i for i, n in gpus if gpu_kind(n) == k)}"
+                f"{k}: CUDA_VISIBLE_DEVICES="
+                f"{','.join(gpu[0] for gpu, f in zip(gpus, found) if f.kind == k)}"
                 for k in kinds)
             raise DetectionError(f"this node has GPUs of several kinds ({', '.join(kinds)}); "
                                  f"start one worker per kind: {per_kind} attnbench worker ...")
@@ -234,7 +214,8 @@ def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
             raise DetectionError("--slots is for CPU-only nodes; choose GPUs with "
                                  "CUDA_VISIBLE_DEVICES")
         return NodeDevices(kind=kind or kinds[0], detected_kind=kinds[0], gpu=True,
-                           ids=tuple(i for i, _ in gpus), names=tuple(n for _, n in gpus),
+                           family="" if kind else found[0].family,
+                           ids=tuple(gpu[0] for gpu in gpus), names=tuple(gpu[1] for gpu in gpus),
                            threads=threads or max(1, cores // len(gpus)))
     if slots is not None and slots < 1:
         raise DetectionError(f"--slots: got {slots}, expected >= 1")
@@ -325,11 +306,12 @@ class DeviceLeases:
         worker's Dask resources (``dask worker --resources "device=4 kind-H100=4"``)."""
         kinds = [k[len(KIND_PREFIX):] for k in resources if k.startswith(KIND_PREFIX)]
         if environ.get(ENV_IDS):
-            kind = environ.get(ENV_KIND) or (kinds[0] if kinds else CPU_KIND)
+            kind = environ.get(ENV_KIND) or (max(kinds, key=len) if kinds else CPU_KIND)
             return cls(environ[ENV_IDS].split(","), kind=kind, gpu=environ.get(ENV_TYPE) == "gpu",
                        detected_kind=environ.get(ENV_DEVICE_KIND))
         count = int(resources.get(DEVICE, 0))
-        kind = kinds[0] if len(kinds) == 1 else CPU_KIND
+        # An exact kind and its family (kind-H100-SXM5-80GB, kind-H100): the longer is exact.
+        kind = max(kinds, key=len) if kinds else CPU_KIND
         gpu = kind != CPU_KIND
         visible = [e.strip() for e in environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
                    if e.strip()]

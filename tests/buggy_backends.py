@@ -51,7 +51,7 @@ class StaleStatsBackward(HiddenMask):
     def backward(self, ctx, dout):
         import torch
 
-        from attnbench.backends.naive import dense_masks
+        from attnbench.backends.masks import dense_masks
 
         q, k, v, spec = ctx
         qf, kf, vf, dof = (t.float() for t in (q, k, v, dout))

@@ -11,10 +11,13 @@ Loaded by the test modules with :func:`load` (tests/ is not a package).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SWEEP = "tests/data/tiny.yaml"  # relative: the manifest keeps it for repro commands
@@ -42,9 +45,18 @@ def tiny_run(base: Path) -> Path:
     return out
 
 
+UPGRADED = {"driver_version": "560.35.03", "cuda_runtime": "12.6", "cuda_driver_version": "12.6"}
+
+
 def synthetic_runs(base: Path) -> dict[str, Path]:
-    """h100 (the baseline), h100-slower (triton 20% slower, one more failure, another torch),
-    a100 (the same sweep on another GPU kind) and mixed (H100 and A100 in one run)."""
+    """Records as written before exact identity (coarse kinds, no noisy/GB/s/memory): h100 (the
+    baseline), h100-slower (triton 20% slower, one more failure, another torch), a100 (the same
+    sweep on another GPU kind) and mixed (H100 and A100 in one run).
+
+    Records with every field of today (exact kinds, identity, software, noisy, GB/s, memory):
+    sxm (H100 SXM5), sxm-upgraded (the same card after a driver, CUDA and torch upgrade; triton
+    20% slower but its timings never settled), pcie (the same sweep on an H100 PCIe) and
+    sxm-timed (a speed-only run, `accuracy: false`, whose sdpa_flash timings are noisy)."""
     from attnbench.report.synthetic import write_synthetic_run
 
     specs = {
@@ -53,6 +65,12 @@ def synthetic_runs(base: Path) -> dict[str, Path]:
                             torch_version="2.6.0+cu126"),
         "a100": dict(gpus=["A100"], seed=2),
         "mixed": dict(gpus=["H100", "A100"], seed=3),
+        "sxm": dict(gpus=["H100-SXM5-80GB"], seed=0),
+        "sxm-upgraded": dict(gpus=["H100-SXM5-80GB"], seed=1, slowdown=1.2, noisy_backend="triton",
+                             torch_version="2.6.0+cu126", software=UPGRADED),
+        "pcie": dict(gpus=["H100-PCIe-80GB"], seed=2),
+        "sxm-timed": dict(gpus=["H100-SXM5-80GB"], seed=3, accuracy=False,
+                          noisy_backend="sdpa_flash"),
     }
     runs = {}
     for name, kw in specs.items():
@@ -74,6 +92,19 @@ def report(base: Path, name: str, run_dir: Path) -> Path:
         assert index == out / "index.html"
         (out / ".done").touch()
     return out / "index.html"
+
+
+def edit_run(src: Path, dst: Path, edit: Callable[[dict], None]) -> Path:
+    """A copy of run ``src`` at ``dst`` (its run id: ``dst``'s name) whose records went
+    through ``edit(record)``."""
+    shutil.copytree(src, dst)
+    records = [json.loads(line) for line in (dst / "records.jsonl").read_text().splitlines()]
+    for rec in records:
+        edit(rec)
+    (dst / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = json.loads((dst / "manifest.json").read_text())
+    (dst / "manifest.json").write_text(json.dumps({**manifest, "run_id": dst.name}))
+    return dst
 
 
 def artifacts_dir() -> Path:

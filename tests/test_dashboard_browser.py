@@ -171,7 +171,8 @@ def browser(tmp_path_factory):
 def reports(base) -> dict[str, Path]:
     synthetic = runs.synthetic_runs(base)
     return {"tiny": runs.report(base, "tiny", runs.tiny_run(base)),
-            "mixed": runs.report(base, "mixed", synthetic["mixed"])}
+            "mixed": runs.report(base, "mixed", synthetic["mixed"]),
+            "sxm-timed": runs.report(base, "sxm-timed", synthetic["sxm-timed"])}
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +210,7 @@ def _check_page(browser: Browser, url: str) -> list[dict]:
     return images
 
 
-@pytest.mark.parametrize("name", ["tiny", "mixed"])
+@pytest.mark.parametrize("name", ["tiny", "mixed", "sxm-timed"])
 def test_report_loads_from_file_url(browser, reports, name):
     index = reports[name]
     images = _check_page(browser, index.as_uri())
@@ -276,20 +277,60 @@ def test_records_table_filters_sorts_and_searches(browser, reports, base):
     assert browser.console_errors() == []
 
 
-def test_compare_dashboard_loads(browser, base, tmp_path):
-    from attnbench.report.compare import run_compare
+def _open_compare(browser: Browser, base: Path, out: Path, names: list[str]) -> int:
+    """``attnbench compare`` of these synthetic runs, its page opened and checked; the exit
+    status."""
+    from attnbench.report.commands import run_compare
 
     synthetic = runs.synthetic_runs(base)
-    out = tmp_path / "cmp"
     with open(os.devnull, "w") as sink:
-        rc = run_compare([synthetic["h100"], synthetic["h100-slower"], synthetic["a100"]],
-                         out_dir=out, stream=sink)
-    assert rc == 1
+        rc = run_compare([synthetic[name] for name in names], out_dir=out, stream=sink)
     _check_page(browser, (out / "index.html").as_uri())
+    return rc
+
+
+def test_compare_dashboard_loads(browser, base, tmp_path):
+    assert _open_compare(browser, base, tmp_path / "cmp", ["h100", "h100-slower", "a100"]) == 1
     browser.js("""(function () { const s = document.getElementById('pairs1-f-fwd_class');
         s.value = 'SLOW'; s.dispatchEvent(new Event('change')); })()""")
     shown = browser.js("""Array.from(document.getElementById('pairs1').tBodies[0].rows)
         .filter(r => !r.hidden).map(r => r.getAttribute('data-backend'))""")
     assert shown and set(shown) == {"triton"}
     browser.screenshot(runs.artifacts_dir() / "compare-top.png")
+    assert browser.console_errors() == []
+
+
+def test_not_judged_and_noisy_are_visible_and_filterable(browser, reports, base):
+    """The speed-only run on an H100 SXM: the verdict filter offers "not judged" (the value
+    stays "timed"), and the badges of timings that never settled are on screen."""
+    browser.open(reports["sxm-timed"].as_uri())
+    records = [json.loads(line) for line in
+               (base / "synthetic" / "sxm-timed" / "records.jsonl").read_text().splitlines()]
+    option = browser.js("""Array.from(document.getElementById('records-f-verdict').options)
+        .filter(o => o.value === 'timed').map(o => o.textContent)""")
+    assert option == ["not judged"]
+    browser.js("""(function () { const s = document.getElementById('records-f-verdict');
+        s.value = 'timed'; s.dispatchEvent(new Event('change')); })()""")
+    shown = browser.js(f"{VISIBLE}('records')")
+    assert shown == ["timed"] * sum(r["verdict"] == "timed" for r in records)
+    badges = browser.js("""Array.from(document.querySelectorAll('#records .badge.noisy'))
+        .filter(b => !b.closest('tr').hidden && b.getBoundingClientRect().width > 0).length""")
+    assert badges > 0
+    totals = browser.js("document.getElementById('totals').innerText")
+    assert "not judged" in totals and "timed" not in totals
+    assert "132 SMs" in browser.js("document.querySelector('header.run').innerText")
+    browser.screenshot(runs.artifacts_dir() / "dashboard-exact-top.png")
+    assert browser.console_errors() == []
+
+
+def test_compare_dashboard_shows_environment_warnings(browser, base, tmp_path):
+    rc = _open_compare(browser, base, tmp_path / "cmp", ["sxm", "sxm-upgraded", "pcie"])
+    assert rc == 0  # triton is slower on the upgraded run, but its timings never settled
+    warnings = browser.js("""Array.from(document.querySelectorAll('#pair1 ul.warn li'))
+        .map(li => li.textContent)""")
+    assert "runs differ in driver: 550.54.15 -> 560.35.03" in warnings
+    assert browser.js("document.querySelectorAll('#pair2 ul.warn').length") == 0
+    noisy = browser.js("document.querySelectorAll('#pairs1 .badge.noisy').length")
+    assert noisy > 0
+    browser.screenshot(runs.artifacts_dir() / "compare-exact-top.png")
     assert browser.console_errors() == []

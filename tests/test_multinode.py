@@ -412,11 +412,16 @@ def test_lease_table_of_a_plain_dask_worker_comes_from_its_resources():
 
 def test_detect_node_names_the_kind_and_refuses_mixed_nodes():
     node = detect_node(gpus=[("0", "NVIDIA H100 80GB HBM3"), ("1", "NVIDIA H100 80GB HBM3")])
-    assert node.gpu and node.kind == "H100" and node.resources == {"device": 2, "kind-H100": 2}
+    assert node.gpu and node.kind == "H100-SXM5-80GB" and node.resources == {
+        "device": 2, "kind-H100-SXM5-80GB": 2, "kind-H100": 2}
+    # nvidia-smi's extra columns (memory, PCI device id) tell an H100 PCIe from an SXM
+    pcie = detect_node(gpus=[("0", "NVIDIA H100 PCIe", "81559 MiB", "0x233110DE")])
+    assert pcie.kind == "H100-PCIe-80GB" and pcie.family == "H100"
     cpu = detect_node(kind="A", gpus=[])
     assert (cpu.kind, cpu.detected_kind, cpu.gpu) == ("A", "cpu", False)
     assert detect_node(slots=3, gpus=[]).resources == {"device": 3, "kind-cpu": 3}
-    with pytest.raises(DetectionError, match="several kinds.*H100: CUDA_VISIBLE_DEVICES=0"):
+    with pytest.raises(DetectionError,
+                       match="several kinds.*H100-PCIe-80GB: CUDA_VISIBLE_DEVICES=0"):
         detect_node(gpus=[("0", "NVIDIA H100 PCIe"), ("1", "NVIDIA A100-SXM4-80GB")])
     with pytest.raises(DetectionError, match="--kind"):
         detect_node(kind="H 100", gpus=[])

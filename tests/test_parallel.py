@@ -292,7 +292,7 @@ def test_group_is_created_once_per_pool_and_dispatch_is_fast(pools):
     # another case timeout: the group is re-created with it, in the same processes
     other = run(pool, RunOptions(timeout_s=30, accuracy=False,
                                  timing=TimingOptions(enabled=False)), cp=4)
-    assert other["verdict"] == "pass" and pool.starts == starts
+    assert other["verdict"] == "timed" and pool.starts == starts  # accuracy off: not judged
     assert other["env"]["process_group"]["created"] != created
 
 

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from attnbench.execution.child import is_oom, write_message
-from attnbench.execution.pool import PoolSet, RankPool, _FrameReader
+from attnbench.execution.pool import PoolSet, RankPool
+from attnbench.execution.ranks import FrameReader
 
 T = "attnbench.backends.testing:"
 
@@ -121,7 +122,7 @@ def test_parent_refuses_to_unpickle_torch_objects():
     os.set_blocking(read_fd, False)  # as the pool's reply pipes are
     try:
         write_message(write_fd, {"type": "reply", "result": torch.zeros(2)})
-        messages = _FrameReader(read_fd).read()
+        messages = FrameReader(read_fd).read()
     finally:
         os.close(read_fd)
         os.close(write_fd)

@@ -16,7 +16,8 @@ from attnbench.records import TENSORS
 from attnbench.report import commands
 from attnbench.report.dashboard import PANEL_KINDS, default_dashboard, load_dashboard
 from attnbench.report.data import load_run
-from attnbench.report.panels import _slug, heatmap_figure, heatmap_rows, over_cmap
+from attnbench.report.figures import slug as _slug
+from attnbench.report.panels.accuracy_heatmap import heatmap_figure, heatmap_rows, over_cmap
 from attnbench.report.style import SEVERITY
 from matplotlib.colors import LogNorm
 
@@ -118,6 +119,42 @@ def test_report_of_a_gpu_run_draws_every_panel(base, synthetic):
     assert any("parallel-parity" in p for p in pngs) and any("parallel-speedup" in p for p in pngs)
     assert any(re.search(r"architecture-a100-vs-h100", p) for p in pngs)
     assert "H100" in page.split("</header>")[0] and "A100" in page.split("</header>")[0]
+
+
+def test_report_names_the_hardware_and_never_shows_timed_as_a_pass(base, synthetic):
+    """A speed-only run on an exact kind: the header names the card and the software, "timed"
+    reads "not judged" everywhere, GB/s and peak memory sit beside TFLOP/s, and the timings
+    that never settled are badged in the table and hollow / hatched in the figures."""
+    index = runs.report(base, "sxm-timed", synthetic["sxm-timed"])
+    pngs = _check_figures(index)
+    page = index.read_text()
+    header = html.unescape(page.split("</header>", 1)[0])
+    for fact in ("H100-SXM5-80GB (family H100): NVIDIA H100 80GB HBM3, SXM", "132 SMs",
+                 "SM clock max 1980 MHz", "memory clock max 2619 MHz", "power limit 700 W",
+                 "driver 550.54.15 (CUDA 12.4)", "CUDA runtime 12.4", "torch 2.5.1+cu124",
+                 "commit 0123456789ab", "1 device(s), 84 record(s)"):
+        assert fact in header, fact
+    records = load_run(synthetic["sxm-timed"]).records
+    n_timed = sum(r["verdict"] == "timed" for r in records)
+    assert n_timed and f"{n_timed} not judged" in header
+    assert not re.search(r">\d+ timed<", page) and ">timed<" not in page
+    summary = html.unescape(page.split('id="summary"', 1)[1].split("</section>", 1)[0])
+    assert f"{n_timed} of {len(records)} cases are" in summary and "not passes" in summary
+    assert "passed or were not applicable" not in summary
+    assert "ran with accuracy: false" in html.unescape(page)  # the heatmap's note
+
+    table = page.split('id="all-records"', 1)[1]
+    assert "<th>fwd GB/s</th>" in table and ">peak mem</th>" in table
+    noisy = sum(bool(r["timing"]["fwd"]["noisy"]) + bool(r["timing"]["bwd"]["noisy"])
+                for r in records if r.get("timing"))
+    assert noisy and table.count('class="badge noisy"') == noisy
+    assert re.search(r"\d GiB / [\d.]+ GiB</td>", table)  # peak memory, forward / backward
+    matrix = (index.parent / "p00-verdict-matrix.svg").read_text()
+    assert "not judged" in matrix and not re.search(r">\d+ timed<", matrix)
+    throughput = " ".join((index.parent / p).with_suffix(".svg").read_text() for p in pngs
+                          if "throughput" in p)
+    assert "hollow: noisy" in throughput or "hatched: noisy" in throughput
+    assert "Achieved bandwidth" in page and "GB/s" in page
 
 
 THROUGHPUT_ONLY = "title: t\npanels:\n  - kind: throughput\n    {filter}\n"
@@ -346,6 +383,10 @@ def test_case_strings_are_escaped_in_page_and_figures(tiny, tmp_path):
         rec["features"] = nasty
         if rec["verdict"] != "pass":
             rec["reason"] = nasty
+        env = rec.setdefault("env", {})  # the hardware identity in the header
+        env.update(gpu_kind=env.get("gpu_kind") or "cpu", torch=nasty,
+                   identity={**(env.get("identity") or {}), "name": nasty, "sm_count": 3},
+                   software={**(env.get("software") or {}), "torch": nasty, "commit": nasty})
     (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["sweep"]["name"] = nasty
@@ -356,6 +397,8 @@ def test_case_strings_are_escaped_in_page_and_figures(tiny, tmp_path):
     page = index.read_text()
     assert "<script>alert" not in page
     assert html.escape(nasty) in page
+    header = page.split("</header>", 1)[0]
+    assert f"{html.escape(nasty)}, 3 SMs" in header and f"torch {html.escape(nasty)}" in header
     # the repro command quotes the odd path for a shell, then escapes it for HTML
     assert html.escape("attnbench run 'sweeps/<odd> name.yaml' --case") in page
     _check_figures(index)  # "$a$" did not break matplotlib (mathtext)

@@ -4,6 +4,7 @@ import subprocess
 
 import pytest
 
+from attnbench.backends import check_backend_name
 from attnbench.spec import Case, SweepError, load_sweep, parse_sweep
 from conftest import ROOT, attnbench_cmd
 
@@ -78,7 +79,7 @@ def test_case_ids_are_stable_and_content_addressed():
 ])
 def test_every_mistake_names_file_and_field(text, expected):
     with pytest.raises(SweepError) as info:
-        parse_sweep(text, "bad.yaml")
+        parse_sweep(text, "bad.yaml", check_backend_name)
     message = str(info.value)
     assert message.startswith("bad.yaml: ")
     assert expected in message
@@ -90,16 +91,21 @@ def test_yaml_tags_that_construct_objects_are_refused():
         parse_sweep(text, "evil.yaml")
 
 
-def test_third_party_backend_by_module_object_is_checked_at_load():
-    ok = parse_sweep("name: t\naxes: {backend: ['buggy_backends:ScaledDq']}\n", "t.yaml")
+def test_third_party_backend_is_checked_for_form_without_importing_it():
+    ok = parse_sweep("name: t\naxes: {backend: ['buggy_backends:ScaledDq']}\n", "t.yaml",
+                     check_backend_name)
     assert ok.cases[0].backend == "buggy_backends:ScaledDq"
-    with pytest.raises(SweepError, match="cannot load backend 'nosuchmodule:X'"):
-        parse_sweep("name: t\naxes: {backend: ['nosuchmodule:X']}\n", "t.yaml")
+    # Validating never imports (it would run the module's code): a module that does not exist
+    # validates, and its cases become `error` records when they run.
+    assert parse_sweep("name: t\naxes: {backend: ['nosuchmodule:X']}\n", "t.yaml",
+                       check_backend_name).cases
+    with pytest.raises(SweepError, match="expected a third-party backend as 'module:object'"):
+        parse_sweep("name: t\naxes: {backend: ['os;rm:x y']}\n", "t.yaml", check_backend_name)
 
 
 def test_shipped_sweeps_validate():
     for path in sorted((ROOT / "sweeps").glob("*.yaml")):
-        assert load_sweep(path).cases, path
+        assert load_sweep(path, check_backend_name).cases, path
 
 
 def test_validate_cli_exit_status_and_message(tmp_path, cli_env):

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from attnbench.backends.base import Forward
+from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 
 
 def _missing(module: str) -> Optional[str]:
@@ -31,12 +32,41 @@ def _missing(module: str) -> Optional[str]:
     return None
 
 
+def _alibi_slopes(spec, q: torch.Tensor) -> Optional[torch.Tensor]:
+    """fp32 slopes of this call's query heads (None without ALiBi)."""
+    if spec.alibi_slopes is None:
+        return None
+    heads = range(spec.head_start, spec.head_start + q.shape[1])
+    return torch.tensor([spec.alibi_slopes[h] for h in heads], dtype=torch.float32,
+                        device=q.device)
+
+
+def _xformers_bias(spec, q: torch.Tensor, k: torch.Tensor):
+    """xformers' attn_bias for one call: its bottom-right causal mask where it applies, else a
+    dense (B, Hq, Sq, Sk) bias with -inf where keys are masked (ALiBi, windows)."""
+    import xformers.ops as xops
+
+    batch, heads_q, sq, _ = q.shape
+    sk = k.shape[2]
+    diag = spec.q_start + spec.diagonal_offset - spec.kv_start
+    if spec.alibi_slopes is None and spec.is_causal and diag == sk - sq:
+        return xops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
+    if spec.alibi_slopes is None and not spec.is_masked:
+        return None
+    bias, visible, _ = dense_masks(spec, batch, heads_q, sq, sk, q.dtype, q.device, keep=False)
+    dense = bias if bias is not None else torch.zeros(heads_q, sq, sk, dtype=q.dtype,
+                                                      device=q.device)
+    if visible is not None:
+        dense = dense.masked_fill(~visible, float("-inf"))
+    return dense.unsqueeze(0).expand(batch, -1, -1, -1)
+
+
 def _autograd_backward(ctx, dout):
     out, q_in, k_in, v_in = ctx
     return torch.autograd.grad(out, (q_in, k_in, v_in), dout, retain_graph=True)
 
 
-class FlashAttnBackend:
+class FlashAttnBackend(PreparesOnce):
     """flash-attn 2 (``flash_attn.flash_attn_func``)."""
 
     name = "flash_attn"
@@ -53,24 +83,26 @@ class FlashAttnBackend:
         from flash_attn import flash_attn_func
 
         q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
-        slopes = None
-        if spec.alibi_slopes is not None:
-            heads = range(spec.head_start, spec.head_start + q.shape[1])
-            slopes = torch.tensor([spec.alibi_slopes[h] for h in heads], dtype=torch.float32,
-                                  device=q.device)
+        # The log-sum-exp comes back only with return_attn_probs, which with dropout also makes
+        # the kernel write the whole S x S probability matrix inside the timed call: ask for it
+        # only without dropout (FA2 returns no matrix then: return_softmax and dropout_p > 0).
+        with_lse = spec.dropout_p == 0
         with torch.enable_grad():
-            out, lse, _ = flash_attn_func(
+            result = flash_attn_func(
                 q_in.transpose(1, 2), k_in.transpose(1, 2), v_in.transpose(1, 2),
                 dropout_p=spec.dropout_p, softmax_scale=spec.scale, causal=False,
                 window_size=(spec.window_left, spec.window_right), softcap=spec.softcap,
-                alibi_slopes=slopes, return_attn_probs=True)
+                alibi_slopes=self.prepared.get(call_key(spec, q, k),
+                                               lambda: _alibi_slopes(spec, q)),
+                return_attn_probs=with_lse)
+            out, lse = (result[0], result[1].float()) if with_lse else (result, None)
             out = out.transpose(1, 2)
-        return Forward(out=out.detach(), lse=lse.float(), ctx=(out, q_in, k_in, v_in))
+        return Forward(out=out.detach(), lse=lse, ctx=(out, q_in, k_in, v_in))
 
     backward = staticmethod(_autograd_backward)
 
 
-class TransformerEngineBackend:
+class TransformerEngineBackend(PreparesOnce):
     """TransformerEngine ``DotProductAttention`` (qkv_format="bshd")."""
 
     name = "transformer_engine"
@@ -108,10 +140,9 @@ class TransformerEngineBackend:
         q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
         extra = {}
         if spec.alibi_slopes is not None:
-            heads = range(spec.head_start, spec.head_start + q.shape[1])
             extra = {"core_attention_bias_type": "alibi",
-                     "alibi_slopes": torch.tensor([spec.alibi_slopes[h] for h in heads],
-                                                  dtype=torch.float32, device=q.device)}
+                     "alibi_slopes": self.prepared.get(call_key(spec, q, k),
+                                                       lambda: _alibi_slopes(spec, q))}
         with torch.enable_grad():
             out = module(q_in.transpose(1, 2), k_in.transpose(1, 2), v_in.transpose(1, 2),
                          **extra)
@@ -122,7 +153,7 @@ class TransformerEngineBackend:
     backward = staticmethod(_autograd_backward)
 
 
-class XformersBackend:
+class XformersBackend(PreparesOnce):
     """xformers ``memory_efficient_attention`` with an explicit bias tensor for ALiBi and
     windows, and its bottom-right causal mask."""
 
@@ -137,22 +168,9 @@ class XformersBackend:
     def forward(self, q, k, v, spec):
         import xformers.ops as xops
 
-        from attnbench.backends.naive import dense_masks
-
         batch, heads_q, sq, _ = q.shape
-        sk, heads_kv = k.shape[2], k.shape[1]
-        bias, visible, _ = dense_masks(spec, batch, heads_q, sq, sk, q.dtype, q.device)
-        if bias is None and spec.is_causal and spec.q_start == 0 and spec.kv_start == 0 \
-                and sq == spec.seqlen_q_total:
-            attn_bias = xops.fmha.attn_bias.LowerTriangularFromBottomRightMask()
-        elif bias is None and visible is None:
-            attn_bias = None
-        else:
-            dense = bias if bias is not None else torch.zeros(heads_q, sq, sk, dtype=q.dtype,
-                                                              device=q.device)
-            if visible is not None:
-                dense = dense.masked_fill(~visible, float("-inf"))
-            attn_bias = dense.unsqueeze(0).expand(batch, -1, -1, -1)
+        heads_kv = k.shape[1]
+        attn_bias = self.prepared.get(call_key(spec, q, k), lambda: _xformers_bias(spec, q, k))
         q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
         group = heads_q // heads_kv
         with torch.enable_grad():

@@ -11,24 +11,11 @@ from __future__ import annotations
 import torch
 
 from attnbench.backends.base import Forward
+from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 from attnbench.dropout import hash_keep_mask
 
 
-def dense_masks(spec, batch: int, heads_q: int, sq: int, sk: int, dtype, device):
-    """(bias (Hq, Sq, Sk) or None, visible (Sq, Sk) or None, keep (B, Hq, Sq, Sk) or None) for
-    one call, from global positions. Shared by the dense backends (naive, sdpa)."""
-    q_pos, k_pos = spec.positions(sq, sk, device)
-    heads = torch.arange(spec.head_start, spec.head_start + heads_q, device=device)
-    bias = spec.alibi_bias(heads, q_pos, k_pos, dtype)
-    visible = spec.visible(q_pos, k_pos)
-    keep = None
-    if spec.dropout_p > 0:
-        batches = torch.arange(spec.batch_start, spec.batch_start + batch, device=device)
-        keep = hash_keep_mask(spec, batches, heads, q_pos, k_pos)
-    return bias, visible, keep
-
-
-class NaiveBackend:
+class NaiveBackend(PreparesOnce):
     name = "naive"
     keep_mask = staticmethod(hash_keep_mask)
     deterministic = True  # checked: repeated backward calls must agree bit for bit
@@ -36,12 +23,19 @@ class NaiveBackend:
     def supports(self, case, device):
         return None
 
-    def forward(self, q, k, v, spec):
+    def masks(self, spec, q, k):
+        """(bias, visible, keep) of a call with these q, k: built once, then reused."""
+        return self.prepared.get(call_key(spec, q, k), lambda: self.build_masks(spec, q, k))
+
+    def build_masks(self, spec, q, k):
         batch, heads_q, sq, _ = q.shape
-        sk = k.shape[2]
+        return dense_masks(spec, batch, heads_q, sq, k.shape[2], q.dtype, q.device)
+
+    def forward(self, q, k, v, spec):
+        heads_q = q.shape[1]
         group = heads_q // k.shape[1]
         q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
-        bias, visible, keep = dense_masks(spec, batch, heads_q, sq, sk, q.dtype, q.device)
+        bias, visible, keep = self.masks(spec, q, k)
         with torch.enable_grad():
             k_rep = k_in.repeat_interleave(group, dim=1)
             v_rep = v_in.repeat_interleave(group, dim=1)
@@ -87,7 +81,7 @@ class NaiveBackend:
         group = heads_q // heads_kv
         dtype = q.dtype
         wide = torch.promote_types(dtype, torch.float32)
-        bias, visible, keep = dense_masks(spec, batch, heads_q, sq, sk, dtype, q.device)
+        bias, visible, keep = self.masks(spec, q, k)
         k_rep = k.repeat_interleave(group, dim=1)
         v_rep = v.repeat_interleave(group, dim=1)
         scores = torch.matmul(q, k_rep.transpose(-1, -2)) * spec.scale

@@ -1,14 +1,21 @@
 """``sdpa*``: PyTorch's scaled_dot_product_attention and its fused sub-backends.
 
 ``sdpa`` lets PyTorch choose; ``sdpa_math`` / ``sdpa_flash`` / ``sdpa_efficient`` /
-``sdpa_cudnn`` pin one implementation with ``torch.nn.attention.sdpa_kernel``. ALiBi, windows
-and bottom-right causal masks are passed as an explicit mask (SDPA's ``is_causal`` is top-left
-aligned, so it is used only when Sq == Sk). GQA uses ``enable_gqa``. SDPA has no softcap, and its
-dropout mask is not exposed: with dropout the reference-free identities decide.
+``sdpa_cudnn`` pin one implementation with ``torch.nn.attention.sdpa_kernel``. GQA uses
+``enable_gqa``. SDPA has no softcap, and its dropout mask is not exposed.
+
+Masks, chosen so that SDPA stays on its fused kernels where it can (:func:`attention_mask`):
+causal aligned top-left for this call (Sq == Sk, or a CP slice on the diagonal) is
+``is_causal=True``; bottom-right causal with Sq != Sk is ``causal_lower_right`` (PyTorch's
+``CausalBias``, which keeps the flash / efficient kernels; a dense mask would knock SDPA off
+them); ALiBi and sliding windows need an explicit dense mask. Dense masks are built once per
+case (:class:`attnbench.backends.masks.Prepared`), never inside a timed call, and no dropout
+keep-mask is ever built: SDPA draws its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import torch
@@ -16,10 +23,32 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.backends.base import Forward, Unsupported
-from attnbench.backends.naive import dense_masks
+from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 
 
-class _Sdpa:
+def attention_mask(spec, q: torch.Tensor, k: torch.Tensor):
+    """(attn_mask, is_causal) for one SDPA call with these q (B, Hq, Sq, D), k (B, Hkv, Sk, D)."""
+    batch, heads_q, sq, _ = q.shape
+    sk = k.shape[2]
+    if not spec.is_masked and spec.alibi_slopes is None:
+        return None, False
+    # Key position of this call's query 0, relative to this call's first key.
+    diag = spec.q_start + spec.diagonal_offset - spec.kv_start
+    if spec.is_causal and spec.alibi_slopes is None:
+        if diag == 0:
+            return None, True                        # SDPA's is_causal is top-left aligned
+        if diag == sk - sq:
+            from torch.nn.attention.bias import causal_lower_right
+
+            return causal_lower_right(sq, sk), False
+    bias, visible, _ = dense_masks(spec, batch, heads_q, sq, sk, q.dtype, q.device, keep=False)
+    if bias is None:
+        return visible, False
+    mask = bias if visible is None else bias.masked_fill(~visible, float("-inf"))
+    return mask.unsqueeze(0), False  # (1, Hq, Sq, Sk): SDPA wants 2-D or 4-D masks
+
+
+class _Sdpa(PreparesOnce):
     name = "sdpa"
     keep_mask = None  # hidden inside the kernel
     pinned: Optional[SDPBackend] = None
@@ -33,21 +62,11 @@ class _Sdpa:
         return None
 
     def _call(self, q, k, v, spec):
-        batch, heads_q, sq, _ = q.shape
-        sk = k.shape[2]
-        bias, visible, _ = dense_masks(spec, batch, heads_q, sq, sk, q.dtype, q.device)
-        is_causal = spec.is_causal and sq == sk and spec.seqlen_q_total == spec.seqlen_kv_total \
-            and spec.q_start == spec.kv_start and bias is None
-        mask = None
-        if not is_causal and (visible is not None or bias is not None):
-            if bias is None:
-                mask = visible
-            else:
-                mask = bias if visible is None else bias.masked_fill(~visible, float("-inf"))
-                mask = mask.unsqueeze(0)  # (1, Hq, Sq, Sk): SDPA wants 2-D or 4-D masks
+        mask, is_causal = self.prepared.get(call_key(spec, q, k),
+                                            lambda: attention_mask(spec, q, k))
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=spec.dropout_p, is_causal=is_causal,
-            scale=spec.scale, enable_gqa=k.shape[1] != heads_q)
+            scale=spec.scale, enable_gqa=k.shape[1] != q.shape[1])
 
     def forward(self, q, k, v, spec):
         q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
@@ -69,8 +88,6 @@ class _Sdpa:
 
     def _pin(self):
         if self.pinned is None:
-            import contextlib
-
             return contextlib.nullcontext()
         return sdpa_kernel([self.pinned])
 

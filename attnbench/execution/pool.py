@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import io
 import json
 import logging
 import math
@@ -67,24 +66,17 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
-from attnbench.execution.child import HEADER, write_frame, write_message
+from attnbench.execution.child import write_frame, write_message
+from attnbench.execution.ranks import OUTCOME_KINDS, Outcome, Rank, signal_name
+from attnbench.resources import ENV_POOL_DIR, ENV_POOL_START
 
 log = logging.getLogger("attnbench.execution")
 
 __all__ = ["Outcome", "RankPool", "PoolSet", "get_default_poolset", "OUTCOME_KINDS"]
 
-OUTCOME_KINDS = ("ok", "crash", "timeout", "oom", "error")
-
-TAIL_LINES = 40
-"""Lines of a rank's log kept in an outcome."""
-_TAIL_BYTES = 64 * 1024
-"""Read at most this much of the end of a log to find those lines."""
-_LOG_TRUNCATE_BYTES = 1 << 20
-"""A warm rank's log is emptied before a call once it is larger than this."""
 _DUMP_WAIT_S = 0.3
 """After SIGUSR1, time for faulthandler to write the stacks of a hung rank (it is a few kB)."""
 _EXIT_WAIT_S = 2.0
@@ -95,201 +87,12 @@ _PEER_DEATH_WAIT_S = 0.5
 """When a rank of a multi-rank pool answers with an error, how long to look for another rank
 that died: a peer's death makes the survivors' collectives fail (gloo: "Connection closed by
 peer") about as soon as the dead rank's sockets close, often before its exit is visible."""
-_REFUSED_MODULES = ("torch", "triton")
-"""Modules the parent will not import to unpickle a result (it must never import torch)."""
-
 EnvSpec = Union[None, Mapping[str, str], Sequence[Mapping[str, str]]]
 
 # Bootstrap of a rank: make this attnbench importable whatever the worker's cwd, then hand over.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
          "from attnbench.execution.child import main; sys.exit(main())")
-
-
-@dataclass(kw_only=True, slots=True)
-class Outcome:
-    """What one :meth:`RankPool.run` call came to."""
-
-    kind: str
-    """One of ``ok``, ``crash``, ``timeout``, ``oom``, ``error``."""
-    result: Any = None
-    """Rank 0's return value when ``kind == "ok"``."""
-    signal: Optional[str] = None
-    """For a crash by signal: its name, e.g. ``"SIGSEGV"``."""
-    exit_code: Optional[int] = None
-    """For a crash: the Popen-style return code (``-11`` for SIGSEGV, ``3`` for exit(3))."""
-    rank: Optional[int] = None
-    """The rank the outcome is about (the first to fail; for a timeout, the first still busy)."""
-    stderr_tail: str = ""
-    """Last lines that rank wrote to stdout/stderr during the call (faulthandler stacks for
-    crashes and timeouts land here)."""
-    traceback: str = ""
-    """For ``error`` and ``oom``: the Python traceback of the exception that escaped."""
-    summary: str = ""
-    """One line: ``"RuntimeError: deliberate failure"``, ``"killed by SIGSEGV"``, ..."""
-    note: str = ""
-    """Anything a reader needs to interpret the outcome (e.g. SIGKILL may be the OOM killer)."""
-    wall_s: float = 0.0
-    """Seconds inside :meth:`RankPool.run`, starting ranks included."""
-    start_s: float = 0.0
-    """Part of ``wall_s`` spent starting rank processes (0 when the pool was warm)."""
-    duration_s: Optional[float] = None
-    """Seconds rank 0 spent inside the function, when it answered."""
-    pids: tuple[int, ...] = ()
-    """Process ids of the ranks that handled the call."""
-    recycle: str = ""
-    """Why a rank asked to be replaced after answering (:func:`child.recycle_after_call`); the
-    pool has then already stopped the ranks."""
-
-    @property
-    def ok(self) -> bool:
-        return self.kind == "ok"
-
-    def crash_info(self) -> Optional[dict[str, Any]]:
-        """The record's ``crash`` field (see :mod:`attnbench.records`), None when ``ok``."""
-        if self.kind == "ok":
-            return None
-        return {"signal": self.signal, "exit_code": self.exit_code, "rank": self.rank,
-                "stderr_tail": self.stderr_tail, "traceback": self.traceback}
-
-
-class _GuardedUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module.split(".")[0] in _REFUSED_MODULES:
-            raise pickle.UnpicklingError(
-                f"the result contains {module}.{name}; rank functions must return plain data "
-                "(the Dask worker process never imports torch): use .tolist() or float()")
-        return super().find_class(module, name)
-
-
-class _FrameReader:
-    """Incremental reader of length-prefixed pickles from a non-blocking pipe."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.buffer = bytearray()
-        self.eof = False
-
-    def read(self) -> list[Any]:
-        """Everything complete that can be read now. Sets ``eof`` when the writer is gone."""
-        while not self.eof:
-            try:
-                chunk = os.read(self.fd, 1 << 20)
-            except BlockingIOError:
-                break
-            if not chunk:
-                self.eof = True
-            self.buffer += chunk
-        messages = []
-        while len(self.buffer) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self.buffer)
-            end = HEADER.size + length
-            if len(self.buffer) < end:
-                break
-            data = bytes(self.buffer[HEADER.size:end])
-            del self.buffer[:end]
-            try:
-                messages.append(_GuardedUnpickler(io.BytesIO(data)).load())
-            except Exception as exc:  # noqa: BLE001 - becomes an "error" outcome
-                messages.append({"type": "undecodable", "error": f"{type(exc).__name__}: {exc}"})
-        return messages
-
-
-class _Rank:
-    """One rank process and the parent's ends of its pipes."""
-
-    def __init__(self, rank: int, popen: subprocess.Popen, req_w: int, resp_r: int,
-                 log_path: Path):
-        self.rank = rank
-        self.popen = popen
-        self.pid = popen.pid
-        self.req_w = req_w
-        self.resp_r = resp_r
-        self.reader = _FrameReader(resp_r)
-        self.log_path = log_path
-        self.log_offset = 0
-        self.pidfd: Optional[int] = None
-        if hasattr(os, "pidfd_open"):
-            try:
-                self.pidfd = os.pidfd_open(self.pid)
-            except OSError:  # old kernel or seccomp: fall back to timed liveness checks
-                self.pidfd = None
-
-    def returncode(self) -> Optional[int]:
-        """Popen-style return code if the process has ended, without reaping it (so its pid,
-        and so its process group id, cannot be reused while we may still signal it)."""
-        if self.popen.returncode is not None:
-            return self.popen.returncode
-        try:
-            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:  # already reaped by someone else
-            return self.popen.poll()
-        if info is None:
-            if not _leader_is_zombie(self.pid):
-                return None
-            # The main thread has exited but other threads are still being torn down, so the
-            # exit is not reportable yet; it will be in moments. Without this a rank killed
-            # while idle looked alive and received the next case.
-            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
-        if info.si_code == os.CLD_EXITED:
-            return info.si_status
-        return -info.si_status  # CLD_KILLED / CLD_DUMPED: killed by a signal
-
-    def signal_group(self, sig: int) -> None:
-        if self.popen.returncode is not None:  # reaped: the group id may belong to others now
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-
-    def mark_log(self) -> None:
-        """Remember where this call's output starts; empty an oversized log first."""
-        try:
-            size = self.log_path.stat().st_size
-            if size > _LOG_TRUNCATE_BYTES:
-                os.truncate(self.log_path, 0)  # the rank writes with O_APPEND
-                size = 0
-        except OSError:
-            size = 0
-        self.log_offset = size
-
-    def tail(self, lines: int = TAIL_LINES) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                if size <= self.log_offset:
-                    return ""
-                start = max(self.log_offset, size - _TAIL_BYTES)
-                f.seek(start)
-                data = f.read()
-        except OSError:
-            return ""
-        text = data.decode("utf-8", errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
-
-    def close_fds(self) -> None:
-        for fd in (self.req_w, self.resp_r, self.pidfd):
-            if fd is not None and fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self.req_w = self.resp_r = -1
-        self.pidfd = None
-
-
-def _leader_is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return False
-
-
-def _signal_name(returncode: int) -> Optional[str]:
-    if returncode >= 0:
-        return None
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
 
 
 def _is_bad(message: dict) -> bool:
@@ -339,7 +142,7 @@ class RankPool:
         """How many times ranks were started (1 + replacements)."""
         self._log_dir_given = log_dir is not None
         self._log_dir = Path(log_dir) if log_dir is not None else None
-        self._ranks: list[_Rank] = []
+        self._ranks: list[Rank] = []
         self._lock = threading.Lock()
         self._call_id = 0
         self._closed = False
@@ -455,10 +258,10 @@ class RankPool:
         # Rendezvous for torch.distributed (attnbench.parallel.group): rank 0 binds a TCPStore
         # on a free port and writes it into this pool's directory under this start's number,
         # so ranks of a rebuilt pool never read a dead store's port.
-        env.update(ATTNBENCH_POOL_DIR=str(self._log_dir), ATTNBENCH_POOL_START=str(self.starts))
+        env.update({ENV_POOL_DIR: str(self._log_dir), ENV_POOL_START: str(self.starts)})
         return env
 
-    def _spawn(self, rank: int) -> _Rank:
+    def _spawn(self, rank: int) -> Rank:
         if self._log_dir is None:
             self._log_dir = Path(tempfile.mkdtemp(prefix="attnbench-pool-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -483,7 +286,7 @@ class RankPool:
             for fd in (req_r, resp_w, log_fd):
                 os.close(fd)
         os.set_blocking(resp_r, False)
-        return _Rank(rank, popen, req_w, resp_r, log_path)
+        return Rank(rank, popen, req_w, resp_r, log_path)
 
     def _start(self) -> Optional[Outcome]:
         self.starts += 1
@@ -558,7 +361,7 @@ class RankPool:
         return Outcome(kind="ok", result=first["result"], rank=0, duration_s=first["duration_s"],
                        stderr_tail=self._ranks[0].tail(), recycle=recycle)
 
-    def _dead_peer(self, rank: int) -> Optional[_Rank]:
+    def _dead_peer(self, rank: int) -> Optional[Rank]:
         """Another rank that has died, waiting up to :data:`_PEER_DEATH_WAIT_S` for one; None
         at once for a single-rank pool."""
         others = [r for r in self._ranks if r.rank != rank]
@@ -584,7 +387,7 @@ class RankPool:
         passes (then the failure outcome is returned)."""
         replies: dict[int, dict] = {}
         poller = select.poll()
-        by_fd: dict[int, _Rank] = {}
+        by_fd: dict[int, Rank] = {}
         for rank in self._ranks:
             for fd in (rank.resp_r, rank.pidfd):
                 if fd is not None:
@@ -616,7 +419,7 @@ class RankPool:
             pending = [r for r in pending if r.rank not in replies]
         return replies, None
 
-    def _dead_outcome(self, rank: _Rank, note: str) -> Outcome:
+    def _dead_outcome(self, rank: Rank, note: str) -> Outcome:
         """A rank's pipe hung up or its process ended without answering."""
         code = rank.returncode()
         waited = time.monotonic() + _EXIT_WAIT_S
@@ -630,7 +433,7 @@ class RankPool:
         if code is None:
             notes.append("it closed its reply pipe but did not exit; killed")
             rank.signal_group(signal.SIGKILL)
-        sig = _signal_name(code) if code is not None else None
+        sig = signal_name(code) if code is not None else None
         if sig is not None:
             summary = f"killed by {sig}"
         elif code is not None:
@@ -645,7 +448,7 @@ class RankPool:
         return Outcome(kind="crash", rank=rank.rank, signal=sig, exit_code=code, summary=summary,
                        note="; ".join(notes), stderr_tail=rank.tail())
 
-    def _timeout_outcome(self, hung: list[_Rank], timeout: Optional[float]) -> Outcome:
+    def _timeout_outcome(self, hung: list[Rank], timeout: Optional[float]) -> Outcome:
         for rank in hung:  # faulthandler prints every thread's Python stack into the log
             if rank.returncode() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -691,7 +494,7 @@ class RankPool:
             rank.close_fds()
 
     @staticmethod
-    def _wait_exit(ranks: list[_Rank], seconds: float) -> None:
+    def _wait_exit(ranks: list[Rank], seconds: float) -> None:
         end = time.monotonic() + seconds
         while any(r.returncode() is None for r in ranks) and time.monotonic() < end:
             time.sleep(0.005)

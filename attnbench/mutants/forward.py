@@ -5,8 +5,9 @@ the fp64 reference (and NaN counts) can see these.
 
 from __future__ import annotations
 
-from attnbench.backends.naive import NaiveBackend, dense_masks
-from attnbench.backends.sdpa import SdpaDefault, _Sdpa
+from attnbench.backends.masks import dense_masks
+from attnbench.backends.naive import NaiveBackend
+from attnbench.backends.sdpa import SdpaDefault, _Sdpa, attention_mask
 from attnbench.mutants.patch import mutated, rebound
 
 
@@ -27,29 +28,26 @@ class MqaAlibiOrder(NaiveBackend):
     rather than [b, np * sq, sk]"). Only MQA + ALiBi takes the faulty path."""
 
     name = "mutant.mqa_alibi_order"
-    _mqa_forward = rebound(NaiveBackend.forward, dense_masks=_megatron_mqa_masks)
 
-    def forward(self, q, k, v, spec):
+    def build_masks(self, spec, q, k):
         if k.shape[1] == 1 and spec.alibi_slopes is not None:
-            return self._mqa_forward(q, k, v, spec)
-        return super().forward(q, k, v, spec)
+            batch, heads_q, sq, _ = q.shape
+            return _megatron_mqa_masks(spec, batch, heads_q, sq, k.shape[2], q.dtype, q.device)
+        return super().build_masks(spec, q, k)
 
 
 class TopLeftCausal(SdpaDefault):
     """Catalogue 7 -- causal mask aligned top-left where bottom-right was meant (Sq != Sk).
 
     The sdpa backend with one condition dropped: it passes ``is_causal=True`` to
-    scaled_dot_product_attention whenever the mask is causal, but SDPA's is_causal is top-left
-    aligned (pytorch/pytorch#108108; flash-attn switched to bottom-right in 2.1,
-    Dao-AILab/flash-attention#517; NVIDIA/cutlass#2336). Identical when Sq == Sk.
+    scaled_dot_product_attention whenever the mask is causal (without ALiBi), but SDPA's
+    is_causal is top-left aligned (pytorch/pytorch#108108; flash-attn switched to bottom-right
+    in 2.1, Dao-AILab/flash-attention#517; NVIDIA/cutlass#2336). Identical when Sq == Sk.
     """
 
     name = "mutant.top_left_causal"
-    _call = mutated(
-        _Sdpa._call,
-        "spec.is_causal and sq == sk and spec.seqlen_q_total == spec.seqlen_kv_total \\\n"
-        "            and spec.q_start == spec.kv_start and bias is None",
-        "spec.is_causal and bias is None  # BUG: SDPA's is_causal is top-left aligned")
+    _call = rebound(_Sdpa._call, attention_mask=mutated(
+        attention_mask, "if diag == 0:", "if True:  # BUG: SDPA's is_causal is top-left aligned"))
 
 
 class WindowOffByOne(NaiveBackend):

@@ -37,11 +37,11 @@ import torch
 import torch.distributed as dist
 
 from attnbench.backends.base import Unsupported
+from attnbench.device import pick_device
+from attnbench.resources import ENV_POOL_DIR, ENV_POOL_START
 
 log = logging.getLogger("attnbench.parallel")
 
-ENV_POOL_DIR = "ATTNBENCH_POOL_DIR"
-ENV_POOL_START = "ATTNBENCH_POOL_START"
 HOST = "127.0.0.1"
 """A pool's ranks always run on one host (the Dask worker's)."""
 
@@ -71,16 +71,6 @@ class World:
 
 _world: Optional[World] = None
 _generation = 0
-
-
-def rank_device(local_rank: int) -> torch.device:
-    """This rank's device: ``ATTNBENCH_DEVICE`` if set, else GPU ``local_rank`` modulo the visible
-    GPUs (one each when the pool gives every rank its own CUDA_VISIBLE_DEVICES), else the CPU."""
-    if os.environ.get("ATTNBENCH_DEVICE"):
-        return torch.device(os.environ["ATTNBENCH_DEVICE"])
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
 
 
 def get_world(timeout_s: float) -> World:
@@ -129,7 +119,7 @@ def _init(store, rank: int, world_size: int, timeout_s: float) -> World:
     global _generation
     _generation += 1
     prefix = f"attnbench/{_generation}"
-    device = rank_device(int(os.environ.get("LOCAL_RANK", rank)))
+    device = pick_device(int(os.environ.get("LOCAL_RANK", rank)))
     timeout = datetime.timedelta(seconds=timeout_s)
     backend, staging, note = "gloo", False, "correctness only: CPU ranks over gloo"
     if device.type == "cuda":
@@ -298,11 +288,21 @@ class Comm:
         # An all-reduce of one CPU int: works on every backend without device guessing.
         dist.all_reduce(torch.zeros(1, dtype=torch.int32))
 
-    def decide(self, value: bool) -> bool:
-        """Rank 0's ``value`` on every rank (e.g. "stop sampling")."""
-        flag = torch.tensor([int(value) if self.rank == 0 else 0], dtype=torch.int32)
+    def decide(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank (e.g. "stop sampling", calls per sample)."""
+        flag = torch.tensor([int(value) if self.rank == 0 else 0], dtype=torch.int64)
         dist.all_reduce(flag)
-        return bool(flag.item())
+        return int(flag.item())
+
+    def slowest(self, value: float) -> float:
+        """The largest of every rank's ``value`` (a sample's time: the slowest rank's)."""
+        cell = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(cell, op=dist.ReduceOp.MAX)
+        return float(cell.item())
+
+    def align(self) -> None:
+        """Before a timing sample: every rank starts together (the timing Coordinator)."""
+        self.barrier()
 
     def agree(self, failure: Optional[BaseException]) -> None:
         """All ranks learn whether any rank failed a local phase; if one did, every rank raises

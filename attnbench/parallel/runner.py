@@ -16,20 +16,20 @@ Phases, and what a failure in each becomes:
    escapes, so the pool records ``error`` (or ``oom``) naming the rank and rebuilds the group --
    collectives may be half done. Crashes and hangs are the pool's as for any case.
 5. Rank 0 alone: accuracy of the gathered full tensors against fp64 (the usual checks,
-   :func:`attnbench.execution.case_runner.evaluate`) and parity against the same backend at
-   CP = 1, TP = 1 on the same inputs (:mod:`attnbench.parallel.parity`).
+   :func:`attnbench.evaluation.evaluate`) and parity against the same backend at CP = 1,
+   TP = 1 on the same inputs (:mod:`attnbench.parallel.parity`).
 
-Timing: the whole parallel forward, then backward, bracketed by barriers, sampled adaptively with
-rank 0's stop decision broadcast (every rank must run the same number of samples). Timings of CPU
-ranks and of ranks sharing a GPU are correctness only: ``timing.note`` says so and ``tflops`` /
-``pct_peak`` are null.
+Timing: the one loop of :mod:`attnbench.timing` on every rank, the :class:`Comm` as its
+coordinator: barrier-aligned samples, each one CUDA events (perf_counter on CPU) around the whole
+parallel forward or backward with an L2 flush before, the slowest rank's time as the sample, and
+rank 0's decisions (warm-up done, calls per sample, stop) for all -- every rank makes the same
+calls. Timings of CPU ranks and of ranks sharing a GPU are correctness only: ``timing.note`` says
+so and ``tflops`` / ``pct_peak`` are null.
 """
 
 from __future__ import annotations
 
 import os
-import time
-import traceback
 from types import ModuleType
 from typing import Any, Optional
 
@@ -37,20 +37,20 @@ import torch
 
 from attnbench import accuracy as acc
 from attnbench.backends import Unsupported, get_backend
-from attnbench.flops import case_flops, peak_tflops
+from attnbench.backends.masks import release_prepared
+from attnbench.case_timing import time_case
+from attnbench.device import backend_env, device_env, device_peaks, interpreter_on_gpu, pick_device, \
+    release_memory, sync
+from attnbench.evaluation import Judgement, evaluate, timed_only
 from attnbench.inputs import make_inputs
 from attnbench.parallel import allgather, layout, ring, tp
-from attnbench.parallel.group import Comm, PeerFailed, get_world, rank_device, rank_layout
+from attnbench.parallel.group import Comm, PeerFailed, get_world, rank_layout
 from attnbench.parallel.layout import Shard
 from attnbench.parallel.parity import parity
 from attnbench.problem import AttnSpec
-from attnbench.records import TENSORS, make_record, utc_now
+from attnbench.records import TENSORS, RecordMaker
 from attnbench.reference import reference_backward, reference_forward
 from attnbench.spec import Case, RunOptions
-from attnbench.timing import summarize
-
-PARALLEL_CLOCK = "perf_counter+barrier"
-
 
 def algorithm(case: Case, backend: Any = None) -> ModuleType:
     """The module (``forward``, ``backward``) that runs this case's split: the backend's own
@@ -73,45 +73,51 @@ def algorithm(case: Case, backend: Any = None) -> ModuleType:
 
 def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
     """Run ``case`` on this rank; rank 0 returns the record, the other ranks None."""
-    from attnbench.execution.case_runner import device_env
-
-    started, t0 = utc_now(), time.perf_counter()
     rank = int(os.environ.get("RANK", "0"))
     pool_size = int(os.environ.get("WORLD_SIZE", "1"))
-    device = rank_device(int(os.environ.get("LOCAL_RANK", rank)))
-    env = device_env(device)
+    device = pick_device(int(os.environ.get("LOCAL_RANK", rank)))
+    make = RecordMaker(case, device_env(device))
 
     def record(verdict: str, reason: str = "", **fields) -> Optional[dict]:
-        if rank != 0:
-            return None
-        return make_record(case, verdict=verdict, reason=reason, env=env, started=started,
-                           duration_s=time.perf_counter() - t0, **fields)
+        return make(verdict, reason, **fields) if rank == 0 else None
 
     # 1. decided alike on every rank, before any communication
     if pool_size != case.world_size or "RANK" not in os.environ:
         return record("error", f"cp={case.cp} x tp={case.tp} needs a rank pool of "
                                f"{case.world_size} processes; this one has {pool_size}")
+    refused = interpreter_on_gpu(device)
+    if refused:
+        return record("error", refused)
     reason = layout.unsupported_reason(case)
     if reason:
         return record("unsupported", reason)
     try:
         backend = get_backend(case.backend)
     except Exception as exc:
-        return record("error", f"cannot load backend {case.backend!r}: {exc}",
-                      crash={"traceback": traceback.format_exc()[-4000:]})
+        return make.exception("error", exc, f"cannot load backend {case.backend!r}: ") \
+            if rank == 0 else None
+    make.env["backend"] = backend_env(case.backend, backend)
     reason = backend.supports(case, device)
     algo = algorithm(case, backend)
     if not reason and algo is ring:
         reason = ring.unsupported_reason(backend)
     if reason:
         return record("unsupported", reason)
+    try:
+        return _run(case, options, device, backend, algo, rank, record, make)
+    finally:
+        release_prepared(backend)
+        release_memory(device)
 
+
+def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, rank: int,
+         record, make: RecordMaker) -> Optional[dict]:
     # 2. group, inputs, shard
     world = get_world(options.timeout_s)
     comm = Comm(world, rank_layout(world, case.cp, case.tp))
     shard = Shard.of(case, comm.layout.cp_rank, comm.layout.tp_rank)
-    env["process_group"] = {"backend": world.backend, "host_staging": world.staging,
-                            "created": world.prefix}
+    make.env["process_group"] = {"backend": world.backend, "host_staging": world.staging,
+                                 "created": world.prefix}
     spec = AttnSpec.from_case(case).replace(head_start=shard.heads.q_start)
     q, k, v, dout = make_inputs(case, device)
     local = (shard.slice_q(q), shard.slice_kv(k), shard.slice_kv(v))
@@ -133,30 +139,27 @@ def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
     except PeerFailed as exc:
         return record("error", str(exc))
     grads = run_backward(ctx)
-    _sync(device)
-    full = _gather(comm, case, shard, ctx.out, grads) if options.accuracy else None
-    timing = _time(comm, case, device, world.timing_note, options,
-                   lambda: run_forward(), lambda: run_backward(ctx)) \
-        if options.timing.enabled else None
+    sync(device)
+    full = _gather(comm, case, shard, ctx.out, grads)
+    timing = None
+    if options.timing.enabled:
+        timing = time_case(case, device, run_forward, lambda: run_backward(ctx), options.timing,
+                           peaks=device_peaks(device, case.dtype), ranks=comm,
+                           world_size=case.world_size, note=world.timing_note)
     if rank != 0:
         return None
 
     # 5. rank 0: accuracy and parity of the whole result
-    if full is None:
-        return record("pass", "", timing=timing)
+    if not options.accuracy:
+        judgement = timed_only(full["out"], [full[t] for t in ("dq", "dk", "dv")])
+        return record(judgement.verdict, judgement.reason, timing=timing,
+                      **judgement.record_fields())
     try:
-        accuracy, checks, verdict, reason = evaluate_parallel(case, backend, q, k, v, dout, full)
+        judgement = evaluate_parallel(case, backend, q, k, v, dout, full)
     except Exception as exc:  # the checks' own failure (say, OOM in the single-device run)
-        return record("error", f"evaluating the gathered result: {type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0][:300] if str(exc) else ''}",
-                      crash={"traceback": traceback.format_exc()[-4000:]}, timing=timing)
-    return record(verdict, reason, checks=[c.to_dict() for c in checks], accuracy=accuracy,
-                  timing=timing)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        return make.exception("error", exc, "evaluating the gathered result: ", timing=timing)
+    return record(judgement.verdict, judgement.reason, timing=timing,
+                  **judgement.record_fields())
 
 
 # -- gathering -----------------------------------------------------------------------------------
@@ -196,89 +199,29 @@ def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> O
 # -- checks (rank 0) -----------------------------------------------------------------------------
 
 
-def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict):
+def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict) -> Judgement:
     """The usual accuracy checks on the gathered tensors, plus parity against the same backend
-    at CP = 1, TP = 1. Returns (accuracy, checks, verdict, reason)."""
-    from attnbench.execution.case_runner import evaluate
-
+    at CP = 1, TP = 1 on the same inputs."""
     spec = AttnSpec.from_case(case)
     results = (full["out"], full["dq"], full["dk"], full["dv"])
     judged_as = case
     if case.backend == "reference" and algorithm(case) is ring:
         # "fp64 rounded once" no longer describes a ring of the reference: its blocks merge
         # through float32 log-sum-exps (fp32: ~1e-7 against a bound of 6e-8). Judge it like a
-        # fused kernel instead, against the naive baseline.
+        # fused kernel instead, against the baseline.
         judged_as = case.replace(backend="reference (ring)")
-    accuracy, checks, verdict, reason = evaluate(judged_as, backend, spec, q, k, v, dout,
-                                                 results[0], results[1:])
+    judgement = evaluate(judged_as, backend, spec, q, k, v, dout, results[0], results[1:])
     fwd = backend.forward(q, k, v, spec)
     single = dict(zip(TENSORS, (fwd.out, *backend.backward(fwd.ctx, dout))))
     keep_mask = getattr(backend, "keep_mask", None)
-    single_errors = None
     if spec.dropout_p > 0 and keep_mask is None:
-        accuracy["parity_note"] = ("not judged: the backend does not expose its dropout mask, so "
-                                   "the split run's masks need not be the single run's")
-    else:
-        out64, lse64 = reference_forward(q, k, v, spec, keep_mask=keep_mask)
-        ref = dict(zip(TENSORS, (out64, *reference_backward(q, k, v, out64, lse64, dout, spec,
-                                                            keep_mask=keep_mask))))
-        single_errors = {t: acc.tensor_errors(single[t], ref[t])["rel_l2"] for t in TENSORS}
-    parity_checks, table = parity(full, single, single_errors, case.dtype)
-    accuracy["parity"] = table
-    checks = [*checks, *parity_checks]
-    failed = [c for c in parity_checks if not c.passed]
-    if failed:
-        text = "parity: " + "; ".join(c.describe() for c in failed[:2])
-        verdict, reason = "fail", (f"{reason}; {text}" if reason and verdict == "fail" else text)
-    return accuracy, checks, verdict, reason
-
-
-# -- timing (every rank) -------------------------------------------------------------------------
-
-
-def _measure_agreed(fn, comm: Comm, device: torch.device, options) -> Any:
-    """Like :func:`attnbench.timing.measure`, but every sample is bracketed by barriers (so it
-    spans the slowest rank) and rank 0 decides for all when to stop."""
-    def sample() -> float:
-        comm.barrier()
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        comm.barrier()
-        return (time.perf_counter() - start) * 1e3
-
-    for _ in range(options.warmup):
-        fn()
-    samples: list[float] = []
-    deadline = time.perf_counter() + options.max_seconds
-    while True:
-        samples.append(sample())
-        n = len(samples)
-        stop = n >= options.max_samples or (
-            n >= options.min_samples and (summarize(samples).rel_iqr <= options.target_rel_iqr
-                                          or time.perf_counter() >= deadline)) or (
-            n < options.min_samples and time.perf_counter() >= deadline + options.max_seconds)
-        if comm.decide(stop):
-            return summarize(samples)
-
-
-def _time(comm: Comm, case: Case, device: torch.device, note: str, options: RunOptions,
-          forward_fn, backward_fn) -> dict:
-    flops_fwd, flops_bwd = case_flops(case)
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    peak = peak_tflops(device_name, case.dtype)
-    fwd = _measure_agreed(forward_fn, comm, device, options.timing)
-    bwd = _measure_agreed(backward_fn, comm, device, options.timing)
-
-    def entry(stats, flops):
-        tflops = flops / (stats.median_ms * 1e-3) / 1e12 if stats.median_ms > 0 and not note \
-            else None
-        # The whole problem's FLOPs over world_size devices' peak.
-        pct = 100.0 * tflops / (peak * case.world_size) if (tflops and peak) else None
-        return {**stats.to_dict(), "tflops": tflops, "pct_peak": pct}
-
-    timing = {"clock": PARALLEL_CLOCK, "flops_fwd": flops_fwd, "flops_bwd": flops_bwd,
-              "fwd": entry(fwd, flops_fwd), "bwd": entry(bwd, flops_bwd)}
-    if note:
-        timing["note"] = note
-    return timing
+        _, table = parity(full, single, None, case.dtype)
+        return judgement.merged([], parity=table, parity_note=(
+            "not judged: the backend does not expose its dropout mask, so the split run's "
+            "masks need not be the single run's"))
+    out64, lse64 = reference_forward(q, k, v, spec, keep_mask=keep_mask)
+    ref = dict(zip(TENSORS, (out64, *reference_backward(q, k, v, out64, lse64, dout, spec,
+                                                        keep_mask=keep_mask))))
+    single_errors = {t: acc.tensor_errors(single[t], ref[t])["rel_l2"] for t in TENSORS}
+    checks, table = parity(full, single, single_errors, case.dtype)
+    return judgement.merged(checks, "parity: ", parity=table)

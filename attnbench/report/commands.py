@@ -11,14 +11,15 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, TextIO
 
+from attnbench.report.compare import compare_runs, summary_text
 from attnbench.report.dashboard import Dashboard, default_dashboard, load_dashboard
-from attnbench.report.data import ReportError, load_run
+from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK, ReportError
+from attnbench.report.data import load_run
 
 log = logging.getLogger("attnbench.report")
 
-EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def project_root(start: Path | None = None) -> Path:
@@ -54,6 +55,37 @@ def write_report(run_dir: Path, dashboard: Path | None = None, out_dir: Path | N
     return build_report(run, spec, out)
 
 
+def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: Path | None = None,
+                dashboard: bool = True, stream: TextIO = sys.stdout) -> int:
+    """Compare each run with the first (the baseline): write the comparison dashboard (unless
+    ``dashboard`` is false; ``out_dir`` defaults to ``dashboards/compare-<A>-vs-<B>/`` under
+    the project root) and print the summary to ``stream``. Returns the exit status:
+    ``EXIT_FAILURES`` when a case regressed on the same GPU kind, else ``EXIT_OK``. Raises
+    :class:`ReportError` on bad input.
+    """
+    paths = [Path(d).resolve() for d in run_dirs]
+    if len(set(paths)) < len(paths):
+        dup = next(p for p in paths if paths.count(p) > 1)
+        raise ReportError(f"RUN: {dup} is given twice")
+    runs = [load_run(Path(d)) for d in run_dirs]
+    ids = [r.run_id for r in runs]
+    for run in runs:
+        if ids.count(run.run_id) > 1:  # copies of one run directory: tell them apart by path
+            run.manifest = {**run.manifest, "run_id": f"{run.run_id} ({run.path})"}
+    ids = [r.run_id for r in runs]
+    comps = [compare_runs(runs[0], other, threshold) for other in runs[1:]]
+    index = None
+    if dashboard:
+        from attnbench.report.compare_page import build_compare  # matplotlib only when drawing
+
+        name = "compare-" + "-vs-".join(_safe_name(i) for i in ids)
+        out = Path(out_dir) if out_dir else project_root() / "dashboards" / name[:200]
+        index = build_compare(comps, out, command=["attnbench", "compare", *map(str, run_dirs),
+                                                   "--threshold", str(threshold)])
+    stream.write(summary_text(comps, index) + "\n")
+    return EXIT_FAILURES if any(len(c.regressions) for c in comps) else EXIT_OK
+
+
 def _safe_name(run_id: str) -> str:
     name = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in run_id).strip(".")
     return name or "run"
@@ -74,11 +106,14 @@ def add_report_commands(subparsers: argparse._SubParsersAction) -> None:
     c = subparsers.add_parser(
         "compare", help="compare runs (GPU kinds, versions): faster, slower, same, ambiguous",
         description="Match the same cases (ignoring the gpu field) in runs and compare each run "
-                    "with the first: timing as FAST / SLOW / SAME / AMBIGUOUS on the same GPU "
-                    "kind (ratios only across GPU kinds), accuracy as verdict changes and error "
-                    "ratios. Writes a comparison dashboard and prints a summary. Exit status 1 "
-                    "when a case got slower or went from pass to a failing verdict on the same "
-                    "GPU kind, so it can gate CI.")
+                    "with the first: timing as FAST / SLOW / SAME / AMBIGUOUS on the same exact "
+                    "GPU kind (ratios only across kinds; AMBIGUOUS where a timing is noisy), "
+                    "accuracy as verdict changes and error ratios between judged cases (a case "
+                    "timed with accuracy: false is not judged). Warns when the runs differ in "
+                    "driver, CUDA, cuDNN, NCCL, torch, triton, clocks, power limit or commit. "
+                    "Writes a comparison dashboard and prints a summary. Exit status 1 when a "
+                    "case got slower, went from pass to a failing verdict, or stopped running "
+                    "to the end, on the same GPU kind, so it can gate CI.")
     c.add_argument("runs", type=Path, nargs="+", metavar="RUN",
                    help="run directories; the first is the baseline")
     c.add_argument("--threshold", type=float, default=0.05,
@@ -100,8 +135,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from attnbench.report.compare import run_compare
-
     if len(args.runs) < 2:
         print("attnbench compare: RUN: give at least two run directories (the first is the "
               "baseline)", file=sys.stderr)

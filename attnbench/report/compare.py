@@ -1,8 +1,9 @@
 """Compare runs: the same cases side by side, what got faster, slower, or changed its verdict.
 
 Cases are matched on their case dict minus ``gpu`` (so a sweep run on an H100 and on an A100
-matches case for case), and within a match on the GPU kind that actually ran it
-(``record.env.gpu_kind``) when both runs have it.
+matches case for case), and within a match on the exact GPU kind that actually ran it
+(``record.env.gpu_kind``: ``H100-SXM5-80GB`` and ``H100-PCIe-80GB`` are two kinds) when both
+runs have it.
 
 Timing, per direction (fwd, bwd), compares robust intervals: the median with ``[min, q3]``.
 With A the baseline, B the other run and ``t`` the threshold (default 5%)::
@@ -10,37 +11,55 @@ With A the baseline, B the other run and ``t`` the threshold (default 5%)::
     SLOW       B.min > A.q3 * (1 + t)     B's best sample is slower than most of A's
     FAST       A.min > B.q3 * (1 + t)
     SAME       otherwise, when the medians are within t of each other
-    AMBIGUOUS  otherwise (the intervals overlap, the medians do not agree)
+    AMBIGUOUS  otherwise (the intervals overlap, the medians do not agree), or when either
+               side's timing is ``noisy`` (its spread never settled: no verdict on it)
 
 Across different GPU kinds there is no verdict, only the ratio (class ``RATIO``). A regression,
 which makes ``attnbench compare`` exit with status 1, is on the same GPU kind: a SLOW case, or a
-case that passed in A and has a failing verdict in B (fail, error, crash, timeout, oom, lost).
+case that went from a good verdict to a bad one on something both runs checked -- pass to any
+failing verdict (fail, error, crash, timeout, oom, lost), or "timed" (ran with ``accuracy:
+false``, not judged) to a case that did not run to the end (error, crash, timeout, oom, lost).
+Accuracy is compared between judged verdicts only (``records.JUDGED_VERDICTS``): a case not
+judged on one side (pass -> timed) is neither a verdict change nor a regression.
+
+The runs' environments (driver, CUDA, cuDNN, NCCL, torch, triton, clocks, power limit, commit)
+are compared too, and every difference is a warning line (:mod:`attnbench.report.environment`).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from attnbench.records import BAD_VERDICTS, TENSORS
-from attnbench.report.data import DIRECTIONS, ReportError, Run, case_key, load_run
+from attnbench.records import BAD_VERDICTS, JUDGED_VERDICTS, TENSORS
+from attnbench.report.data import DIRECTIONS, Run, case_key
+from attnbench.report.environment import (kind_text, mixed_kinds, representative, run_warnings,
+                                          software_text, warned_labels)
+from attnbench.report.style import verdict_label
 
 CLASSES = ("SLOW", "FAST", "AMBIGUOUS", "SAME", "RATIO", "n/a")
-REGRESSION_EXIT = 1
 MAX_LISTED = 25  # regressions printed to stdout; the dashboard lists all
+RAN_TO_END = ("pass", "timed", "fail")
+"""Verdicts of cases that ran to the end (figures.RAN; not imported: no matplotlib here)."""
+NOT_JUDGED = tuple(v for v in RAN_TO_END if v not in JUDGED_VERDICTS)  # ("timed",)
+DIED = tuple(v for v in BAD_VERDICTS if v not in RAN_TO_END)  # error, crash, timeout, oom, lost
+NOISY_WHY = "noisy: spread never settled"
 
 
 def classify(a: dict[str, float], b: dict[str, float], threshold: float) -> str:
-    """FAST / SLOW / SAME / AMBIGUOUS for B against A; ``a`` and ``b`` hold median, min, q3."""
+    """FAST / SLOW / SAME / AMBIGUOUS for B against A; ``a`` and ``b`` hold median, min, q3
+    and optionally ``noisy`` (a timing whose spread never settled: AMBIGUOUS, whatever the
+    numbers say)."""
     vals = [a.get(k) for k in ("median", "min", "q3")] + [b.get(k) for k in ("median", "min", "q3")]
     if any(v is None or not math.isfinite(v) or v <= 0 for v in vals):
         return "n/a"
+    if a.get("noisy") or b.get("noisy"):
+        return "AMBIGUOUS"
     if b["min"] > a["q3"] * (1 + threshold):
         return "SLOW"
     if a["min"] > b["q3"] * (1 + threshold):
@@ -61,6 +80,9 @@ class Comparison:
     only_a: pd.DataFrame
     only_b: pd.DataFrame
     differences: list[str] = field(default_factory=list)
+    """Facts of the runs that differ (GPU kinds, sweep, versions not in ``warnings``)."""
+    warnings: list[str] = field(default_factory=list)
+    """``runs differ in torch: 2.5.1 -> 2.6.0``: environment differences, one line each."""
 
     @property
     def regressions(self) -> pd.DataFrame:
@@ -102,16 +124,16 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     pairs["same_kind"] = ((pairs.run_gpu_a == pairs.run_gpu_b) | (pairs.run_gpu_a == "?")
                           | (pairs.run_gpu_b == "?"))
     for d in DIRECTIONS:
-        classes, ratios, lo, hi = [], [], [], []
+        classes, ratios, lo, hi, noisy = [], [], [], [], []
         for r in pairs.itertuples():
-            sa = {"median": getattr(r, f"{d}_median_ms_a"), "min": getattr(r, f"{d}_min_ms_a"),
-                  "q3": getattr(r, f"{d}_q3_ms_a")}
-            sb = {"median": getattr(r, f"{d}_median_ms_b"), "min": getattr(r, f"{d}_min_ms_b"),
-                  "q3": getattr(r, f"{d}_q3_ms_b")}
+            sa, sb = ({"median": getattr(r, f"{d}_median_ms_{s}"),
+                       "min": getattr(r, f"{d}_min_ms_{s}"), "q3": getattr(r, f"{d}_q3_ms_{s}"),
+                       "noisy": bool(getattr(r, f"{d}_noisy_{s}"))} for s in "ab")
             cls = classify(sa, sb, threshold)
             if cls != "n/a" and not r.same_kind:
                 cls = "RATIO"
             classes.append(cls)
+            noisy.append(" and ".join(s for s, st in zip("AB", (sa, sb)) if st["noisy"]))
             ok = cls != "n/a"
             # speed of B relative to A (> 1: B is faster), and its robust range
             ratios.append(sa["median"] / sb["median"] if ok else math.nan)
@@ -121,52 +143,132 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
         pairs[f"{d}_speed"] = ratios
         pairs[f"{d}_speed_lo"] = lo
         pairs[f"{d}_speed_hi"] = hi
+        pairs[f"{d}_noisy"] = noisy  # "", "A", "B" or "A and B": whose timing never settled
+    # Accuracy: only between judged verdicts. A case not judged on either side (timed) has no
+    # accuracy to compare, so pass -> timed is no change, and no regression.
+    judged = pairs.verdict_a.isin(JUDGED_VERDICTS) & pairs.verdict_b.isin(JUDGED_VERDICTS)
     for t in TENSORS:
         ea, eb = pairs[f"{t}_rel_l2_a"], pairs[f"{t}_rel_l2_b"]
-        pairs[f"{t}_err_ratio"] = np.where((ea > 0) & (eb >= 0), eb / ea.where(ea > 0), np.nan)
+        pairs[f"{t}_err_ratio"] = np.where(judged & (ea > 0) & (eb >= 0),
+                                           eb / ea.where(ea > 0), np.nan)
     ratio_cols = [f"{t}_err_ratio" for t in TENSORS]
     pairs["worst_err_ratio"] = pairs[ratio_cols].max(axis=1, skipna=True) if len(pairs) else []
-    pairs["verdict_changed"] = pairs.verdict_a != pairs.verdict_b
-    pairs["verdict_regression"] = (pairs.same_kind & (pairs.verdict_a == "pass")
-                                   & pairs.verdict_b.isin(BAD_VERDICTS))
-    pairs["verdict_change"] = [f"{va} → {vb}" if va != vb else va
-                               for va, vb in zip(pairs.verdict_a, pairs.verdict_b)]
+    # Both ran to the end and one was not judged: they differ in what was checked, not in the
+    # outcome (timed -> crash is a change: the case stopped running).
+    unjudged = ((pairs.verdict_a.isin(NOT_JUDGED) | pairs.verdict_b.isin(NOT_JUDGED))
+                & pairs.verdict_a.isin(RAN_TO_END) & pairs.verdict_b.isin(RAN_TO_END))
+    pairs["not_judged"] = unjudged & (pairs.verdict_a != pairs.verdict_b)
+    pairs["verdict_changed"] = (pairs.verdict_a != pairs.verdict_b) & ~unjudged
+    pairs["verdict_regression"] = pairs.same_kind & (
+        ((pairs.verdict_a == "pass") & pairs.verdict_b.isin(BAD_VERDICTS))
+        | (pairs.verdict_a.isin(NOT_JUDGED) & pairs.verdict_b.isin(DIED)))
+    pairs["verdict_change"] = [
+        f"{verdict_label(va)} → {verdict_label(vb)}" if va != vb else verdict_label(va)
+        for va, vb in zip(pairs.verdict_a, pairs.verdict_b)]
     only_a = fa[~fa.match_key.isin(set(fb.match_key))]
     only_b = fb[~fb.match_key.isin(set(fa.match_key))]
+    warnings = environment_warnings(a, b)
     return Comparison(a=a, b=b, threshold=threshold, pairs=pairs, only_a=only_a, only_b=only_b,
-                      differences=differences(a, b))
+                      differences=differences(a, b, skip=warned_labels(warnings)),
+                      warnings=warnings)
 
 
 def run_facts(run: Run) -> dict[str, str]:
-    """What a run is, for telling runs apart: GPU kinds, attnbench and library versions."""
-    m = run.manifest
+    """What a run is, for telling runs apart: the exact GPU kinds (and their families), the
+    driver, CUDA, library versions and commit of its most common environment (the records'
+    own, which produced the numbers, before the manifest's, which are the client's), the
+    matmul peak its workers measured, and the sweep."""
+    m, df = run.manifest, run.frame
+    view = representative(run.records)
     facts = {"GPU": ", ".join(run.gpu_kinds) or "?"}
-    if m.get("attnbench"):
-        facts["attnbench"] = str(m["attnbench"])
+    families = sorted(set(df.gpu_family.dropna().astype(str))) if "gpu_family" in df else []
+    if families and families != run.gpu_kinds:
+        facts["family"] = ", ".join(families)
+    for key, name in (("driver_version", "driver"), ("cuda_runtime", "CUDA"), ("cudnn", "cuDNN"),
+                      ("nccl", "NCCL")):
+        if view.get(key):
+            facts[name] = str(view[key])
+    attnbench = m.get("attnbench") or _values(df, "env_attnbench")
+    if attnbench:
+        facts["attnbench"] = str(attnbench)
+    for name in ("torch", "triton"):
+        value = _values(df, f"env_{name}") or (m.get("versions") or {}).get(name)
+        if value:
+            facts[name] = str(value)
     for k, v in (m.get("versions") or {}).items():
-        facts[k] = str(v)
-    env_cols = {"env_attnbench": "attnbench", "env_torch": "torch", "env_triton": "triton"}
-    for col, name in env_cols.items():
-        vals = sorted(set(run.frame[col].dropna().astype(str))) if col in run.frame else []
-        if vals and name not in facts:
-            facts[name] = ", ".join(vals)
+        if k not in facts and k not in ("commit", "dirty") and v is not None:
+            facts[k] = str(v)
+    commit = view.get("commit") or (m.get("versions") or {}).get("commit")
+    if commit:
+        dirty = view.get("dirty", (m.get("versions") or {}).get("dirty"))
+        facts["commit"] = str(commit)[:12] + (" (dirty)" if dirty else "")
+    peaks = measured_peaks(run)
+    if peaks:
+        facts["measured matmul peak"] = peaks
     facts["sweep"] = str((m.get("sweep") or {}).get("name", "?"))
     return facts
 
 
-def differences(a: Run, b: Run) -> list[str]:
+def _values(df: pd.DataFrame, col: str) -> str:
+    return ", ".join(sorted(set(df[col].dropna().astype(str)))) if col in df else ""
+
+
+def measured_peaks(run: Run) -> str:
+    """The matmul peak the run's workers measured (timing.measured_peak_tflops), median per
+    GPU kind and dtype: "bf16 790 TFLOP/s"; "" when no record has it (CPU, older records)."""
+    df = run.frame
+    if "measured_peak_tflops" not in df or df.measured_peak_tflops.isna().all():
+        return ""
+    rows = df[df.measured_peak_tflops.notna()]
+    peaks = rows.groupby([rows.gpu_kind.fillna("?").astype(str), rows.dtype.astype(str)])
+    many = rows.gpu_kind.nunique() > 1
+    return ", ".join(f"{kind + ' ' if many else ''}{dtype} {value:.0f} TFLOP/s"
+                     for (kind, dtype), value in peaks.measured_peak_tflops.median().items())
+
+
+# Facts not compared as facts: measurements, what restates another fact, and what
+# environment_warnings compares between the records' own environments.
+NOT_COMPARED = ("family", "measured matmul peak", "driver", "CUDA", "cuDNN", "NCCL", "commit")
+
+
+def differences(a: Run, b: Run, skip: set[str] = frozenset()) -> list[str]:
+    """``name A → B`` for each fact of :func:`run_facts` that differs, except those a warning
+    already names (``skip``) and measurements."""
     fa, fb = run_facts(a), run_facts(b)
     out = []
     for k in dict.fromkeys([*fa, *fb]):
+        if k in skip or k in NOT_COMPARED:
+            continue
         if fa.get(k) != fb.get(k):
             out.append(f"{k} {fa.get(k, '?')} → {fb.get(k, '?')}")
     return out
 
 
+def environment_warnings(a: Run, b: Run) -> list[str]:
+    """``runs differ in torch: 2.13.0 -> 2.14.0``, one line per difference between the runs'
+    representative environments (:func:`environment.representative`: the most common one of
+    each run, since a run is compared as a whole), and a line for a run whose records of one
+    GPU kind come from several environments (the representative does not stand for all)."""
+    lines = run_warnings(representative(a.records), representative(b.records))
+    for name, run in (("A", a), ("B", b)):
+        for kind, n in mixed_kinds(run.records).items():
+            lines.append(f"run {name} ({run.run_id}) mixes {n} environments on {kind}: "
+                         "compared by its most common one")
+    return lines
+
+
 def describe(run: Run) -> str:
+    """``run-id (H100-SXM5-80GB (family H100); driver 550.54.15 (CUDA 12.4), CUDA runtime
+    12.4, torch 2.5.1, ...; measured bf16 790 TFLOP/s; attnbench 0.1.0)``."""
     f = run_facts(run)
-    return (f"{run.run_id} ({f['GPU']}; torch {f.get('torch', '?')}; "
-            f"attnbench {f.get('attnbench', '?')})")
+    view = representative(run.records)
+    kind = kind_text(view) if len(run.gpu_kinds) == 1 and view.get("gpu_kind") else f["GPU"]
+    software = software_text({k: v for k, v in view.items() if k != "python"})
+    parts = [kind, software or f"torch {f.get('torch', '?')}"]
+    if f.get("measured matmul peak"):
+        parts.append(f"measured {f['measured matmul peak']}")
+    parts.append(f"attnbench {f.get('attnbench', '?')}")
+    return f"{run.run_id} ({'; '.join(parts)})"
 
 
 # ------------------------------------------------------------------------------------------
@@ -179,12 +281,20 @@ def _pct(speed: float) -> str:
     return f"{(1 / speed - 1) * 100:+.1f}% time"
 
 
+def _same_family(pairs: pd.DataFrame) -> str:
+    """", same family H100" when both kinds of these pairs are of one family."""
+    families = set(pairs.gpu_family_a.dropna()) | set(pairs.gpu_family_b.dropna())
+    both = pairs.gpu_family_a.notna().all() and pairs.gpu_family_b.notna().all()
+    return f", same family {families.pop()}" if both and len(families) == 1 else ""
+
+
 def summary_text(comps: Sequence[Comparison], index: Path | None = None) -> str:
     lines: list[str] = []
     for c in comps:
         p = c.pairs
         lines.append(f"A (baseline) = {describe(c.a)}")
         lines.append(f"B            = {describe(c.b)}")
+        lines += [f"  warning: {w}" for w in c.warnings]
         if c.differences:
             lines.append("  differs: " + "; ".join(c.differences))
         n_same = int(p.same_kind.sum()) if len(p) else 0
@@ -195,15 +305,26 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None) -> str:
             counts = p[f"{d}_class"].value_counts() if len(p) else pd.Series(dtype=int)
             text = ", ".join(f"{int(counts[k])} {k}" for k in ("FAST", "SLOW", "SAME", "AMBIGUOUS",
                                                               "RATIO", "n/a") if k in counts)
+            noisy = int(((p[f"{d}_noisy"] != "") & (p[f"{d}_class"] == "AMBIGUOUS")).sum()) \
+                if len(p) else 0
+            if noisy:
+                text += f" ({noisy} AMBIGUOUS as {NOISY_WHY})"
             lines.append(f"  timing {d} (threshold {c.threshold:.0%}): {text or 'nothing timed'}")
             cross = p[~p.same_kind & p[f"{d}_speed"].notna()] if len(p) else p
             for (ka, kb), s in (cross.groupby(["run_gpu_a", "run_gpu_b"]) if len(cross) else []):
                 lines.append(f"    {kb} / {ka} speed ratio: median {s[f'{d}_speed'].median():.2f}x "
-                             f"over {len(s)} cases (ratio only: different GPU kinds)")
+                             f"over {len(s)} cases (ratio only: different GPU kinds"
+                             f"{_same_family(s)})")
         changed = p[p.verdict_changed] if len(p) else p
         lines.append(f"  verdicts: {len(changed)} changed" + (
             " (" + ", ".join(f"{n} {k}" for k, n in changed.verdict_change.value_counts().items())
             + ")" if len(changed) else ""))
+        unjudged = p[p.not_judged] if len(p) else p
+        if len(unjudged):
+            lines.append(f"  {len(unjudged)} not compared for accuracy: not judged in A or B "
+                         "(timed only, accuracy: false) (" + ", ".join(
+                             f"{n} {k}" for k, n in unjudged.verdict_change.value_counts().items())
+                         + ")")
         if len(p) and p.worst_err_ratio.notna().any():
             worst = p.loc[p.worst_err_ratio.idxmax()]
             lines.append(f"  accuracy: error ratio B/A median {p.worst_err_ratio.median():.2f}, "
@@ -216,14 +337,14 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None) -> str:
                 n_verdict = int(s.verdict_regression.sum())
                 speed = s[[f"{d}_speed" for d in DIRECTIONS]].min(axis=1)
                 lines.append(f"    {backend}: {n_slow} slower (median {_pct(speed.median())}), "
-                             f"{n_verdict} from pass to a failing verdict")
+                             f"{n_verdict} to a failing verdict")
             for r in reg.head(MAX_LISTED).itertuples():
                 what = []
                 for d in DIRECTIONS:
                     if getattr(r, f"{d}_class") == "SLOW":
                         what.append(f"SLOW {d} {_pct(getattr(r, f'{d}_speed'))}")
                 if r.verdict_regression:
-                    what.append(f"{r.verdict_a} -> {r.verdict_b}")
+                    what.append(f"{verdict_label(r.verdict_a)} -> {verdict_label(r.verdict_b)}")
                 lines.append(f"    {', '.join(what):<34} {r.label_b} [{r.id_b}]")
             if len(reg) > MAX_LISTED:
                 lines.append(f"    ... and {len(reg) - MAX_LISTED} more (the dashboard lists all)")
@@ -234,32 +355,3 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None) -> str:
         lines.append(f"dashboard: {index}")
     return "\n".join(lines)
 
-
-# ------------------------------------------------------------------------------------------
-# entry
-
-
-def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: Path | None = None,
-                dashboard: bool = True, stream: TextIO = sys.stdout) -> int:
-    paths = [Path(d).resolve() for d in run_dirs]
-    if len(set(paths)) < len(paths):
-        dup = next(p for p in paths if paths.count(p) > 1)
-        raise ReportError(f"RUN: {dup} is given twice")
-    runs = [load_run(Path(d)) for d in run_dirs]
-    ids = [r.run_id for r in runs]
-    for run in runs:
-        if ids.count(run.run_id) > 1:  # copies of one run directory: tell them apart by path
-            run.manifest = {**run.manifest, "run_id": f"{run.run_id} ({run.path})"}
-    ids = [r.run_id for r in runs]
-    comps = [compare_runs(runs[0], other, threshold) for other in runs[1:]]
-    index = None
-    if dashboard:
-        from attnbench.report.commands import _safe_name, project_root
-        from attnbench.report.compare_page import build_compare
-
-        name = "compare-" + "-vs-".join(_safe_name(i) for i in ids)
-        out = Path(out_dir) if out_dir else project_root() / "dashboards" / name[:200]
-        index = build_compare(comps, out, command=["attnbench", "compare", *map(str, run_dirs),
-                                                   "--threshold", str(threshold)])
-    stream.write(summary_text(comps, index) + "\n")
-    return REGRESSION_EXIT if any(len(c.regressions) for c in comps) else 0

@@ -1,4 +1,8 @@
-"""The comparison dashboard: each run against the baseline, figures and a sortable table."""
+"""The comparison dashboard: each run against the baseline, figures and a sortable table.
+
+Environment differences (driver, CUDA, torch, clocks, commit, ...) are warnings at the top of
+each pair; a noisy timing (spread never settled) is AMBIGUOUS, badged in the table and drawn
+hollow; "timed" cases read "not judged" and are compared for speed only."""
 
 from __future__ import annotations
 
@@ -14,13 +18,13 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from attnbench.records import TENSORS
-from attnbench.report.compare import Comparison, describe, run_facts
+from attnbench.report.compare import NOISY_WHY, Comparison, describe, run_facts
 from attnbench.report.data import DIRECTIONS
-from attnbench.report.html import (class_badge, esc, filter_controls, fmt, page, repro_command,
-                                   sort_key, verdict_badge)
-from attnbench.report.panels import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
-                                     new_figure, page_colors, save_figure, setup_x)
-from attnbench.report.style import CLASS_COLORS, RC, VERDICT_COLORS
+from attnbench.report.html import (class_badge, esc, filter_controls, fmt, noisy_badge, page,
+                                   repro_command, sort_key, verdict_badge)
+from attnbench.report.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
+                                      new_figure, page_colors, save_figure, setup_x)
+from attnbench.report.style import CLASS_COLORS, RC, VERDICT_COLORS, verdict_label
 
 
 def build_compare(comps: Sequence[Comparison], out_dir: Path, command: Sequence[str]) -> Path:
@@ -68,6 +72,9 @@ def pair_section(i: int, c: Comparison, ctx: Context, anchor: str) -> str:
              f'<p class="desc">A (baseline) = {esc(describe(c.a))}<br>B = {esc(describe(c.b))}'
              + (f"<br>Differs: {esc('; '.join(c.differences))}" if c.differences else "")
              + "</p>"]
+    if c.warnings:
+        parts.append('<ul class="warn">' + "".join(f"<li>{esc(w)}</li>" for w in c.warnings)
+                     + "</ul>")
     n_same = int(p.same_kind.sum()) if len(p) else 0
     parts.append(f"<p>{len(p)} matched case pairs ({n_same} on the same GPU kind, "
                  f"{len(p) - n_same} across GPU kinds: ratios only); {len(c.only_a)} cases only "
@@ -78,7 +85,15 @@ def pair_section(i: int, c: Comparison, ctx: Context, anchor: str) -> str:
         badges = " ".join(class_badge(k, int(counts[k]))
                           for k in ("SLOW", "FAST", "AMBIGUOUS", "SAME", "RATIO", "n/a")
                           if k in counts)
-        parts.append(f"<p><b>{DIRECTION_LABELS[d]}</b>: {badges or 'nothing timed'}</p>")
+        noisy = int(((p[f"{d}_noisy"] != "") & (p[f"{d}_class"] == "AMBIGUOUS")).sum()) \
+            if len(p) else 0
+        why = f" ({noisy} AMBIGUOUS as {NOISY_WHY})" if noisy else ""
+        parts.append(f"<p><b>{DIRECTION_LABELS[d]}</b>: {badges or 'nothing timed'}{esc(why)}</p>")
+    unjudged = int(p.not_judged.sum()) if len(p) else 0
+    if unjudged:
+        parts.append(f"<p>{unjudged} case pair(s) not compared for accuracy: "
+                     f"{esc(verdict_label('timed'))} in A or B (timed only, accuracy: false); "
+                     "their speed is compared.</p>")
     figs: list[FigureFile] = []
     if len(p) and any(p[f"{d}_speed"].notna().any() for d in DIRECTIONS):
         figs.append(speed_figure(i, c, ctx))
@@ -106,6 +121,7 @@ def speed_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
     axes = fig.subplots(len(backends), len(DIRECTIONS), squeeze=False, sharey=True)
     present: set[str] = set()
     has_same = bool(p.same_kind.any())
+    any_noisy = False
     for row, backend in enumerate(backends):
         sub = p[p.backend_b.astype(str) == backend]
         for col, d in enumerate(DIRECTIONS):
@@ -132,8 +148,13 @@ def speed_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
                 y = s[f"{d}_speed"][mask].to_numpy()
                 yerr = np.vstack([y - s[f"{d}_speed_lo"][mask].to_numpy(),
                                   s[f"{d}_speed_hi"][mask].to_numpy() - y])
-                ax.errorbar(xs, y, yerr=np.clip(yerr, 0, None), fmt="o", ms=3.2,
-                            color=CLASS_COLORS[cls], elinewidth=0.8, alpha=0.85, zorder=3)
+                hollow = (s[f"{d}_noisy"][mask] != "").to_numpy()  # spread never settled
+                for part, face in ((~hollow, CLASS_COLORS[cls]), (hollow, "white")):
+                    if part.any():
+                        ax.errorbar(xs[part], y[part], yerr=np.clip(yerr[:, part], 0, None),
+                                    fmt="o", ms=3.2, color=CLASS_COLORS[cls], mfc=face,
+                                    elinewidth=0.8, alpha=0.85, zorder=3)
+                any_noisy |= bool(hollow.any())
             if len(s):
                 med = s.groupby("seqlen_q_b")[f"{d}_speed"].median()
                 ax.plot([pos(v) for v in med.index], med.values, color="#1d2330", lw=1.2,
@@ -146,6 +167,9 @@ def speed_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
     order = [k for k in ("SLOW", "FAST", "AMBIGUOUS", "SAME", "RATIO") if k in present]
     handles = [Line2D([], [], marker="o", ls="", color=CLASS_COLORS[k]) for k in order]
     labels = list(order)
+    if any_noisy:
+        handles.append(Line2D([], [], marker="o", ls="", color="#444444", mfc="white"))
+        labels.append("hollow: noisy")
     handles.append(Line2D([], [], color="#1d2330", lw=1.2, marker="_", ms=12))
     labels.append("median per seqlen")
     if has_same:
@@ -156,7 +180,8 @@ def speed_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
                  fontsize=10, fontweight="bold")
     return save_figure(fig, ctx, f"c{i + 1:02d}-speed",
                        "Each point is a case: median speed ratio, bars from the robust interval "
-                       "[min, q3]; colour is the class.")
+                       "[min, q3]; colour is the class; hollow: a side's timing is noisy (its "
+                       "spread never settled), so the case is AMBIGUOUS.")
 
 
 RATIO_TICKS = (1 / 8, 1 / 4, 1 / 3, 1 / 2, 2 / 3, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 8.0)
@@ -248,15 +273,12 @@ def pairs_table(i: int, c: Comparison) -> str:
     for r in p.itertuples():
         verdict = (verdict_badge(r.verdict_a) if r.verdict_a == r.verdict_b else
                    f"{verdict_badge(r.verdict_a)} → {verdict_badge(r.verdict_b)}")
-        cells = [
-            f'<td data-sort="{esc(r.fwd_class)}">{class_badge(r.fwd_class)}</td>',
-            f'<td data-sort="{esc(r.bwd_class)}">{class_badge(r.bwd_class)}</td>',
-            f'<td data-sort="{esc(r.verdict_change)}">{verdict}</td>',
-            f"<td>{esc(r.backend_b)}</td><td>{esc(r.features_b)}</td><td>{esc(r.dtype_b)}</td>",
-            f'<td class="num" data-sort="{sort_key(r.seqlen_q_b)}">{esc(r.seqlen_q_b)}</td>',
-            f"<td>{esc(r.run_gpu_a)} → {esc(r.run_gpu_b)}</td>" if r.run_gpu_a != r.run_gpu_b else
-            f"<td>{esc(r.run_gpu_a)}</td>",
-        ]
+        cells = [_class_cell(r.fwd_class, r.fwd_noisy), _class_cell(r.bwd_class, r.bwd_noisy),
+                 f'<td data-sort="{esc(r.verdict_change)}">{verdict}</td>',
+                 f"<td>{esc(r.backend_b)}</td><td>{esc(r.features_b)}</td>"
+                 f"<td>{esc(r.dtype_b)}</td>",
+                 f'<td class="num" data-sort="{sort_key(r.seqlen_q_b)}">{esc(r.seqlen_q_b)}</td>',
+                 _gpu_cell(r)]
         for d in DIRECTIONS:
             for v in (getattr(r, f"{d}_median_ms_a"), getattr(r, f"{d}_median_ms_b"),
                       getattr(r, f"{d}_speed")):
@@ -272,6 +294,21 @@ def pairs_table(i: int, c: Comparison) -> str:
     return (f"<h3>Matched cases</h3>{filter_controls(table_id, filters)}"
             f'<table class="records sortable" id="{table_id}"><thead>{head}</thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def _class_cell(cls: str, noisy: str) -> str:
+    badge = class_badge(cls) + (" " + noisy_badge(f"{noisy}: {NOISY_WHY}") if noisy else "")
+    return f'<td data-sort="{esc(cls)}">{badge}</td>'
+
+
+def _gpu_cell(r) -> str:
+    """The exact kinds, A → B when they differ, with the family when the records name one."""
+    families = {f for f in (r.gpu_family_a, r.gpu_family_b) if isinstance(f, str) and f}
+    family = f'<br><span class="muted">family {esc(", ".join(sorted(families)))}</span>' \
+        if families else ""
+    kinds = esc(r.run_gpu_a) if r.run_gpu_a == r.run_gpu_b else \
+        f"{esc(r.run_gpu_a)} → {esc(r.run_gpu_b)}"
+    return f"<td>{kinds}{family}</td>"
 
 
 def unmatched_html(c: Comparison) -> str:

@@ -5,16 +5,20 @@ Columns of :func:`frame` (one row per record)::
     id, label, features, verdict, reason          # from the record
     <every Case field>                            # backend, dtype, seqlen_q, cp, tp, gpu, ...
     world_size, attention_kind                    # derived from the case
-    gpu_kind, host, device_name,                  # from record.env
+    gpu_kind, gpu_family, host, device_name,      # from record.env (kind: the exact SKU)
     env_torch, env_triton, env_attnbench
-    flops_fwd, flops_bwd, clock                   # from record.timing
-    fwd_median_ms, fwd_q1_ms, fwd_q3_ms, fwd_min_ms, fwd_n, fwd_tflops, fwd_pct_peak, (bwd_ too)
+    flops_fwd, flops_bwd, clock, timing_mode,     # from record.timing
+    peak_tflops, measured_peak_tflops
+    fwd_median_ms, fwd_q1_ms, fwd_q3_ms, fwd_min_ms, fwd_n, fwd_tflops, fwd_pct_peak,
+    fwd_pct_measured_peak, fwd_gbps, fwd_peak_memory_bytes, fwd_noisy (bwd_ too)
     <t>_rel_l2, <t>_bound, <t>_ratio, <t>_nonfinite, <t>_over  for t in out, dq, dk, dv
     worst_over                                    # max over tensors of rel_l2 / bound
     crash_signal, crash_exit_code
     run_id
 
-Missing values are NaN / None; nothing is invented.
+Missing values are NaN / None; nothing is invented. Records written before a field existed
+(no ``gpu_family``, ``gbps``, ``noisy``, ...) read as unknown: ``<d>_noisy`` is True only where
+the record says so.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from attnbench.errors import ReportError  # noqa: F401  (raised here, importers' name)
 from attnbench.records import TENSORS
 
 IDENTITIES = ("dv_v", "dq_q", "dk_sum")
@@ -35,17 +40,15 @@ CHECK_COLUMNS = IDENTITIES + ("parity",)
 from attnbench.spec import CASE_FIELDS
 
 
-class ReportError(ValueError):
-    """Bad input to report / compare; the message names the file and field and is user-ready."""
-
-
 # Columns a dashboard filter may name besides the Case fields (validated without data).
 EXTRA_COLUMNS: tuple[str, ...] = (
     "id", "label", "features", "verdict", "reason", "world_size", "attention_kind", "gpu_kind",
-    "host", "device_name", "env_torch", "env_triton", "env_attnbench", "clock", "run_id",
+    "gpu_family", "host", "device_name", "env_torch", "env_triton", "env_attnbench", "clock",
+    "timing_mode", "run_id",
 )
 FILTER_COLUMNS: tuple[str, ...] = tuple(CASE_FIELDS) + EXTRA_COLUMNS
-TIMING_STATS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops", "pct_peak")
+TIMING_STATS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops", "pct_peak",
+                "pct_measured_peak", "gbps", "peak_memory_bytes")
 DIRECTIONS = ("fwd", "bwd")
 
 
@@ -159,21 +162,27 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
         run_id=run_id,
     )
     env = rec.get("env") or {}
-    row.update(gpu_kind=env.get("gpu_kind"), host=env.get("host"),
-               device_name=env.get("device_name"), env_torch=env.get("torch"),
-               env_triton=env.get("triton"), env_attnbench=env.get("attnbench"))
+    row.update(gpu_kind=env.get("gpu_kind"), gpu_family=env.get("gpu_family"),
+               host=env.get("host"), device_name=env.get("device_name"),
+               env_torch=env.get("torch"), env_triton=env.get("triton"),
+               env_attnbench=env.get("attnbench"))
 
     timing = rec.get("timing") or {}
     row["clock"] = timing.get("clock")
-    row["flops_fwd"] = _num(timing.get("flops_fwd"))
-    row["flops_bwd"] = _num(timing.get("flops_bwd"))
+    row["timing_mode"] = timing.get("mode")
+    for key in ("flops_fwd", "flops_bwd", "peak_tflops", "measured_peak_tflops"):
+        row[key] = _num(timing.get(key))
     for d in DIRECTIONS:
         stats = timing.get(d) or {}
         for s in TIMING_STATS:
             row[f"{d}_{s}"] = _num(stats.get(s))
+        row[f"{d}_noisy"] = stats.get("noisy") is True
 
     acc = rec.get("accuracy") or {}
     tensors = acc.get("tensors") or {}
+    # A case timed with `accuracy: false` has no tensors section, only its NaN/Inf checks.
+    counted = {c.get("tensor"): _num(c.get("value")) for c in rec.get("checks") or []
+               if isinstance(c, dict) and c.get("check") == "nonfinite"}
     overs = []
     for t in TENSORS:
         m = tensors.get(t) or {}
@@ -181,9 +190,9 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
         row[f"{t}_rel_l2"] = rel
         row[f"{t}_bound"] = bound
         row[f"{t}_ratio"] = _num(m.get("ratio"))
-        row[f"{t}_nonfinite"] = _num(m.get("nonfinite"))
+        row[f"{t}_nonfinite"] = _num(m.get("nonfinite")) if m else counted.get(t, math.nan)
         over = rel / bound if bound and bound > 0 and not math.isnan(rel) else math.nan
-        if m and (not math.isnan(row[f"{t}_nonfinite"]) and row[f"{t}_nonfinite"] > 0):
+        if not math.isnan(row[f"{t}_nonfinite"]) and row[f"{t}_nonfinite"] > 0:
             over = math.inf  # NaN/Inf in a tensor is as wrong as it gets
         row[f"{t}_over"] = over
         overs.append(over)

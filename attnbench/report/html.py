@@ -13,8 +13,9 @@ import shlex
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
-from attnbench.report.panels import PanelOutput
-from attnbench.report.style import CLASS_COLORS, SEVERITY, VERDICT_COLORS, text_color_on
+from attnbench.report.figures import PanelOutput
+from attnbench.report.style import (CLASS_COLORS, NOISY_TITLE, SEVERITY, VERDICT_COLORS,
+                                    VERDICT_TITLES, text_color_on, verdict_label)
 
 
 def esc(value: Any) -> str:
@@ -67,12 +68,21 @@ td code.cmd { background: var(--bg-soft); padding: 1px 4px; border-radius: 3px; 
               display: inline-block; margin-top: 2px; }
 td.case { font-size: 11.5px; min-width: 24ch; color: var(--muted); }
 td.reason { min-width: 30ch; max-width: 70ch; }
+td.kind { white-space: nowrap; }
 pre { background: var(--bg-soft); padding: 8px; overflow-x: auto; max-height: 320px; }
 .filters { display: flex; flex-wrap: wrap; gap: 10px; align-items: center; margin: 8px 0; }
 .filters label { font-size: 13px; color: var(--muted); }
 .filters select, .filters input { font: inherit; font-size: 13px; padding: 2px 4px; }
 .filters span { font-size: 13px; color: var(--muted); }
 details summary { cursor: pointer; color: #2a6f97; }
+.badge.noisy { background: #fff3cd; color: #6b4e00; border: 1px dashed #b8860b; font-weight: 500;
+               font-size: 11px; padding: 0 5px; }
+ul.warn { background: #fff8e1; border-left: 4px solid #f2b01c; padding: 6px 10px 6px 28px;
+          margin: 6px 0 10px; max-width: 110ch; }
+ul.warn li { margin: 1px 0; }
+.muted { color: var(--muted); font-size: 12px; }
+header.run dd.env { font-size: 12.5px; }
+header.run .muted { color: #9aa3b2; }
 """
 
 JS = """
@@ -158,10 +168,18 @@ def page(title: str, header_html: str, nav: Sequence[tuple[str, str]], body_html
 
 
 def verdict_badge(verdict: str, count: int | None = None) -> str:
+    """The verdict in its colour, by the name a reader sees ("timed" reads "not judged")."""
     color = VERDICT_COLORS.get(verdict, "#777777")
-    text = f"{count} {verdict}" if count is not None else verdict
+    label = verdict_label(verdict)
+    text = f"{count} {label}" if count is not None else label
+    title = f' title="{esc(VERDICT_TITLES[verdict])}"' if verdict in VERDICT_TITLES else ""
     return (f'<span class="badge v-{esc(verdict)}" style="background:{color};'
-            f'color:{text_color_on(color)}">{esc(text)}</span>')
+            f'color:{text_color_on(color)}"{title}>{esc(text)}</span>')
+
+
+def noisy_badge(title: str = NOISY_TITLE) -> str:
+    """Marks a number whose timing never settled (``timing.<d>.noisy``)."""
+    return f'<span class="badge noisy" title="{esc(title)}">noisy</span>'
 
 
 def class_badge(cls: str, count: int | None = None) -> str:
@@ -228,11 +246,13 @@ def sort_key(value: Any) -> str:
     return "1e308" if math.isinf(f) else repr(f)
 
 
-def filter_controls(table_id: str, columns: Sequence[tuple[str, str, list[str]]]) -> str:
-    """``columns``: (data attribute name, label, values)."""
+def filter_controls(table_id: str, columns: Sequence[tuple[str, str, list[Any]]]) -> str:
+    """``columns``: (data attribute name, label, values); a value is the attribute's value, or
+    a (value, text shown) pair."""
     parts = ['<div class="filters" role="search">']
     for attr, label, values in columns:
-        opts = "".join(f'<option value="{esc(v)}">{esc(v)}</option>' for v in values)
+        pairs = [v if isinstance(v, tuple) else (v, v) for v in values]
+        opts = "".join(f'<option value="{esc(v)}">{esc(t)}</option>' for v, t in pairs)
         parts.append(f'<label>{esc(label)} <select data-filter="{esc(attr)}" '
                      f'data-table="{esc(table_id)}" id="{esc(table_id)}-f-{esc(attr)}">'
                      f'<option value="">all</option>{opts}</select></label>')

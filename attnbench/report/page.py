@@ -1,4 +1,9 @@
-"""The report of one run: draw the dashboard's panels, then write ``index.html`` beside them."""
+"""The report of one run: draw the dashboard's panels, then write ``index.html`` beside them.
+
+The header names the exact hardware and software of the run's devices (from the records' env);
+the summary never counts a "timed" case (accuracy not checked) as a pass; the records table
+shows achieved GB/s and peak memory beside TFLOP/s and badges the timings that never settled.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,17 @@ import pandas as pd
 from attnbench.records import BAD_VERDICTS
 from attnbench.report.dashboard import Dashboard
 from attnbench.report.data import Run
-from attnbench.report.html import (esc, filter_controls, fmt, page, panel_section, repro_command,
-                                   sort_key, totals_html, verdict_badge)
-from attnbench.report.panels import Context, PanelOutput, draw_panel, page_colors
-from attnbench.report.style import SEVERITY
+from attnbench.report.environment import environments, hardware_text, software_text
+from attnbench.report.html import (esc, filter_controls, fmt, noisy_badge, page, panel_section,
+                                   repro_command, sort_key, totals_html, verdict_badge)
+from attnbench.report.figures import Context, PanelOutput, page_colors
+from attnbench.report.panels import draw_panel
+from attnbench.report.style import SEVERITY, fmt_bytes, verdict_label
 
 TABLE_ID = "records"
 MAX_FAILURES_LISTED = 300
+ENV_CLASS = ' class="env"'
+MAX_ENVIRONMENTS_SHOWN = 6  # distinct device set-ups in the header; a note counts the rest
 
 
 def build_report(run: Run, dashboard: Dashboard, out_dir: Path) -> Path:
@@ -70,9 +79,11 @@ def run_header(run: Run, dashboard: Dashboard) -> str:
         ("Command", f"<code>{esc(shlex.join(map(str, m.get('command') or [])) or '?')}</code>",
          True),
     ]
+    rows += environment_rows(run)
     planned = sweep.get("cases")
     recorded = f"{len(run.records)} records" + (f" of {planned} planned cases" if planned else "")
-    dl = "".join(f"<dt>{esc(k)}</dt><dd>{v if raw else esc(v)}</dd>" for k, v, raw in rows)
+    dl = "".join(f"<dt>{esc(k)}</dt><dd{ENV_CLASS if k in ('', 'Devices') else ''}>"
+                 f"{v if raw else esc(v)}</dd>" for k, v, raw in rows)
     missing = ('<p class="sub">manifest.json is missing: run details unknown.</p>'
                if m.get("missing") else "")
     title = sweep.get("name") or run.run_id
@@ -82,16 +93,38 @@ def run_header(run: Run, dashboard: Dashboard) -> str:
             f'<div class="totals" id="totals">{totals_html(run.frame.verdict)}</div></header>')
 
 
+def environment_rows(run: Run) -> list[tuple[str, str, bool]]:
+    """Header rows (name, HTML, raw) naming each distinct hardware + software set-up of the
+    run's records, with how many devices and records it covers. Escaped here."""
+    found = environments(run.records)
+    rows = []
+    for n, env in enumerate(found[:MAX_ENVIRONMENTS_SHOWN]):
+        hardware, software = hardware_text(env.view), software_text(env.view)
+        share = f"{len(env.devices)} device(s), {env.records} record(s)"
+        text = f"{esc(hardware)} <span class=\"muted\">— {esc(share)}</span>" + (
+            f"<br>{esc(software)}" if software else "")
+        rows.append(("Devices" if n == 0 else "", text, True))
+    if len(found) > MAX_ENVIRONMENTS_SHOWN:
+        rows.append(("", esc(f"and {len(found) - MAX_ENVIRONMENTS_SHOWN} more set-ups "
+                             "(driver, versions or clocks differ between records)"), True))
+    return rows
+
+
 def summary_section(run: Run, dashboard: Dashboard) -> str:
     df = run.frame
     bad = df[df.verdict.isin(BAD_VERDICTS)]
     parts = ['<section id="summary"><h2>Summary</h2>']
     if dashboard.description:
         parts.append(f'<p class="desc">{esc(dashboard.description)}</p>')
+    timed = int((df.verdict == "timed").sum()) if len(df) else 0
     if len(df) == 0:
         parts.append('<p class="note">This run has no records yet.</p>')
-    elif bad.empty:
+    elif bad.empty and not timed:
         parts.append(f"<p>All {len(df)} recorded cases passed or were not applicable.</p>")
+    elif bad.empty:
+        passed = int((df.verdict == "pass").sum())
+        parts.append(f"<p>No failures in {len(df)} recorded cases: {passed} passed, "
+                     f"{len(df) - passed - timed} not applicable.</p>")
     else:
         by = bad.groupby(["backend", "verdict"]).size().reset_index(name="n")
         items = []
@@ -102,6 +135,10 @@ def summary_section(run: Run, dashboard: Dashboard) -> str:
             shown = ", ".join(feats[:8]) + (f" and {len(feats) - 8} more" if len(feats) > 8 else "")
             items.append(f"<li><b>{esc(backend)}</b> {counts} — in {esc(shown)}</li>")
         parts.append(f"<p>{len(bad)} of {len(df)} cases did not pass:</p><ul>{''.join(items)}</ul>")
+    if timed:
+        parts.append(f"<p>{timed} of {len(df)} cases are {verdict_badge('timed')}: they ran "
+                     "with <code>accuracy: false</code> (timed, and checked for NaN/Inf only), "
+                     "so they are not passes.</p>")
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -144,13 +181,15 @@ def records_section(run: Run, dashboard: Dashboard) -> str:
     df = run.frame
     filters = list(dashboard.table_filters)
     controls = filter_controls(TABLE_ID, [
-        (col, col, sorted({str(v) for v in df[col].dropna()}, key=_filter_order(col)))
+        (col, col, [(v, verdict_label(v)) if col == "verdict" else v for v in
+                    sorted({str(v) for v in df[col].dropna()}, key=_filter_order(col))])
         for col in filters if col in df])
     severity = {v: i for i, v in enumerate(SEVERITY)}
     head = ("<tr><th>verdict</th><th>backend</th><th>features</th><th>dtype</th>"
             "<th>seqlen q/kv</th><th>heads q/kv</th><th>GPU</th><th>worst err/bound</th>"
-            "<th>fwd TFLOP/s</th><th>bwd TFLOP/s</th><th>reason · reproduce</th><th>case</th>"
-            "</tr>")
+            "<th>fwd TFLOP/s</th><th>bwd TFLOP/s</th><th>fwd GB/s</th><th>bwd GB/s</th>"
+            '<th title="peak device memory of one call, forward / backward">peak mem</th>'
+            "<th>reason · reproduce</th><th>case</th></tr>")
     rows = []
     attr_cols = list(dict.fromkeys(["verdict", "backend", "features", *filters]))
     for r in df.itertuples():
@@ -168,16 +207,34 @@ def records_section(run: Run, dashboard: Dashboard) -> str:
             f"{esc(r.seqlen_q)}/{esc(r.seqlen_kv)}</td>"
             f'<td class="num" data-sort="{sort_key(r.heads_q)}">'
             f"{esc(r.heads_q)}/{esc(r.heads_kv)}</td>"
-            f"<td>{esc(_cell(r.gpu_kind))}</td>"
+            f'<td class="kind">{esc(_cell(r.gpu_kind))}</td>'
             f'<td class="num{over_cls}" data-sort="{sort_key(over)}">{esc(fmt(over))}</td>'
-            f'<td class="num" data-sort="{sort_key(r.fwd_tflops)}">{esc(fmt(r.fwd_tflops))}</td>'
-            f'<td class="num" data-sort="{sort_key(r.bwd_tflops)}">{esc(fmt(r.bwd_tflops))}</td>'
+            f"{_timing_cells(r)}"
             f'<td class="reason">{esc(r.reason)}{cmd}</td>'
             f'<td class="case">{esc(r.label)}<br><code>{esc(r.id)}</code></td></tr>')
     return (f'<section id="all-records"><h2>All records</h2>'
             '<p class="desc">Click a column header to sort; pick values to filter.</p>'
             f'{controls}<table class="records sortable" id="{TABLE_ID}"><thead>{head}</thead>'
             f"<tbody>{''.join(rows)}</tbody></table></section>")
+
+
+def _timing_cells(r) -> str:
+    """TFLOP/s (a "noisy" badge where the spread never settled), GB/s, and peak memory."""
+    cells = []
+    for d in ("fwd", "bwd"):
+        value = getattr(r, f"{d}_tflops")
+        badge = " " + noisy_badge() if getattr(r, f"{d}_noisy") else ""
+        cells.append(f'<td class="num" data-sort="{sort_key(value)}">{esc(fmt(value))}{badge}'
+                     "</td>")
+    for d in ("fwd", "bwd"):
+        value = getattr(r, f"{d}_gbps")
+        cells.append(f'<td class="num" data-sort="{sort_key(value)}">{esc(fmt(value))}</td>')
+    memory = [getattr(r, f"{d}_peak_memory_bytes") for d in ("fwd", "bwd")]
+    shown = " / ".join(fmt_bytes(m) or "?" for m in memory) if any(
+        not pd.isna(m) for m in memory) else ""
+    top = max((m for m in memory if not pd.isna(m)), default=None)
+    cells.append(f'<td class="num" data-sort="{sort_key(top)}">{esc(shown)}</td>')
+    return "".join(cells)
 
 
 def _cell(value: Any) -> str:

@@ -1,8 +1,10 @@
 """One look for every figure and page: verdict colours, backend colours, figure defaults.
 
 The verdict colours are the same in the heatmap, the verdict matrix, the table badges and the
-compare page, so a colour means one thing everywhere: pass green, fail red, error dark red,
-crash purple, timeout orange, oom brown, unsupported / skipped grey, lost slate.
+compare page, so a colour means one thing everywhere: pass green, timed (accuracy not checked)
+steel blue -- never green --, fail red, error dark red, crash purple, timeout orange, oom brown,
+unsupported / skipped grey, lost slate. "timed" is shown as "not judged" (:func:`verdict_label`):
+its accuracy was not checked, so it is neither a pass nor a failure.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from attnbench.records import VERDICTS
 
 VERDICT_COLORS: dict[str, str] = {
     "pass": "#2e9e4f",
+    "timed": "#6a8fb3",
     "fail": "#d62728",
     "error": "#8b1a1a",
     "crash": "#6a2c91",
@@ -26,9 +29,18 @@ assert set(VERDICT_COLORS) == set(VERDICTS), "every verdict needs a colour"
 
 # Worst first, for "coloured by worst" cells. A silent wrong answer (fail) ranks above a loud
 # crash: a crash stops a training run, a wrong gradient quietly ruins it (seeds/001).
-SEVERITY: tuple[str, ...] = ("fail", "crash", "error", "lost", "timeout", "oom",
+# "timed" (not judged) ranks above pass, so a group with one unjudged case is never green.
+SEVERITY: tuple[str, ...] = ("fail", "crash", "error", "lost", "timeout", "oom", "timed",
                              "unsupported", "skipped", "pass")
 assert set(SEVERITY) == set(VERDICTS)
+
+# What a reader sees for a verdict whose name alone would mislead: a "timed" case ran with
+# `accuracy: false` (only NaN/Inf checked), so the page says what was not done.
+VERDICT_LABELS: dict[str, str] = {"timed": "not judged"}
+VERDICT_TITLES: dict[str, str] = {
+    "timed": "timed only (accuracy: false): NaN/Inf checked, accuracy not judged",
+}
+NOISY_TITLE = "the timing's spread never settled (timing.*.noisy): read this number with care"
 
 # Comparison classes (compare.py) share the palette: slower is red, faster green.
 CLASS_COLORS: dict[str, str] = {
@@ -72,6 +84,21 @@ def worst(verdicts: Iterable[str]) -> str:
         if v in present:
             return v
     return "pass"
+
+
+def verdict_label(verdict: str) -> str:
+    """The verdict as pages and figures show it ("timed" -> "not judged")."""
+    return VERDICT_LABELS.get(verdict, verdict)
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes as "1.25 GiB", "340 MiB", "12 KiB"; "" for unknown (None, NaN)."""
+    if n is None or n != n or n < 0:
+        return ""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
 
 
 def backend_colors(backends: Iterable[str]) -> dict[str, str]:

@@ -13,6 +13,12 @@ them:
 * seeds/004: ``triton`` with MQA and ALiBi: the bias is laid out [b, sq*np, sk] instead of
   [b, np*sq, sk] -> every tensor wrong -> ``fail``.
 
+GPU names are either the coarse kinds of records written before exact identity (``H100``,
+``A100``, ...: env with ``gpu_kind``/``torch``/``triton`` only, timing without ``noisy``, GB/s
+or memory) or exact kinds (``H100-SXM5-80GB``, ``H100-PCIe-80GB``, ``H200-SXM-141GB``,
+``A100-SXM4-80GB``: env with ``identity``/``software``/``backend``, timing with every field
+:mod:`attnbench.case_timing` writes), so reports are tested on both.
+
 Usage: ``python -m attnbench.report.synthetic OUT_DIR [--gpu H100 --gpu A100]``.
 """
 
@@ -25,6 +31,8 @@ import random
 from pathlib import Path
 from typing import Any, Sequence
 
+from attnbench.flops import case_bytes, case_flops
+from attnbench.hardware import kind_from_name, peak_tflops
 from attnbench.records import TENSORS, make_record
 from attnbench.spec import Case, parse_sweep
 
@@ -33,6 +41,24 @@ PEAK_TFLOPS = {  # dense tensor-core peaks (bf16/fp16) from the vendor data shee
 }
 DEVICE_NAMES = {"H100": "NVIDIA H100 80GB HBM3", "A100": "NVIDIA A100-SXM4-80GB",
                 "L40S": "NVIDIA L40S", "A6000": "NVIDIA RTX A6000"}
+# Exact kinds: what NVML would say about one such card (public datasheets and nvidia-smi
+# screens; tests/data/nvml holds the recorded answers). Kind, family and peaks come from
+# attnbench.hardware, as in a real record.
+IDENTITY_FIELDS = ("name", "pci_device_id", "sm_count", "memory_total_gib", "compute_capability",
+                   "sm_clock_max_mhz", "memory_clock_max_mhz", "power_limit_w")
+_CARDS = {  # kind: the IDENTITY_FIELDS, in order
+    "H100-SXM5-80GB": ("NVIDIA H100 80GB HBM3", "0x2330", 132, 79.65, "9.0", 1980, 2619, 700.0),
+    "H100-PCIe-80GB": ("NVIDIA H100 PCIe", "0x2331", 114, 79.65, "9.0", 1755, 1593, 350.0),
+    "H200-SXM-141GB": ("NVIDIA H200", "0x2335", 132, 140.4, "9.0", 1980, 3201, 700.0),
+    "A100-SXM4-80GB": ("NVIDIA A100-SXM4-80GB", "0x20B2", 108, 79.25, "8.0", 1410, 1593, 400.0),
+}
+IDENTITIES: dict[str, dict[str, Any]] = {kind: dict(zip(IDENTITY_FIELDS, facts))
+                                         for kind, facts in _CARDS.items()}
+SOFTWARE = {"python": "3.11.7", "triton": "3.1.0", "cuda_runtime": "12.4", "cudnn": "9.1.0",
+            "nccl": "2.21.5", "driver_version": "550.54.15", "cuda_driver_version": "12.4",
+            "attnbench": "0.1.0", "commit": "0123456789abcdef0123456789abcdef01234567",
+            "dirty": False}
+MEASURED_SHARE = 0.8  # measured matmul peak / datasheet peak (790 of 989 TFLOP/s on an H200)
 # Fraction of peak each backend reaches at long sequences (forward, backward).
 EFFICIENCY = {"naive": (0.18, 0.15), "sdpa_flash": (0.62, 0.48), "triton": (0.55, 0.40),
               "transformer_engine": (0.66, 0.52)}
@@ -91,14 +117,26 @@ def _flops_fwd(c: Case) -> float:
     return full * (0.5 if c.mask == "causal" else 1.0)
 
 
-def _timing(c: Case, gpu: str, rng: random.Random, slowdown: float) -> dict[str, Any]:
-    """``rng`` is the run's: it moves the samples, not the case's true speed."""
+def _peak(gpu: str) -> float:
+    return PEAK_TFLOPS[gpu] if gpu in PEAK_TFLOPS else peak_tflops(gpu, "bf16")
+
+
+def _timing(c: Case, gpu: str, rng: random.Random, slowdown: float,
+            noisy: bool = False) -> dict[str, Any]:
+    """``rng`` is the run's: it moves the samples, not the case's true speed. ``noisy``: a
+    wide spread, flagged as never settled."""
     truth = random.Random(f"{c.replace(gpu='any').id}/{gpu}/timing")
-    peak = PEAK_TFLOPS[gpu]
+    peak = _peak(gpu)
     fwd_eff, bwd_eff = EFFICIENCY.get(c.backend, (0.3, 0.25))
     ramp = c.seqlen_q / (c.seqlen_q + 1500.0)  # short sequences cannot fill the chip
     out: dict[str, Any] = {"clock": "cuda_events", "flops_fwd": _flops_fwd(c),
                            "flops_bwd": 2.5 * _flops_fwd(c)}  # 2.0 (bwd) + 0.5 (recompute)
+    exact = gpu in IDENTITIES
+    if exact:  # the fields of attnbench.case_timing
+        out.update(mode="eager", world_size=c.world_size, l2_flush_bytes=256 << 20)
+        out["flops_fwd"], out["flops_bwd"] = case_flops(c)
+        out["bytes_fwd"], out["bytes_bwd"] = case_bytes(c)
+        out.update(peak_tflops=peak, measured_peak_tflops=round(peak * MEASURED_SHARE, 1))
     for d, eff in (("fwd", fwd_eff), ("bwd", bwd_eff)):
         eff *= ramp * truth.uniform(0.95, 1.05)
         if c.dropout:
@@ -107,16 +145,50 @@ def _timing(c: Case, gpu: str, rng: random.Random, slowdown: float) -> dict[str,
             eff *= 0.82 if c.tp > 1 else 0.75  # communication not hidden behind compute
         flops = out[f"flops_{d}"] / max(c.world_size, 1)
         median = flops / (peak * eff * 1e12) * 1e3 * slowdown
-        spread = rng.uniform(0.005, 0.03)
+        spread = rng.uniform(0.005, 0.03) * (8 if noisy else 1)
         n = rng.randint(8, 40)
-        samples = sorted(median * (1 + rng.gauss(0, spread)) for _ in range(n))
+        samples = sorted(median * abs(1 + rng.gauss(0, spread)) for _ in range(n))
         q1, q3 = samples[n // 4], samples[(3 * n) // 4]
         med = samples[n // 2]
         tflops = out[f"flops_{d}"] / (med * 1e-3) / 1e12
         out[d] = {"median_ms": med, "q1_ms": q1, "q3_ms": q3, "min_ms": samples[0], "n": n,
                   "samples_ms": [round(s, 5) for s in samples], "tflops": tflops,
                   "pct_peak": 100.0 * tflops / peak}
+        if exact:
+            traffic = out[f"bytes_{d}"]
+            scores = 4.0 * c.batch * c.heads_q * c.seqlen_q * c.seqlen_kv  # fp32 S x S
+            memory = traffic * (1.5 if d == "fwd" else 2.0) + (scores if c.backend == "naive"
+                                                                 else 0.0)
+            out[d].update(calls_per_sample=1 if med > 0.05 else 4, warmup_calls=25,
+                          warmup_ms=round(max(25.0, 25 * med), 3), noisy=noisy,
+                          pct_measured_peak=100.0 * tflops / out["measured_peak_tflops"],
+                          gbps=traffic / (med * 1e-3) / 1e9,
+                          peak_memory_bytes=int(memory / max(c.world_size, 1)))
     return out
+
+
+def _env(gpu: str, host: str, versions: dict[str, str], software: dict[str, Any]) -> dict:
+    """A record's env: the coarse fields of old records, or (exact kinds) what
+    attnbench.device.device_env writes."""
+    if gpu not in IDENTITIES:
+        return {"host": host, "device": "cuda:0", "gpu_kind": gpu,
+                "device_name": DEVICE_NAMES[gpu], **versions}
+    facts = IDENTITIES[gpu]
+    kind = kind_from_name(facts["name"], facts["memory_total_gib"] * 1024,
+                          facts["pci_device_id"])
+    assert kind.kind == gpu, (kind, gpu)  # the table agrees with attnbench.hardware
+    soft = {**SOFTWARE, "torch": versions["torch"], **software}
+    identity = {**facts, "device_type": "cuda", "index": 0, "form_factor": kind.form_factor,
+                "uuid": f"GPU-{host}-0", "pci_bus_id": "00000000:18:00.0",
+                "memory_total_bytes": int(facts["memory_total_gib"] * (1 << 30)),
+                "sm_clock_app_mhz": facts["sm_clock_max_mhz"],
+                "power_limit_enforced_w": facts["power_limit_w"], "ecc_enabled": True,
+                "driver_version": soft["driver_version"],
+                "cuda_driver_version": soft["cuda_driver_version"], "unreadable": []}
+    return {"host": host, "python": soft["python"], "attnbench": soft["attnbench"], "pid": 4242,
+            "device": "cuda:0", "device_name": facts["name"], "gpu_kind": kind.kind,
+            "gpu_family": kind.family, "torch": soft["torch"], "triton": soft["triton"],
+            "identity": identity, "software": soft}
 
 
 def _accuracy(c: Case, broken: dict[str, float]) -> tuple[dict, list]:
@@ -139,9 +211,9 @@ def _accuracy(c: Case, broken: dict[str, float]) -> tuple[dict, list]:
 
 
 def _record(c: Case, gpu: str, rng: random.Random, *, slowdown: float, extra_broken: bool,
-            host: str, versions: dict[str, str]) -> dict[str, Any]:
-    env = {"host": host, "device": "cuda:0", "gpu_kind": gpu, "device_name": DEVICE_NAMES[gpu],
-           **versions}
+            host: str, versions: dict[str, str], software: dict[str, Any],
+            accuracy_on: bool = True, noisy_backend: str | None = None) -> dict[str, Any]:
+    env = _env(gpu, host, versions, software)
     common = dict(env=env, started="2026-11-29T15:02:03Z", duration_s=round(rng.uniform(0.2, 3), 3))
     if c.backend == "sdpa_flash" and (c.bias != "none" or c.softcap):
         return make_record(c, verdict="unsupported", reason="flash sub-backend has no "
@@ -177,7 +249,13 @@ def _record(c: Case, gpu: str, rng: random.Random, *, slowdown: float, extra_bro
             and c.heads_kv == 16 and c.dtype == "bf16" and c.features == "MHA causal":
         broken["dk"] = 0.05
     accuracy, checks = _accuracy(c, broken)
-    timing = _timing(c, gpu, rng, slowdown if c.backend == "triton" else 1.0)
+    timing = _timing(c, gpu, rng, slowdown if c.backend == "triton" else 1.0,
+                     noisy=c.backend == noisy_backend)
+    if not accuracy_on:  # `accuracy: false`: NaN/Inf checked only (evaluation.timed_only)
+        checks = [{"check": "nonfinite", "tensor": t, "metric": "count", "value": 0.0,
+                   "bound": 0.0, "passed": True} for t in TENSORS]
+        return make_record(c, verdict="timed", reason="accuracy not checked (accuracy: false)",
+                           checks=checks, accuracy={}, timing=timing, **common)
     if c.world_size > 1:
         for t in TENSORS:
             value = 0.5 if (t == "dq" and "dq" in broken and c.tp > 1) else \
@@ -199,11 +277,16 @@ def _record(c: Case, gpu: str, rng: random.Random, *, slowdown: float, extra_bro
 def write_synthetic_run(out_dir: str | Path, *, gpus: Sequence[str] = ("H100",),
                         run_id: str | None = None, seed: int = 0, slowdown: float = 1.0,
                         extra_broken: bool = False, torch_version: str = "2.5.1+cu124",
-                        size: str = "full") -> Path:
+                        size: str = "full", accuracy: bool = True,
+                        noisy_backend: str | None = None,
+                        software: dict[str, Any] | None = None) -> Path:
     """Write ``records.jsonl`` and ``manifest.json`` of a made-up run; returns the directory.
 
     ``slowdown`` multiplies every ``triton`` time (a performance regression to find);
-    ``extra_broken`` makes one more triton case fail (a verdict change to find).
+    ``extra_broken`` makes one more triton case fail (a verdict change to find);
+    ``accuracy=False`` is a speed-only run (verdict ``timed`` where accuracy would judge);
+    ``noisy_backend``'s timings never settle; ``software`` overrides the exact kinds'
+    software facts (``driver_version``, ``cuda_runtime``, ``commit``, ...).
     """
     rng = random.Random(seed)
     out_dir = Path(out_dir)
@@ -216,7 +299,9 @@ def write_synthetic_run(out_dir: str | Path, *, gpus: Sequence[str] = ("H100",),
                         backend_check=lambda backend: None)
     hosts = {gpu: f"node{g + 1:02d}" for g, gpu in enumerate(gpus)}
     records = [_record(case, case.gpu, rng, slowdown=slowdown, extra_broken=extra_broken,
-                       host=hosts[case.gpu], versions=versions) for case in sweep.cases]
+                       host=hosts[case.gpu], versions=versions, software=software or {},
+                       accuracy_on=accuracy, noisy_backend=noisy_backend)
+               for case in sweep.cases]
     with open(out_dir / "records.jsonl", "w") as fh:
         for rec in records:
             fh.write(json.dumps(rec) + "\n")
@@ -228,7 +313,8 @@ def write_synthetic_run(out_dir: str | Path, *, gpus: Sequence[str] = ("H100",),
         "options": sweep.options.to_dict(), "attnbench": "0.1.0",
         "hosts": [f"node{g + 1:02d}" for g in range(len(gpus))],
         "devices": [{"host": f"node{g + 1:02d}", "device": "cuda:0", "gpu_kind": gpu,
-                     "device_name": DEVICE_NAMES[gpu]} for g, gpu in enumerate(gpus)],
+                     "device_name": _env(gpu, "", versions, {})["device_name"]}
+                    for g, gpu in enumerate(gpus)],
         "versions": {"torch": torch_version, "triton": "3.1.0", "dask": "2024.8.0",
                      "distributed": "2024.8.0", "python": "3.11.7"},
     }
@@ -240,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attnbench.report.synthetic",
                                      description="Write a synthetic run directory.")
     parser.add_argument("out_dir")
-    parser.add_argument("--gpu", action="append", choices=sorted(PEAK_TFLOPS))
+    parser.add_argument("--gpu", action="append", choices=sorted(PEAK_TFLOPS) + sorted(IDENTITIES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slowdown", type=float, default=1.0)
     parser.add_argument("--size", choices=sorted(SIZES), default="full")

@@ -1,0 +1,81 @@
+"""One single-device case, inside a rank process: inputs -> backend -> judgement -> timing.
+
+Python exceptions of the backend become ``error`` (or ``oom``) records here; segfaults, aborts
+and hangs kill or stall the process and are turned into records by the pool
+(:mod:`attnbench.execution.pool`). Multi-rank cases run in :mod:`attnbench.parallel.runner`;
+:mod:`attnbench.execution.case_runner` sends each case to one of the two.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from attnbench import evaluation
+from attnbench.backends import Unsupported, get_backend
+from attnbench.backends.masks import release_prepared
+from attnbench.case_timing import time_case
+from attnbench.device import backend_env, device_env, device_peaks, interpreter_on_gpu, is_oom, pick_device, \
+    release_memory, sync
+from attnbench.inputs import make_inputs
+from attnbench.problem import AttnSpec
+from attnbench.records import RecordMaker
+from attnbench.spec import Case, RunOptions
+
+
+def run_single_case(case: Case, options: RunOptions,
+                    device: Optional[torch.device] = None) -> dict:
+    device = device or pick_device()
+    record = RecordMaker(case, device_env(device))
+    refused = interpreter_on_gpu(device)
+    if refused:
+        return record("error", refused)
+    try:
+        backend = get_backend(case.backend)
+    except Exception as exc:
+        return record.exception("error", exc, f"cannot load backend {case.backend!r}: ")
+    record.env["backend"] = backend_env(case.backend, backend)
+    reason = backend.supports(case, device)
+    if reason:
+        return record("unsupported", reason)
+    try:
+        return _run(case, options, device, backend, record)
+    except Unsupported as exc:
+        return record("unsupported", str(exc))
+    except Exception as exc:  # the backend's own failure is the measurement here
+        verdict = "oom" if is_oom(exc) else "error"
+        if device.type == "cuda" and verdict == "error":
+            # An illegal memory access leaves the CUDA context broken: ask for a fresh rank
+            # rather than let the next cases inherit it.
+            from attnbench.execution.child import recycle_after_call
+
+            recycle_after_call(f"CUDA state unknown after {type(exc).__name__}")
+        return record.exception(verdict, exc)
+    finally:
+        release_prepared(backend)
+        release_memory(device)
+
+
+def _run(case: Case, options: RunOptions, device: torch.device, backend,
+         record: RecordMaker) -> dict:
+    spec = AttnSpec.from_case(case)
+    q, k, v, dout = make_inputs(case, device)
+    fwd = backend.forward(q, k, v, spec)
+    grads = backend.backward(fwd.ctx, dout)
+    sync(device)
+    if options.accuracy:
+        judgement = evaluation.evaluate(case, backend, spec, q, k, v, dout, fwd.out, grads)
+        if getattr(backend, "deterministic", False):
+            judgement = evaluation.check_determinism(judgement, backend, fwd.ctx, dout, grads)
+    else:
+        judgement = evaluation.timed_only(fwd.out, grads)
+    timing = None
+    if options.timing.enabled:
+        # What forward derived from the case (masks, bias) is prepared by now: the timed
+        # callables hold the backend's calls only.
+        timing = time_case(case, device, lambda: backend.forward(q, k, v, spec),
+                           lambda: backend.backward(fwd.ctx, dout), options.timing,
+                           peaks=device_peaks(device, case.dtype))
+    return record(judgement.verdict, judgement.reason, timing=timing,
+                  **judgement.record_fields())

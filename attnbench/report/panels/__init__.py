@@ -1,0 +1,43 @@
+"""The dashboard's panels: one module per panel kind, and :func:`draw_panel`, which picks one.
+
+Each ``draw(panel, run, ctx)`` takes a run's frame and returns a
+:class:`~attnbench.report.figures.PanelOutput`: the PNG + SVG figures it wrote and notes for
+the page (what was not drawn and why). A panel with nothing to show says so in a note instead
+of drawing an empty axis. What the figures share (saving, axes, legends, colours) lives in
+:mod:`attnbench.report.figures`; the kinds and their options are declared in
+:mod:`attnbench.report.dashboard`. The throughput panel draws two kinds of figure: line plots
+(``throughput``) and bar charts (``throughput_bars``), which share ``throughput_common``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import matplotlib
+
+from attnbench.report.dashboard import PANEL_KINDS, Panel
+from attnbench.report.data import Run
+from attnbench.report.figures import Context, PanelOutput
+from attnbench.report.panels import (accuracy_heatmap, architecture, error_vs_seqlen, parallel,
+                                     throughput, verdict_matrix)
+from attnbench.report.style import RC
+
+DRAW: dict[str, Callable[[Panel, Run, Context], PanelOutput]] = {
+    "throughput": throughput.draw_throughput,
+    "accuracy_heatmap": accuracy_heatmap.draw_accuracy_heatmap,
+    "verdict_matrix": verdict_matrix.draw_verdict_matrix,
+    "error_vs_seqlen": error_vs_seqlen.draw_error_vs_seqlen,
+    "parallel": parallel.draw_parallel,
+    "architecture": architecture.draw_architecture,
+}
+assert set(DRAW) == set(PANEL_KINDS), "every panel kind of the dashboard needs a drawing"
+
+
+def draw_panel(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    """Draw one panel of a dashboard under the report's matplotlib style."""
+    draw = DRAW.get(panel.kind)
+    if draw is None:
+        raise ValueError(f"panel kind {panel.kind!r}: no drawing for it; the kinds are "
+                         f"{', '.join(DRAW)}")
+    with matplotlib.rc_context(RC):
+        return draw(panel, run, ctx)

@@ -1,0 +1,62 @@
+"""Names shared by the client, the Dask workers and the rank processes: Dask resource names and
+every ``ATTNBENCH_*`` environment variable. Imports nothing, so any layer may use it.
+
+Resources a worker advertises and a case asks for::
+
+    device=N        N exclusive units: the node's GPUs, or on a CPU-only node N slots
+    kind-<K>=N      the same N units under their exact kind: kind-H100-SXM5-80GB, kind-cpu
+    kind-<F>=N      ... and under their family when it differs: kind-H100
+
+A case with ``gpu: H100-SXM5-80GB`` (or ``gpu: H100``, any H100) and ``cp * tp = 4`` asks for
+``{"device": 4, "kind-H100-SXM5-80GB": 4}``; a case with ``gpu: any`` asks for
+``{"device": 4}``. Asking for both keeps Dask's count of free ``device`` units exact whatever
+mix of cases runs.
+"""
+
+from __future__ import annotations
+
+DEVICE = "device"
+"""Resource name of one exclusive unit (a GPU, or a CPU slot)."""
+KIND_PREFIX = "kind-"
+CPU_KIND = "cpu"
+
+# -- environment of the worker process, set by `attnbench worker` and the embedded cluster ------
+ENV_IDS = "ATTNBENCH_DEVICE_IDS"
+"""``0,1,2,3``: the worker's GPU ids as CUDA_VISIBLE_DEVICES takes them (or CPU slot numbers)."""
+ENV_TYPE = "ATTNBENCH_DEVICE_TYPE"
+"""``gpu`` or ``cpu``."""
+ENV_KIND = "ATTNBENCH_KIND"
+"""The kind the worker advertises; its rank processes serve cases of that kind."""
+ENV_DEVICE_KIND = "ATTNBENCH_DEVICE_KIND"
+"""The detected kind (differs from ENV_KIND under ``attnbench worker --kind``)."""
+ENV_FAMILY = "ATTNBENCH_FAMILY"
+"""The family the worker also advertises (``H100`` for ``H100-SXM5-80GB``; empty if none)."""
+ENV_THREADS = "ATTNBENCH_THREADS"
+"""torch threads per rank process."""
+
+# -- environment of a rank process ---------------------------------------------------------------
+ENV_DEVICE = "ATTNBENCH_DEVICE"
+"""Force the device cases run on (``cpu``, ``cuda:1``); default: cuda:0 if visible, else cpu."""
+ENV_POOL_DIR = "ATTNBENCH_POOL_DIR"
+"""The rank pool's scratch directory (rendezvous files, logs)."""
+ENV_POOL_START = "ATTNBENCH_POOL_START"
+"""Start number of the pool's current ranks (a rebuilt pool gets a new one)."""
+
+
+def kind_resource(kind: str) -> str:
+    return KIND_PREFIX + kind
+
+
+def node_resources(kind: str, count: int, family: str = "") -> dict[str, int]:
+    """What a worker with ``count`` units of ``kind`` (of ``family``) advertises."""
+    resources = {DEVICE: count, kind_resource(kind): count}
+    if family and family != kind:
+        resources[kind_resource(family)] = count
+    return resources
+
+
+def case_resources(gpu: str, devices: int) -> dict[str, int]:
+    """What a case asks for: ``devices`` units, of kind ``gpu`` unless it is ``any``."""
+    if gpu == "any":
+        return {DEVICE: devices}
+    return {DEVICE: devices, kind_resource(gpu): devices}
