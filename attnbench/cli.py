@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Optional
 
 from attnbench.backends import check_backend_name
-from attnbench.errors import (EXIT_CLUSTER, EXIT_FAILURES, EXIT_INTERRUPTED,
-                              EXIT_OK, ClusterError, UserError)
+from attnbench.errors import (EXIT_CLUSTER, EXIT_FAILURES, EXIT_FINDINGS, EXIT_INTERRUPTED,
+                              EXIT_OK, ClusterError, UserError, printable, short_repr)
 from attnbench.records import BAD_VERDICTS, VERDICTS
 from attnbench.spec import load_sweep, single_case_sweep
 from attnbench.store import RunStore, default_run_dir, latest_run_dir, load_manifest, load_records
@@ -23,29 +24,34 @@ from attnbench.store import RunStore, default_run_dir, latest_run_dir, load_mani
 
 # -- run --------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnbench.cluster import connect, make_security
+    from attnbench.cluster import check_connection_arguments, connect, make_security
     from attnbench.runner import run_pending
 
     sweep = load_sweep(args.sweep, check_backend_name)
     if args.case:
         sweep = single_case_sweep(sweep, args.case)
+    # Every argument is checked before the run directory is made: bad input creates nothing.
+    security = make_security(args.tls_ca_file, args.tls_cert, args.tls_key)
+    check_connection_arguments(args.scheduler, args.cluster, security)
     if args.out:
         run_dir = Path(args.out)
     elif args.resume:
         run_dir = latest_run_dir(sweep) or default_run_dir(sweep)
     else:
         run_dir = default_run_dir(sweep)
-    store = RunStore(run_dir, sweep, command=sys.argv)
+    store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or ())
     if store.resume_note:
         print(f"attnbench: warning: {store.resume_note}", file=sys.stderr, flush=True)
     pending = store.pending()
+    again = collections.Counter(store.done[c.id]["verdict"] for c in pending if c.id in store.done)
     print(f"attnbench: sweep {sweep.name!r}: {len(sweep.cases)} cases, "
-          f"{len(sweep.cases) - len(pending)} already in {run_dir}, {len(pending)} to run")
+          f"{sum(c.id in store.done for c in sweep.cases)} already in {run_dir}, "
+          f"{len(pending)} to run" + (" (again: " + ", ".join(
+              f"{n} {v}" for v, n in sorted(again.items())) + ")" if again else ""))
     summary = None
     resume = f"attnbench run {sweep.path} --out {run_dir}"
     if pending:
         try:
-            security = make_security(args.tls_ca_file, args.tls_cert, args.tls_key)
             conn = connect(args.scheduler, args.workers, cluster=args.cluster,
                            security=security, worker_wait_s=args.worker_wait)
             try:
@@ -55,12 +61,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             finally:
                 conn.close()
         except ClusterError as exc:
-            store.close()
-            print(f"attnbench: error: {exc}", file=sys.stderr)
-            print(f"attnbench: resume with: {resume}", file=sys.stderr)
+            store.close(discard_unused=True)  # a run that never started leaves nothing
+            print(f"attnbench: error: {printable(exc, 2000)}", file=sys.stderr)
+            if run_dir.exists():
+                print(f"attnbench: resume with: {resume}", file=sys.stderr)
             return EXIT_CLUSTER
+    records, foreign = store.records()
     store.close()
-    records = load_records(run_dir)
+    if foreign:
+        print(f"attnbench: warning: {run_dir / 'records.jsonl'} holds {foreign} records of cases "
+              "this sweep does not have; they are not counted", file=sys.stderr)
     print(summary_table(records))
     if summary is not None:
         share = 100 * summary.inside_s / (summary.wall_s * max(1, (conn.slots if pending else 1)))
@@ -78,8 +88,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         from attnbench.report.commands import write_report
 
         print(f"attnbench: dashboard {write_report(run_dir)}")
-    bad = sum(1 for r in records if r["verdict"] in BAD_VERDICTS)
-    return EXIT_FAILURES if bad else EXIT_OK
+    return run_status(records, findings_text(records))
+
+
+def findings_text(records: list[dict]) -> list[str]:
+    """The accuracy findings across the sweep (:mod:`attnbench.trends`), one line each."""
+    from attnbench.trends import findings
+
+    found = findings(records)
+    if not found:
+        return []
+    return [f"{len(found)} accuracy finding{'s' if len(found) != 1 else ''} (error growing with "
+            "the sequence faster than the fused baseline's; every case may still pass):",
+            *(f"  FINDING {trend.describe()}" for trend in found[:20])]
+
+
+def run_status(records: list[dict], findings: list[str]) -> int:
+    """Exit status of a finished run: failing cases first, then findings (errors.py)."""
+    for line in findings:
+        print(printable(line, 2000))
+    if any(r["verdict"] in BAD_VERDICTS for r in records):
+        return EXIT_FAILURES
+    return EXIT_FINDINGS if findings else EXIT_OK
 
 
 # -- validate ---------------------------------------------------------------------------------
@@ -104,13 +134,14 @@ def summary_table(records: list[dict]) -> str:
     width = max([len("backend")] + [len(b) for b in table])
     lines = [f"{'backend':<{width}}  " + "  ".join(f"{v:>11}" for v in present)]
     for backend in sorted(table):
-        lines.append(f"{backend:<{width}}  "
+        lines.append(f"{printable(backend):<{width}}  "
                      + "  ".join(f"{table[backend][v]:>11}" for v in present))
     bad = [r for r in records if r["verdict"] in BAD_VERDICTS]
     if bad:
         lines.append(f"{len(bad)} failing cases:")
-        for r in sorted(bad, key=lambda r: (r["verdict"], r["label"]))[:50]:
-            lines.append(f"  {r['verdict']:<8} {r['id'][:10]}  {r['label']}: {r['reason']}")
+        for r in sorted(bad, key=lambda r: (r["verdict"], r.get("label", "")))[:50]:
+            lines.append(printable(f"  {r['verdict']:<8} {r['id'][:10]}  {r.get('label', '')}: "
+                                   f"{r.get('reason', '')}", 2000))
         if len(bad) > 50:
             lines.append(f"  ... {len(bad) - 50} more (attnbench show RUN --all)")
     return "\n".join(lines)
@@ -121,18 +152,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     manifest = load_manifest(run_dir)
     records = load_records(run_dir)
     sweep = manifest.get("sweep", {})
-    print(f"run {manifest.get('run_id')}: sweep {sweep.get('name')!r} ({sweep.get('path')}), "
-          f"{len(records)}/{sweep.get('cases')} cases recorded, created {manifest.get('created')}")
-    devices = sorted({d.get("device_name") or "?" for d in manifest.get("devices", [])})
-    print(f"hosts: {', '.join(manifest.get('hosts', [])) or '-'}; devices: {', '.join(devices) or '-'}")
+    print(printable(f"run {manifest.get('run_id')}: sweep {short_repr(sweep.get('name'))} "
+                    f"({sweep.get('path')}), {len(records)}/{sweep.get('cases')} cases recorded, "
+                    f"created {manifest.get('created')}", 2000))
+    devices = sorted({str(d.get("device_name") or "?") for d in manifest.get("devices") or []})
+    print(printable(f"hosts: {', '.join(manifest.get('hosts') or []) or '-'}; devices: "
+                    f"{', '.join(devices) or '-'}", 2000))
     print(summary_table(records))
     if args.all:
-        for r in sorted(records, key=lambda r: r["label"]):
+        for r in sorted(records, key=lambda r: r.get("label", "")):
             t = r.get("timing") or {}
             fwd = (t.get("fwd") or {}).get("median_ms")
             bwd = (t.get("bwd") or {}).get("median_ms")
             times = f"fwd {fwd:.3g} ms bwd {bwd:.3g} ms" if fwd and bwd else ""
-            print(f"  {r['verdict']:<11} {r['id'][:10]}  {r['label']}  {times}  {r['reason']}")
+            print(printable(f"  {r['verdict']:<11} {r['id'][:10]}  {r.get('label', '')}  {times}  "
+                            f"{r.get('reason', '')}", 2000))
+    for line in findings_text(records):
+        print(printable(line, 2000))
     return 0
 
 
@@ -162,6 +198,36 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 
 # -- entry point ------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {short_repr(text)}, expected a positive integer")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value <= 7 * 86400):
+        raise argparse.ArgumentTypeError(f"got {short_repr(text)}, expected seconds in "
+                                         f"[0, {7 * 86400}]")
+    return value
+
+
+def _verdicts(text: str) -> tuple[str, ...]:
+    names = tuple(v.strip() for v in text.split(",") if v.strip())
+    unknown = [v for v in names if v not in VERDICTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"got {short_repr(text)}, expected verdicts among "
+                                         f"{', '.join(VERDICTS)}, comma-separated")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -175,10 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cluster", choices=("local", "slurm"),
                      help="start the cluster: local (default: embedded LocalCluster) or slurm "
                           "(dask-jobqueue; see docs/cluster.md)")
-    run.add_argument("--workers", type=int,
+    run.add_argument("--workers", type=_positive_int,
                      help="concurrent cases on the embedded cluster; with --scheduler, workers "
                           "to wait for (default 1); with --cluster slurm, jobs to start")
-    run.add_argument("--worker-wait", type=float, default=60.0, metavar="SECONDS",
+    run.add_argument("--worker-wait", type=_seconds, default=60.0, metavar="SECONDS",
                      help="how long to wait for workers to connect, or to come back for cases "
                           "only they can run (default 60)")
     run.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate(s) for TLS to the "
@@ -186,7 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tls-cert", metavar="PEM", help="this client's TLS certificate")
     run.add_argument("--tls-key", metavar="PEM", help="this client's TLS private key")
     run.add_argument("--case", action="append", metavar="ID",
-                     help="run only this case id (or unique prefix); repeatable")
+                     help="run only this case id (or unique prefix), again if --out already "
+                          "has it (the new record is its result); repeatable")
+    run.add_argument("--retry", type=_verdicts, metavar="VERDICTS",
+                     help="also run again the cases recorded with these verdicts, comma-separated "
+                          "(e.g. timeout,crash); lost and skipped cases always run again")
     run.add_argument("--no-report", action="store_true", help="do not write the dashboard")
     run.set_defaults(func=cmd_run)
 
@@ -233,7 +303,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         return args.func(args)
     except UserError as exc:
-        print(f"attnbench: error: {exc}", file=sys.stderr)
+        print(f"attnbench: error: {printable(exc, 2000)}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
         print("attnbench: interrupted", file=sys.stderr)

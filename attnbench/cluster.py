@@ -18,13 +18,14 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from attnbench.records import make_record
 from attnbench.spec import Case, RunOptions
-from attnbench.errors import ClusterError
+from attnbench.errors import ClusterError, UsageError, short_repr
 from attnbench.resources import CPU_KIND, DEVICE, ENV_THREADS, KIND_PREFIX, case_resources
 
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
@@ -33,6 +34,12 @@ log = logging.getLogger("attnbench")
 LEASE_GRACE_S = 60.0
 """Beyond a case's own timeout, how long a task waits for devices a cancelled (but still
 running) case holds before it gives up."""
+CPU_RANKS_PER_SLOT = 4
+"""A case may run up to 4 ranks per slot of a CPU worker (ranks are processes; they share the
+slots' cores). sweeps/cp_tp.yaml's largest cases (cp=4 x tp=2) run on 2 slots; more ranks per
+slot multiply the torch processes (~300 MB each) for no gain in a correctness run. A case
+beyond it is refused at planning (``skipped``, "start the worker with more --slots"), before
+any rank starts. GPU workers never share a device between ranks."""
 
 
 # -- the task ----------------------------------------------------------------------------------
@@ -51,6 +58,11 @@ def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
     options = RunOptions.from_dict(options_dict)
     t0 = time.perf_counter()
     leases = worker_leases()
+    most = len(leases.ids) * (1 if leases.gpu else CPU_RANKS_PER_SLOT)
+    if case.world_size > most:  # a client that did not plan (plan_case): no rank starts
+        return make_record(case, verdict="skipped", attempt=attempt, reason=(
+            f"cp={case.cp} x tp={case.tp} needs {case.world_size} ranks; this worker runs at "
+            f"most {most}"))
     pools = get_default_poolset()
     if not len(pools):  # first case on this worker: configure the ranks it will start
         pools.threads_per_pool = int(os.environ.get(ENV_THREADS, "0")) or None
@@ -147,7 +159,8 @@ def plan_case(case: Case, workers: Iterable[WorkerInfo]) -> tuple[Optional[dict]
 
     A case needs ``cp * tp`` units of its kind on one worker. On CPU workers a case with more
     ranks than the largest worker has slots still runs, its ranks sharing that worker's slots
-    (ranks are processes; timing is then of an oversubscribed CPU, which the lease records)."""
+    (ranks are processes; timing is then of an oversubscribed CPU, which the lease records),
+    up to :data:`CPU_RANKS_PER_SLOT` ranks per slot."""
     workers = list(workers)
     need = case.world_size
     wanted = case_resources(case.gpu, need)
@@ -155,7 +168,12 @@ def plan_case(case: Case, workers: Iterable[WorkerInfo]) -> tuple[Optional[dict]
         return wanted, ""
     cpu_slots = [w.devices for w in workers if w.kind == CPU_KIND and w.devices]
     if case.gpu in ("any", CPU_KIND) and cpu_slots:
-        return case_resources(CPU_KIND, max(cpu_slots)), ""
+        slots = max(cpu_slots)
+        if need <= CPU_RANKS_PER_SLOT * slots:
+            return case_resources(CPU_KIND, slots), ""
+        return None, (f"cp={case.cp} x tp={case.tp} needs {need} ranks; the largest CPU worker "
+                      f"has {slots} slot{'s' if slots != 1 else ''} and runs at most "
+                      f"{CPU_RANKS_PER_SLOT} ranks per slot (start it with more --slots)")
     where = describe_workers(workers)
     if not workers:
         return None, "no workers connected"
@@ -193,19 +211,46 @@ class Connection:
                 self.cluster.close()
 
 
+_ADDRESS = re.compile(r"(?:(?P<scheme>[a-z]+)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)"
+                      r"(?::(?P<port>[0-9]{1,5}))?")
+SCHEMES = ("tcp", "tls", "ucx", "ws", "wss")
+
+
+def check_connection_arguments(scheduler: Optional[str], cluster: Optional[str],
+                               security) -> None:
+    """What ``connect`` would refuse, checked before a run directory is made (exit 2)."""
+    if scheduler and cluster:
+        raise UsageError("give either --scheduler or --cluster, not both")
+    if cluster not in (None, "local", "slurm"):
+        raise UsageError(f"--cluster: got {short_repr(cluster)}, expected local or slurm")
+    if scheduler is not None:
+        match = _ADDRESS.fullmatch(scheduler)
+        if (match is None or (match["scheme"] or "tcp") not in SCHEMES
+                or (match["port"] and not 0 < int(match["port"]) < 65536)):
+            raise UsageError(f"--scheduler: got {short_repr(scheduler)}, expected a Dask "
+                             "scheduler address such as tcp://host:8786 or tls://host:8786")
+        if match["scheme"] == "tls" and security is None:
+            raise UsageError(f"{scheduler} speaks TLS: give --tls-ca-file, --tls-cert and "
+                             "--tls-key")
+    elif cluster != "slurm" and security is not None:
+        raise UsageError("TLS options apply to --scheduler or --cluster slurm; the embedded "
+                         "cluster talks over loopback inside this machine")
+
+
 def make_security(ca_file: Optional[str], cert: Optional[str], key: Optional[str]):
     """A distributed Security for TLS with one certificate for every role (client, scheduler,
-    workers), or None when no TLS option is given."""
+    workers), or None when no TLS option is given. A missing option or file is a
+    :class:`UsageError` (exit 2)."""
     if not (ca_file or cert or key):
         return None
     missing = [n for n, v in (("--tls-ca-file", ca_file), ("--tls-cert", cert), ("--tls-key", key))
                if not v]
     if missing:
-        raise ClusterError(f"TLS needs --tls-ca-file, --tls-cert and --tls-key; missing "
-                           f"{', '.join(missing)}")
+        raise UsageError(f"TLS needs --tls-ca-file, --tls-cert and --tls-key; missing "
+                         f"{', '.join(missing)}")
     for path in (ca_file, cert, key):
         if not os.path.isfile(path):
-            raise ClusterError(f"TLS: {path}: no such file")
+            raise UsageError(f"TLS: {path}: no such file")
     from distributed.security import Security
 
     return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key,
@@ -226,18 +271,13 @@ def connect(scheduler: Optional[str], slots: Optional[int] = None, *,
     """A Dask client: to ``scheduler`` if given, to SLURM jobs if ``cluster == "slurm"``, else
     to a new embedded LocalCluster. ``slots``: concurrent cases on the embedded cluster (GPUs
     used on a GPU machine), the workers to wait for on a scheduler, the jobs to start on SLURM.
-    Raises :class:`ClusterError` with a one-line message."""
-    if scheduler and cluster:
-        raise ClusterError("give either --scheduler or --cluster, not both")
+    Raises :class:`ClusterError` with a one-line message (:class:`UsageError` for arguments
+    that cannot work, see :func:`check_connection_arguments`)."""
+    check_connection_arguments(scheduler, cluster, security)
     if scheduler:
         return _connect_scheduler(scheduler, slots or 1, security, worker_wait_s)
     if cluster == "slurm":
         return _connect_slurm(slots or 1, security, worker_wait_s)
-    if cluster not in (None, "local"):
-        raise ClusterError(f"--cluster: got {cluster!r}, expected local or slurm")
-    if security is not None:
-        raise ClusterError("TLS options apply to --scheduler or --cluster slurm; the embedded "
-                           "cluster talks over loopback inside this machine")
     return _connect_local(slots)
 
 
@@ -245,8 +285,6 @@ def _connect_scheduler(address: str, min_workers: int, security,
                        worker_wait_s: float) -> Connection:
     from distributed import Client
 
-    if address.startswith("tls://") and security is None:
-        raise ClusterError(f"{address} speaks TLS: give --tls-ca-file, --tls-cert and --tls-key")
     try:
         client = Client(address, timeout="20s", security=security)
     except (OSError, TimeoutError, ValueError, TypeError) as exc:
@@ -295,10 +333,13 @@ def _connect_local(slots: Optional[int]) -> Connection:
     if gpus and slots:
         gpus = gpus[:slots]
     node = detect_node(slots=None if gpus else slots, gpus=gpus)
+    # Everything on loopback: the scheduler, the worker and the Dask dashboard (":0" would
+    # serve the dashboard on every interface while printing 127.0.0.1).
     with dask.config.set({"distributed.worker.daemon": True}):
         cluster = LocalCluster(n_workers=1, threads_per_worker=len(node.ids), processes=True,
-                               dashboard_address=":0", silence_logs=logging.ERROR,
-                               resources=node.resources, env=node.environ())
+                               host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                               silence_logs=logging.ERROR, resources=node.resources,
+                               env=node.environ())
     client = Client(cluster)
     return Connection(client, cluster, len(node.ids),
                       where=f"embedded LocalCluster ({len(node.ids)} concurrent cases, "

@@ -20,6 +20,9 @@ into that status without a traceback.
 
 from __future__ import annotations
 
+import reprlib
+import unicodedata
+
 EXIT_OK = 0
 EXIT_FAILURES = 1
 EXIT_BAD_INPUT = 2
@@ -46,6 +49,10 @@ class ReportError(UserError, ValueError):
     """A run or dashboard definition that cannot be reported."""
 
 
+class UsageError(UserError, ValueError):
+    """A command-line argument that cannot be used (checked before anything is created)."""
+
+
 class ClusterError(UserError, RuntimeError):
     """The cluster cannot be used (unreachable, no workers, scheduler lost)."""
 
@@ -57,3 +64,52 @@ def exception_summary(exc: BaseException, limit: int = 300) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0][:limit] if text else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+# -- what a message may show of the user's input -----------------------------------------------
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple = 2, 5, 5, 5
+_REPR.maxset = _REPR.maxfrozenset = _REPR.maxdeque = _REPR.maxarray = 5
+_REPR.maxstring, _REPR.maxlong, _REPR.maxother = 80, 40, 80
+MESSAGE_LIMIT = 400
+"""Characters of one message that come from input (a file's value, a record's reason)."""
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)`` bounded in size and in work: a YAML alias bomb or a 10^26-digit number
+    reads ``[[[...], ...], ...]`` / ``1000...0000``, in microseconds (reprlib looks at no more
+    than 5 items on 2 levels)."""
+    return printable(_REPR.repr(value), MESSAGE_LIMIT)
+
+
+def shown_key(key: object) -> str:
+    """A mapping key as the FIELD part of a message: itself when it is a short printable
+    string, else its bounded repr."""
+    if isinstance(key, str) and len(key) <= 60 and key.isprintable():
+        return key
+    return short_repr(key)[:60]
+
+
+_BIDI = {"\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068",
+         "\u2069", "\u200e", "\u200f"}
+
+
+def printable(text: object, limit: int | None = None) -> str:
+    """``text`` safe to print on one terminal line: control characters (ESC, CR, newline, C1),
+    and bidirectional overrides become visible escapes (``\\x1b``), so a record's reason or a
+    backend's name cannot move the cursor, recolour the terminal or reorder what is shown.
+    Longer than ``limit``: cut, with ``...``."""
+    text = str(text)
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() and c not in _BIDI else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    if c == " " or unicodedata.category(c) == "Zs":
+        return " "
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

@@ -135,6 +135,24 @@ class AttnSpec:
         dist = (q_pos[:, None] + self.diagonal_offset - k_pos[None, :]).abs().to(torch.float64)
         return (-slopes[:, None, None] * dist[None]).to(dtype)
 
+    def score_block(self, qk: "torch.Tensor", heads: "torch.Tensor", q_pos: "torch.Tensor",
+                    k_pos: "torch.Tensor"):
+        """The convention from q @ k^T to the scores, before masking: scale, softcap, + ALiBi.
+        ``qk`` (B, *head dims, Sq, Sk) -- head dims (Hq,) or (Hkv, G) -- for global ``heads``
+        (Hq,) and positions; computed in qk's dtype. Returns (scores, tanh of the softcap or
+        None: its derivative is 1 - tanh^2)."""
+        import torch
+
+        s = qk * self.scale
+        tanh = None
+        if self.softcap > 0:
+            tanh = torch.tanh(s / self.softcap)
+            s = self.softcap * tanh
+        bias = self.alibi_bias(heads, q_pos, k_pos, qk.dtype)
+        if bias is not None:
+            s = s + bias.reshape(*qk.shape[1:-2], *bias.shape[1:])
+        return s, tanh
+
     def positions(self, n_q: int, n_k: int, device=None):
         """Global positions of this call's queries and keys."""
         import torch

@@ -27,13 +27,14 @@ _BLOCK_ELEMS = 1 << 22
 F64 = torch.float64
 
 
-def _block_sizes(batch_heads: int, sq: int, sk: int) -> tuple[int, int]:
+def block_sizes(batch_heads: int, sq: int, sk: int) -> tuple[int, int]:
+    """(query rows, keys) of one block: at most _BLOCK_ELEMS scores over all heads."""
     bk = min(sk, 1024)
     bq = max(1, min(sq, _BLOCK_ELEMS // max(1, batch_heads * bk)))
     return bq, bk
 
 
-class _Blocks:
+class ScoreBlocks:
     """Scores of one (query block, key block) pair, with everything the forward and backward
     both need recomputed in one place."""
 
@@ -57,14 +58,8 @@ class _Blocks:
         """Return (scores, tanh_or_None, visible_or_None); scores (B, Hkv, G, bq, bk) with
         masked positions at -inf. tanh is kept for the softcap derivative."""
         spec = self.spec
-        s = torch.matmul(q_blk, k_blk.transpose(-1, -2)) * spec.scale
-        t = None
-        if spec.softcap > 0:
-            t = torch.tanh(s / spec.softcap)
-            s = spec.softcap * t
-        bias = spec.alibi_bias(self.heads, q_pos, k_pos, F64)
-        if bias is not None:
-            s = s + bias.view(self.heads_kv, self.group, *bias.shape[1:])
+        s, t = spec.score_block(torch.matmul(q_blk, k_blk.transpose(-1, -2)), self.heads, q_pos,
+                                k_pos)
         vis = spec.visible(q_pos, k_pos)
         if vis is not None:
             s = s.masked_fill(~vis, float("-inf"))
@@ -79,7 +74,8 @@ class _Blocks:
         return keep.view(self.batch, self.heads_kv, self.group, *keep.shape[2:])
 
 
-def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+def grouped_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q as (B, Hkv, G, Sq, D), k and v as (B, Hkv, 1, Sk, *), all float64, and B, Hkv, G."""
     batch, heads_q, _, _ = q.shape
     heads_kv = k.shape[1]
     if heads_q % heads_kv:
@@ -95,10 +91,10 @@ def _grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 def reference_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttnSpec,
                       keep_mask: Optional[KeepMaskFn] = None):
     """fp64 attention. Returns (out (B, Hq, Sq, Dv), lse (B, Hq, Sq)), both float64."""
-    q5, k5, v5, batch, heads_kv, group = _grouped(q, k, v)
+    q5, k5, v5, batch, heads_kv, group = grouped_f64(q, k, v)
     sq, sk, dv = q5.shape[3], k5.shape[3], v5.shape[-1]
-    blocks = _Blocks(spec, batch, heads_kv, group, q.device, keep_mask)
-    bq, bk = _block_sizes(batch * heads_kv * group, sq, sk)
+    blocks = ScoreBlocks(spec, batch, heads_kv, group, q.device, keep_mask)
+    bq, bk = block_sizes(batch * heads_kv * group, sq, sk)
     out = torch.zeros(batch, heads_kv, group, sq, dv, dtype=F64, device=q.device)
     lse = torch.full((batch, heads_kv, group, sq), float("-inf"), dtype=F64, device=q.device)
     for i0 in range(0, sq, bq):
@@ -141,15 +137,15 @@ def reference_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     dS = P * (dP - rowsum(dO * O)) where dP = (dO @ V^T) * keep / (1 - p); with softcap,
     dS_raw = dS * (1 - tanh^2). GQA: dK/dV of a kv head sum over its query-head group.
     """
-    q5, k5, v5, batch, heads_kv, group = _grouped(q, k, v)
+    q5, k5, v5, batch, heads_kv, group = grouped_f64(q, k, v)
     sq, sk, d = q5.shape[3], k5.shape[3], q5.shape[-1]
     dout5 = dout.to(F64).view(batch, heads_kv, group, sq, -1)
     out5 = out.to(F64).view(batch, heads_kv, group, sq, -1)
     lse5 = lse.to(F64).view(batch, heads_kv, group, sq)
     delta = (dout5 * out5).sum(-1)
     lse_safe = torch.where(torch.isinf(lse5), torch.zeros_like(lse5), lse5)
-    blocks = _Blocks(spec, batch, heads_kv, group, q.device, keep_mask)
-    bq, bk = _block_sizes(batch * heads_kv * group, sq, sk)
+    blocks = ScoreBlocks(spec, batch, heads_kv, group, q.device, keep_mask)
+    bq, bk = block_sizes(batch * heads_kv * group, sq, sk)
     dq = torch.zeros_like(q5)
     dk = torch.zeros(batch, heads_kv, sk, d, dtype=F64, device=q.device)
     dv = torch.zeros(batch, heads_kv, sk, v5.shape[-1], dtype=F64, device=q.device)

@@ -5,8 +5,10 @@ The journal is the truth (the Dask scheduler persists nothing). Rules that keep 
 * At most ``2 x devices`` cases are in flight, so a large sweep does not flood the scheduler and
   an interruption loses only those (they stay pending; the next run of the same sweep does
   them).
-* Records are appended the moment they arrive; a case id already in the journal is never
-  written again (``duplicated`` counts such arrivals).
+* Records are appended the moment they arrive; a case gets one record per run: a result for a
+  case whose record changed since the run began is not written (``duplicated`` counts such
+  arrivals). A case run again (``lost``/``skipped`` on resume, ``--retry``, ``--case``) gets a
+  new record with the next ``attempt`` number; the last record of a case is its result.
 * A case no connected worker can satisfy (GPU kind missing, too few devices on one worker) is
   recorded ``skipped`` with the reason before it is submitted: in Dask it would wait in
   ``no-worker`` forever. One whose workers left during the run (they were seen) is held for
@@ -23,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import json
 import logging
 import queue as queue_mod
 import signal
@@ -33,10 +36,10 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional, TextIO
 
 from attnbench.cluster import Connection, WorkerInfo, plan_case, run_case_task
-from attnbench.errors import ClusterError
+from attnbench.errors import ClusterError, printable
 from attnbench.records import BAD_VERDICTS, make_record
 from attnbench.spec import Case
-from attnbench.store import RunStore
+from attnbench.store import RunStore, check_record
 from attnbench.resources import DEVICE
 
 log = logging.getLogger("attnbench")
@@ -74,8 +77,9 @@ class Progress:
     cases get a line of their own as they arrive, unless ``quiet`` (the selftest, whose mutant
     cases fail on purpose)."""
 
-    def __init__(self, total: int, already: int, stream: TextIO = sys.stderr,
+    def __init__(self, total: int, already: int, stream: Optional[TextIO] = None,
                  quiet: bool = False):
+        stream = stream or sys.stderr  # the one at call time (a default binds it at import)
         self.total, self.already, self.stream, self.quiet = total, already, stream, quiet
         self.done = 0
         self.counts: collections.Counter = collections.Counter()
@@ -88,8 +92,8 @@ class Progress:
         self.counts[record["verdict"]] += 1
         if record["verdict"] in BAD_VERDICTS and not self.quiet:
             self._clear()
-            print(f"  {record['verdict'].upper():8s} {record['id'][:10]} {record['label']}: "
-                  f"{record['reason']}", file=self.stream)
+            print(printable(f"  {record['verdict'].upper():8s} {record['id'][:10]} "
+                            f"{record['label']}: {record['reason']}", 2000), file=self.stream)
         now = time.perf_counter()
         if self.tty or now - self.last_print > 5 or self.done == self.total:
             self.last_print = now
@@ -97,7 +101,7 @@ class Progress:
 
     def note(self, text: str) -> None:
         self._clear()
-        print(f"attnbench: {text}", file=self.stream, flush=True)
+        print(f"attnbench: {printable(text, 2000)}", file=self.stream, flush=True)
 
     def _clear(self) -> None:
         if self.tty:
@@ -173,7 +177,7 @@ def _interleave_by_kind(cases: list[Case]) -> list[Case]:
     return [c for c in mixed if c is not None]
 
 
-def run_pending(store: RunStore, conn: Connection, stream: TextIO = sys.stderr, *,
+def run_pending(store: RunStore, conn: Connection, stream: Optional[TextIO] = None, *,
                 worker_wait_s: float = 60.0, quiet: bool = False) -> RunSummary:
     """Run the store's pending cases on ``conn``; see the module docstring for the rules."""
     return SweepRun(store, conn, Progress(0, len(store.done), stream, quiet),
@@ -191,6 +195,9 @@ class SweepRun:
         self.store, self.conn, self.progress = store, conn, progress
         self.worker_wait_s = worker_wait_s
         self.cases = list({c.id: c for c in store.pending()}.values())  # listed twice: run once
+        self.before = {c.id: store.done.get(c.id) for c in self.cases}
+        """Each case's record when the run began (None: none): another is a duplicate."""
+        self.attempts = {c.id: store.attempt(c) for c in self.cases}
         self.summary = RunSummary(cases=len(self.cases))
         progress.total = len(self.cases)
         self.options = store.sweep.options.to_dict()
@@ -271,8 +278,9 @@ class SweepRun:
                 self.skip(case, reason)
                 continue
             self.held.pop(case.id, None)
-            fut = self.conn.client.submit(run_case_task, case.to_dict(), self.options, 1,
-                                          resources[DEVICE], resources=resources,
+            fut = self.conn.client.submit(run_case_task, case.to_dict(), self.options,
+                                          self.attempts[case.id], resources[DEVICE],
+                                          resources=resources,
                                           key=f"case-{case.id}-{time.monotonic_ns()}", pure=False)
             self.in_flight[fut.key] = _Flight(case, fut)
             self.summary.submitted += 1
@@ -296,33 +304,46 @@ class SweepRun:
             return
         except Exception as exc:  # the task itself failed: KilledWorker, lease timeout, ...
             record = make_record(flight.case, verdict="lost",
-                                 reason=f"{type(exc).__name__}: {str(exc)[:300]}")
-        if record.get("id") != flight.case.id:
+                                 reason=f"{type(exc).__name__}: {str(exc)[:300]}",
+                                 attempt=self.attempts[flight.case.id])
+        if not isinstance(record, dict) or record.get("id") != flight.case.id:
+            got = record.get("id") if isinstance(record, dict) else type(record).__name__
+            env = (record.get("env") if isinstance(record, dict) else None) or {}
             record = make_record(flight.case, verdict="error", reason=(
-                f"the worker returned a record for case {record.get('id')!r}: does it run "
-                f"another attnbench version ({(record.get('env') or {}).get('attnbench')})?"))
+                f"the worker returned a record for case {got!r}: does it run another attnbench "
+                f"version ({env.get('attnbench') if isinstance(env, dict) else '?'})?"),
+                attempt=self.attempts[flight.case.id])
+        try:  # what the journal cannot hold (NaN, a foreign shape) must not stop the run
+            check_record("", record)
+            json.dumps(record, allow_nan=False)
+        except (ValueError, TypeError) as exc:
+            record = make_record(flight.case, verdict="error", attempt=self.attempts[
+                flight.case.id], reason=f"the worker's record cannot be stored: {exc}"[:400])
         self.write(record)
 
     def write(self, record: dict) -> None:
-        if record["id"] in self.store.done:
+        if self.store.done.get(record["id"]) is not self.before.get(record["id"]):
             self.summary.duplicated += 1
             log.warning("a second result for case %s arrived; the journal keeps the first",
                         record["id"])
             return
         with self.interrupts.deferred():
+            # Counted with the append: an interrupt honoured right after it must not leave the
+            # summary one record short of the journal.
             note = self.store.append(record)
+            self.summary.written += 1
+            self.summary.counts[record["verdict"]] += 1
+            self.summary.inside_s += record.get("duration_s") or 0.0
         if note:
             self.progress.note(note)
-        self.summary.written += 1
-        self.summary.counts[record["verdict"]] += 1
-        self.summary.inside_s += record.get("duration_s") or 0.0
         self.progress.update(record)
 
     def skip(self, case: Case, reason: str) -> None:
         if reason not in self.skip_reasons:
             self.skip_reasons.add(reason)
             self.progress.note(f"skipping cases no worker can run: {reason}")
-        self.write(make_record(case, verdict="skipped", reason=reason))
+        self.write(make_record(case, verdict="skipped", reason=reason,
+                               attempt=self.attempts[case.id]))
 
     def scheduler_lost(self, in_flight_count: int) -> ClusterError:
         return ClusterError(f"lost the connection to the Dask scheduler ({self.conn.where}); "

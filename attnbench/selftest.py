@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence, TextIO
 
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_OK, ClusterError
-from attnbench.mutants.catalogue import CATALOGUE, CONTROL, Mutant, by_name
+from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
+                                        HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN, Mutant, by_name)
 from attnbench.records import BAD_VERDICTS
 from attnbench.resources import ENV_DEVICE, ENV_THREADS
 from attnbench.spec import Case, RunOptions, Sweep, TimingOptions, load_sweep
+from attnbench.trends import SLOPE_BOUND, findings, trends
 
 DEFAULT_SWEEP = Path(__file__).resolve().parent.parent / "sweeps" / "standard.yaml"
 TEMPLATE = "naive"
@@ -76,13 +78,24 @@ def make_plan(sweep: Sweep, *, seeds: int = 1, mutants: Sequence[Mutant] = CATAL
     base = [c for c in cases if c.backend == template]
     if not base:
         raise ValueError(f"{sweep.path}: no {template!r} cases for the mutants to take over")
-    control_cases = (cases + [c.replace(backend=CONTROL) for c in base]) if controls else []
+    short = [c for c in base if not is_long(c)]
+    control_cases = (cases + [c.replace(backend=CONTROL) for c in short]
+                     + [c.replace(backend=FUSED_CONTROL) for c in short if c.world_size == 1]
+                     + [c.replace(backend=HIDDEN_DROPOUT_CONTROL) for c in short
+                        if c.world_size == 1 and c.dropout > 0]
+                     ) if controls else []
     chosen: dict[str, tuple[Case, ...]] = {}
     for mutant in mutants:
-        # A mutant that edits only the CP/TP code is the correct backend on one device.
-        pool = [c for c in base if c.world_size > 1] if mutant.parallel else base
+        # A mutant that edits only the CP/TP code is the correct backend on one device; the
+        # long cases (seconds each) go only to mutants whose error grows with length.
+        pool = [c for c in base if c.world_size > 1] if mutant.parallel else \
+            ([c for c in base if c.world_size == 1] if mutant.long else short)
         chosen[mutant.name] = tuple(c.replace(backend=mutant.name) for c in pool)
     return Plan(controls=tuple(control_cases), mutants=chosen)
+
+
+def is_long(case: Case) -> bool:
+    return max(case.seqlen_q, case.seqlen_kv) >= LONG_SEQLEN
 
 
 # -- running them ----------------------------------------------------------------------------------
@@ -149,7 +162,8 @@ class Evidence:
     margin: float
     """Measured value over bound; inf for NaN/Inf, determinism and crashes."""
     check: str
-    """reference | baseline_ratio | identity | parity | determinism | nonfinite | crash"""
+    """reference | baseline_ratio | identity | parity | determinism | nonfinite | crash |
+    trend (the error grows with length faster than the baseline's)"""
     tensor: str
     detail: str = ""
 
@@ -164,6 +178,8 @@ class Evidence:
             return "NaN/Inf"
         if self.check == "determinism":
             return f"{self.detail} bits"
+        if self.check == "trend":
+            return f"{self.margin:.3g}x slope"
         return f"{self.margin:.3g}x"
 
 
@@ -218,9 +234,12 @@ class MutantResult:
     checks: collections.Counter = field(default_factory=collections.Counter)
     """How many failing cases each kind of check caught."""
 
+    trends: list = field(default_factory=list)
+    """Error-trend findings on this mutant's series (:mod:`attnbench.trends`)."""
+
     @property
     def caught(self) -> bool:
-        return self.failed > 0
+        return self.failed > 0 or bool(self.trends)
 
     @property
     def weak(self) -> bool:
@@ -245,6 +264,13 @@ def judge_mutant(mutant: Mutant, records: Sequence[dict]) -> MutantResult:
         kinds = {c["check"] for c in r.get("checks") or [] if not c["passed"]}
         for kind in (kinds or {found.check}):
             result.checks[kind] += 1
+    result.trends = findings(records)
+    for trend in result.trends:
+        # A finding's margin: how far its slope is over the bound.
+        found = Evidence(trend.slope / SLOPE_BOUND, "trend", trend.series.tensor)
+        everything.append(found)
+        per_dtype[dict(trend.series.key).get("dtype", "?")].append(found)
+        result.checks["trend"] += 1
     result.best = _best(everything)
     result.by_dtype = {d: _best(items) for d, items in per_dtype.items()}
     return result
@@ -257,10 +283,21 @@ class ControlResult:
     false_alarms: list[dict] = field(default_factory=list)
     closest: Optional[tuple[float, str, str]] = None
     """(value / bound, check, case label) of the passing check nearest its bound."""
+    trend_alarms: list = field(default_factory=list)
+    """Error-trend findings on a correct backend's series: false alarms too."""
+    steepest: Optional[tuple[float, str]] = None
+    """(slope / SLOPE_BOUND, series) of the steepest trend that was no finding."""
 
 
 def judge_controls(records: Sequence[dict]) -> dict[str, ControlResult]:
     out: dict[str, ControlResult] = {}
+    for trend in trends(records):
+        res = out.setdefault(trend.series.backend, ControlResult(trend.series.backend))
+        if trend.finding:
+            res.trend_alarms.append(trend)
+        elif res.steepest is None or trend.slope / SLOPE_BOUND > res.steepest[0]:
+            res.steepest = (trend.slope / SLOPE_BOUND,
+                            f"{trend.series.tensor} of {trend.series.label}")
     for r in records:
         backend = r["case"]["backend"]
         res = out.setdefault(backend, ControlResult(backend))
@@ -308,6 +345,11 @@ def render(results: Sequence[MutantResult], controls: dict[str, ControlResult]) 
                      f"{len(res.false_alarms):>6}  {near}")
         for r in res.false_alarms[:10]:
             lines.append(f"    FALSE ALARM {r['verdict']}: {r['label']}: {r['reason'][:200]}")
+        for trend in res.trend_alarms[:5]:
+            lines.append(f"    FALSE ALARM trend: {trend.describe()}")
+        if res.steepest:
+            lines.append(f"    steepest error trend: {res.steepest[0]:.2f} of the bound "
+                         f"({res.steepest[1]})")
     return "\n".join(lines)
 
 
@@ -315,7 +357,7 @@ def summary(results: Sequence[MutantResult],
             controls: dict[str, ControlResult]) -> tuple[bool, str]:
     missed = [r.mutant.name for r in results if not r.caught]
     weak = [r.mutant.name for r in results if r.weak]
-    alarms = sum(len(c.false_alarms) for c in controls.values())
+    alarms = sum(len(c.false_alarms) + len(c.trend_alarms) for c in controls.values())
     n_controls = sum(sum(c.verdicts.values()) for c in controls.values())
     ok = not missed and alarms == 0
     text = (f"attnbench selftest: {len(results) - len(missed)}/{len(results)} mutants caught"

@@ -24,13 +24,18 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-import yaml
-
-from attnbench.errors import SweepError
+from attnbench.errors import SweepError, short_repr
+from attnbench.errors import shown_key as _key
+from attnbench.validation import MAX_SWEEP_BYTES  # noqa: F401  (documented with the limits)
+from attnbench.validation import Choice, Flag, Int, Name, Real
+from attnbench.validation import fail as _fail
+from attnbench.validation import is_int as _is_int
+from attnbench.validation import load_yaml, read_input_file
 
 DTYPES = ("fp32", "fp16", "bf16")
 DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
@@ -38,6 +43,22 @@ MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
 INPUTS = ("normal", "large_logits", "outliers")
 CP_ALGOS = ("ring", "zigzag", "allgather")
+
+# -- limits (every one is checked where a sweep is validated, before anything runs) ------------
+MAX_CASES = 100_000
+"""Cases one sweep may expand to, counted (product of the axes, plus includes) before anything is
+expanded: the standard sweep has 234; 10^5 records are ~1 GB of journal."""
+MAX_SIZE = 2**31 - 1
+"""batch, seqlen, heads, head_dim and window bounds: the kernels index in int32."""
+MAX_SEED = 2**63 - 1
+"""torch.Generator.manual_seed takes [-2^63, 2^64); seeds are kept non-negative and int64."""
+MAX_RANKS = 64
+"""cp, tp and cp x tp: a case's ranks run on one worker (8 GPUs per node today, 16-64 on the
+largest single-node systems), and each CPU rank is a torch process (~300 MB)."""
+MAX_NAME = 100
+"""Characters in a sweep name: it becomes the run directory ``results/<name>-<UTC time>``."""
+MAX_TEXT = 200
+"""Characters in a backend or GPU kind name."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,11 +91,14 @@ class Case:
     """0 disables; otherwise scores become softcap * tanh(scores / softcap) before the bias."""
     dtype: str = "bf16"
     cp: int = 1
+    """Context-parallel ranks, 1..MAX_RANKS (and cp * tp <= MAX_RANKS)."""
     cp_algo: str = "ring"
     tp: int = 1
+    """Tensor-parallel ranks, 1..MAX_RANKS."""
     gpu: str = "any"
     inputs: str = "normal"
     seed: int = 0
+    """0 <= seed <= MAX_SEED (what torch.Generator.manual_seed accepts, kept int64)."""
 
     # -- derived ----------------------------------------------------------------------------
     @property
@@ -151,34 +175,77 @@ class Case:
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
 _CASE_DEFAULTS = {f.name: f.default for f in fields(Case)}
-_INT_FIELDS = ("batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "head_dim", "head_dim_v",
-               "cp", "tp", "seed")
-_POSITIVE_FIELDS = ("batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "head_dim",
-                    "head_dim_v", "cp", "tp")
+
+
+# --------------------------------------------------------------------------------------------
+# one rule per field and per option (attnbench.validation), for sweeps, stored records, manifests
+
+_SIZE = Int(1, MAX_SIZE, f"a positive integer <= {MAX_SIZE}")
+_RANKS = Int(1, MAX_RANKS, f"a positive integer <= {MAX_RANKS} (ranks of one case, on one worker)")
+_PRINTABLE = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+"
+CASE_RULES: dict[str, Any] = {
+    "backend": Name(_PRINTABLE, "a backend name", MAX_TEXT),
+    "batch": _SIZE, "seqlen_q": _SIZE, "seqlen_kv": _SIZE, "heads_q": _SIZE, "heads_kv": _SIZE,
+    "head_dim": _SIZE, "head_dim_v": _SIZE,
+    "mask": Choice(MASKS),  # as stored; a sweep spells it none | causal | {window: ...}
+    "window_left": Int(-1, MAX_SIZE), "window_right": Int(-1, MAX_SIZE),
+    "bias": Choice(BIASES),
+    "dropout": Real(0.0, 1.0, hi_open=True, expected="a number in [0, 1)"),
+    "softcap": Real(0.0, math.inf, expected="a finite number >= 0 (0 disables softcap)"),
+    "dtype": Choice(DTYPES),
+    "cp": _RANKS, "cp_algo": Choice(CP_ALGOS), "tp": _RANKS,
+    "gpu": Name(r"[A-Za-z0-9_.+-]+", "a GPU kind such as H100, A100, cpu, or any", MAX_TEXT),
+    "inputs": Choice(INPUTS),
+    "seed": Int(0, MAX_SEED),
+}
+"""The rule of every Case field; a sweep's values (:func:`_norm_value`) and a stored record's
+case (:func:`check_case_dict`) go through it."""
+assert set(CASE_RULES) == set(CASE_FIELDS)
+
+
+def check_case_dict(where: str, data: Any) -> Case:
+    """A case as stored in a record (``mask: window`` with its bounds), checked field by field
+    against :data:`CASE_RULES`; fields it lacks take their defaults (older records), fields this
+    version does not know are ignored (newer ones). Raises :class:`SweepError`."""
+    if not isinstance(data, Mapping):
+        raise _fail(where, data, "a case (a JSON object of case fields)")
+    values = {}
+    for name, rule in CASE_RULES.items():
+        if name in data:
+            values[name] = rule.check(f"{where}.{name}", data[name])
+    if "backend" not in values:
+        raise SweepError(f"{where}.backend: missing")
+    case = Case(**values)
+    if case.cp * case.tp > MAX_RANKS:
+        raise _fail(f"{where}.cp", case.cp, f"cp * tp <= {MAX_RANKS} (tp={case.tp})")
+    return case
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimingOptions:
     """How each case is timed (see :mod:`attnbench.timing`)."""
 
-    enabled: bool = True
-    warmup: int = 2
-    """Untimed calls before sampling, at least (compilation, allocator, caches)."""
-    warmup_ms: float = field(default=25.0, metadata={"minimum": 0.0})
+    enabled: bool = field(default=True, metadata={"rule": Flag()})
+    warmup: int = field(default=2, metadata={"rule": Int(0, 10_000)})
+    """Untimed calls before sampling, at least (compilation, allocator, caches). The warm-up
+    loop stops at 10,000 calls whatever ``warmup_ms`` says (timing.measure)."""
+    warmup_ms: float = field(default=25.0, metadata={"rule": Real(0.0, 60_000.0)})
     """...and at least this much measured time in those calls (GPU clocks ramp up; do_bench's
     default). CPU correctness sweeps set 0."""
-    min_sample_ms: float = field(default=0.1, metadata={"minimum": 0.0})
+    min_sample_ms: float = field(default=0.1, metadata={"rule": Real(0.0, 10_000.0)})
     """A call shorter than this is repeated within one sample (``calls_per_sample``), so a
     sample is not mostly event resolution and launch latency. 0 = always one call."""
-    mode: str = field(default="eager", metadata={"choices": ("eager", "graph")})
+    mode: str = field(default="eager", metadata={"rule": Choice(("eager", "graph"))})
     """eager: the backend's calls as a user makes them; graph: captured once into a CUDA graph
     and replayed (no host launch overhead; falls back to eager, with a note, when a backend
     cannot be captured)."""
-    min_samples: int = 5
-    max_samples: int = 100
-    target_rel_iqr: float = 0.05
+    min_samples: int = field(default=5, metadata={"rule": Int(0, 10_000)})
+    max_samples: int = field(default=100, metadata={"rule": Int(1, 10_000)})
+    """At most 10,000: every sample is kept in the record (``samples_ms``)."""
+    target_rel_iqr: float = field(default=0.05, metadata={"rule": Real(0.0, 100.0,
+                                                                        lo_open=True)})
     """Stop sampling once (q3 - q1) / median falls under this."""
-    max_seconds: float = 1.0
+    max_seconds: float = field(default=1.0, metadata={"rule": Real(0.0, 3600.0, lo_open=True)})
     """Time cap per direction (forward, backward) per case."""
 
 
@@ -186,9 +253,10 @@ class TimingOptions:
 class RunOptions:
     """Harness options from a sweep's ``options:`` section; not part of any case id."""
 
-    timeout_s: float = 300.0
+    timeout_s: float = field(default=300.0, metadata={"rule": Real(
+        0.0, 7 * 86400.0, lo_open=True, expected=f"a positive number <= {7 * 86400} (a week)")})
     """A case that has not answered after this many seconds is recorded as ``timeout``."""
-    accuracy: bool = True
+    accuracy: bool = field(default=True, metadata={"rule": Flag()})
     timing: TimingOptions = field(default_factory=TimingOptions)
 
     def to_dict(self) -> dict[str, Any]:
@@ -210,6 +278,9 @@ class Sweep:
     source: str
     """The sweep file's text, kept in the run manifest."""
     description: str = ""
+    selected: tuple[str, ...] = ()
+    """Ids of the cases to run now (``--case``); empty: every case. The run directory, its
+    manifest and :attr:`digest` are always the whole sweep's."""
 
     @property
     def digest(self) -> str:
@@ -218,10 +289,6 @@ class Sweep:
 
 # --------------------------------------------------------------------------------------------
 # validation of single values
-
-
-def _fail(where: str, given: Any, allowed: str) -> SweepError:
-    return SweepError(f"{where}: got {given!r}, expected {allowed}")
 
 
 def _norm_mask(where: str, value: Any) -> dict[str, Any]:
@@ -236,72 +303,44 @@ def _norm_mask(where: str, value: Any) -> dict[str, Any]:
         return {"mask": value, "window_left": -1, "window_right": -1}
     if isinstance(value, Mapping) and set(value) == {"window"}:
         w = value["window"]
-        if _is_int(w) and w >= 1:
+        if _is_int(w) and 1 <= w <= MAX_SIZE:
             return {"mask": "window", "window_left": w - 1, "window_right": 0}
-        if (isinstance(w, (list, tuple)) and len(w) == 2 and all(_is_int(x) and x >= -1 for x in w)
+        if (isinstance(w, (list, tuple)) and len(w) == 2
+                and all(_is_int(x) and -1 <= x <= MAX_SIZE for x in w)
                 and not (w[0] == -1 and w[1] == -1)):
             return {"mask": "window", "window_left": int(w[0]), "window_right": int(w[1])}
-        raise _fail(f"{where}.window", w, "a positive int W, or [left, right] with ints >= -1 "
-                    "(-1 = unbounded, not both)")
+        raise _fail(f"{where}.window", w, f"a positive int W <= {MAX_SIZE}, or [left, right] "
+                    "with ints >= -1 (-1 = unbounded, not both)")
     raise _fail(where, value, allowed)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _norm_value(where: str, name: str, value: Any, backend_check) -> dict[str, Any]:
     """Validate one field value; return the case fields it sets (mask sets three)."""
     if name == "mask":
         return _norm_mask(where, value)
-    if name in _INT_FIELDS:
-        if not _is_int(value):
-            raise _fail(where, value, "an integer")
-        if name in _POSITIVE_FIELDS and value <= 0:
-            raise _fail(where, value, "a positive integer")
-        return {name: value}
-    if name == "dropout":
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-            raise _fail(where, value, "a number in [0, 1)")
-        return {name: float(value)}
-    if name == "softcap":
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise _fail(where, value, "a number >= 0 (0 disables softcap)")
-        return {name: float(value)}
-    if name == "dtype":
-        v = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
-        if v not in DTYPES:
-            raise _fail(where, value, "one of " + ", ".join(DTYPES))
-        return {name: v}
-    choices = {"bias": BIASES, "inputs": INPUTS, "cp_algo": CP_ALGOS}.get(name)
-    if choices is not None:
-        if value not in choices:
-            raise _fail(where, value, "one of " + ", ".join(choices))
-        return {name: value}
-    if name == "gpu":
-        if not isinstance(value, str) or not value:
-            raise _fail(where, value, "a GPU kind such as H100, A100, cpu, or any")
-        return {name: value}
+    if name == "dtype" and isinstance(value, str):
+        value = DTYPE_ALIASES.get(value, value)
+    value = CASE_RULES[name].check(where, value)
     if name == "backend":
-        if not isinstance(value, str) or not value:
-            raise _fail(where, value, "a backend name")
         problem = backend_check(value)
         if problem:
             raise SweepError(f"{where}: {problem}")
-        return {name: value}
-    raise AssertionError(name)  # every Case field is handled above
+    return {name: value}
 
 
 def _check_field_name(where: str, name: Any) -> None:
     if name not in CASE_FIELDS or name in ("window_left", "window_right"):
         public = [f for f in CASE_FIELDS if f not in ("window_left", "window_right")]
-        raise SweepError(f"{where}: unknown field {name!r}, expected one of {', '.join(public)}")
+        raise SweepError(f"{where}: unknown field {short_repr(name)}, expected one of "
+                         f"{', '.join(public)}")
 
 
 # --------------------------------------------------------------------------------------------
 # whole sweeps
 
 _TOP_KEYS = ("name", "description", "defaults", "axes", "exclude", "include", "options")
+_NAME = Name(r"[A-Za-z0-9][A-Za-z0-9._+-]*", "a non-empty string of letters, digits, '.', '_', "
+             "'+' or '-' (it names the run directory)", limit=MAX_NAME)
 
 
 def make_case(where: str, values: Mapping[str, Any]) -> Case:
@@ -318,6 +357,9 @@ def make_case(where: str, values: Mapping[str, Any]) -> Case:
     if case.heads_q % case.heads_kv:
         raise SweepError(f"{where}: heads_kv: got {case.heads_kv}, expected a divisor of "
                          f"heads_q={case.heads_q} (GQA groups must be whole)")
+    if case.world_size > MAX_RANKS:
+        raise SweepError(f"{where}: cp: cp={case.cp} x tp={case.tp} is {case.world_size} ranks, "
+                         f"expected at most {MAX_RANKS} (one case runs on one worker)")
     return case
 
 
@@ -330,33 +372,27 @@ def load_sweep(path: str | Path, backend_check: Optional[BackendCheck] = None) -
     """Read, validate and expand a sweep file. Raises :class:`SweepError` with a user-ready
     message (``FILE: FIELD: ...``) on any mistake. ``backend_check`` validates backend names
     (default: any non-empty name)."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SweepError(f"{path}: cannot read sweep file: {exc.strerror or exc}") from None
-    return parse_sweep(text, str(path), backend_check)
+    return parse_sweep(read_input_file(path, "sweep file"), str(path), backend_check)
 
 
 def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] = None) -> Sweep:
     if backend_check is None:
         backend_check = _any_backend
-    try:
-        data = yaml.safe_load(text)  # data only: no tags that construct objects
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SweepError(f"{filename}: malformed YAML at {where}: {problem}") from None
+    data = load_yaml(text, filename)
     if not isinstance(data, Mapping):
         raise SweepError(f"{filename}: expected a mapping with keys {', '.join(_TOP_KEYS)}, "
                          f"got {type(data).__name__}")
     for key in data:
         if key not in _TOP_KEYS:
-            raise SweepError(f"{filename}: {key}: unknown key, expected one of {', '.join(_TOP_KEYS)}")
-    name = data.get("name")
-    if not isinstance(name, str) or not name.strip() or "/" in name:
-        raise _located(filename, _fail("name", name, "a non-empty string without '/'"))
+            raise SweepError(f"{filename}: {_key(key)}: unknown key, expected one of "
+                             f"{', '.join(_TOP_KEYS)}")
+    try:
+        name = _NAME.check("name", data.get("name"))
+        description = data.get("description") or ""
+        if not isinstance(description, str):
+            raise _fail("description", description, "a string")
+    except SweepError as exc:
+        raise _located(filename, exc) from None
 
     def section(key: str, kind: type, default):
         value = data.get(key, default)
@@ -374,19 +410,20 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
     options = _parse_options(filename, section("options", Mapping, {}))
 
     try:
-        defaults: dict[str, Any] = {}
-        for key, value in defaults_raw.items():
-            _check_field_name(f"defaults.{key}", key)
-            defaults.update(_norm_value(f"defaults.{key}", key, value, backend_check))
-
-        axes: list[tuple[str, list[dict[str, Any]]]] = []
         for key, values in axes_raw.items():
-            _check_field_name(f"axes.{key}", key)
+            _check_field_name(f"axes.{_key(key)}", key)
             if not isinstance(values, list) or not values:
                 raise _fail(f"axes.{key}", values, "a non-empty list of values")
-            axes.append((key, [_norm_value(f"axes.{key}[{i}]", key, v, backend_check)
-                               for i, v in enumerate(values)]))
+        _check_count(axes_raw, len(include_raw))
 
+        defaults: dict[str, Any] = {}
+        for key, value in defaults_raw.items():
+            _check_field_name(f"defaults.{_key(key)}", key)
+            defaults.update(_norm_value(f"defaults.{key}", key, value, backend_check))
+
+        axes: list[tuple[str, list[dict[str, Any]]]] = [
+            (key, [_norm_value(f"axes.{key}[{i}]", key, v, backend_check)
+                   for i, v in enumerate(values)]) for key, values in axes_raw.items()]
         excludes = [_parse_partial(f"exclude[{i}]", e, backend_check)
                     for i, e in enumerate(exclude_raw)]
         includes = [_parse_partial(f"include[{i}]", e, backend_check)
@@ -402,24 +439,43 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
                 cases.append(case)
 
         names = [k for k, _ in axes]
+        used = [False] * len(excludes)
         for combo in itertools.product(*(vals for _, vals in axes)):
             values = dict(defaults)
             for part in combo:
                 values.update(part)
-            if any(_matches(values, ex) for ex in excludes):
+            hits = [i for i, ex in enumerate(excludes) if _matches(values, ex)]
+            if hits:
+                for i in hits:
+                    used[i] = True
                 continue
             where = "axes(" + ", ".join(f"{n}={_show(values, n)}" for n in names) + ")"
             add(where, values)
         for i, inc in enumerate(includes):
             add(f"include[{i}]", {**defaults, **inc})
+        for i, was_used in enumerate(used):
+            if not was_used:
+                raise _fail(f"exclude[{i}]", exclude_raw[i], "an entry that matches some case "
+                            "of the axes' product (each field it names must be set by defaults "
+                            "or an axis, to a value listed there)")
     except SweepError as exc:
         raise _located(filename, exc) from None
 
     if not cases:
         raise SweepError(f"{filename}: axes: the sweep expands to no cases (everything excluded?)")
-    desc = data.get("description") or ""
     return Sweep(name=name, path=filename, cases=tuple(cases), options=options, source=text,
-                 description=str(desc))
+                 description=description)
+
+
+def _check_count(axes_raw: Mapping[str, list], includes: int) -> None:
+    """Refuse, before expanding, a sweep of more than :data:`MAX_CASES` cases."""
+    total = math.prod(len(v) for v in axes_raw.values()) + includes
+    if total > MAX_CASES:
+        product = " x ".join(f"{k} ({len(v)})" for k, v in axes_raw.items())
+        count = f"{total:,}" if total < 10**12 else f"{total:.2e}"
+        raise SweepError(f"axes: {product}{f' + {includes} include' if includes else ''} = "
+                         f"{count} cases, more than the {MAX_CASES:,} one sweep may have; "
+                         "split it into several sweep files")
 
 
 def _any_backend(name: str) -> Optional[str]:
@@ -442,7 +498,7 @@ def _parse_partial(where: str, entry: Any, backend_check) -> dict[str, Any]:
         raise _fail(where, entry, "a mapping of field: value")
     out: dict[str, Any] = {}
     for key, value in entry.items():
-        _check_field_name(f"{where}.{key}", key)
+        _check_field_name(f"{where}.{_key(key)}", key)
         out.update(_norm_value(f"{where}.{key}", key, value, backend_check))
     return out
 
@@ -452,66 +508,56 @@ def _matches(values: Mapping[str, Any], partial: Mapping[str, Any]) -> bool:
 
 
 def _parse_options(filename: str, raw: Mapping[str, Any]) -> RunOptions:
+    """Every option through its field's rule (``metadata["rule"]``)."""
     known = {f.name: f for f in fields(RunOptions)}
     timing_known = {f.name: f for f in fields(TimingOptions)}
     clean: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in known:
-            raise SweepError(f"{filename}: options.{key}: unknown option, expected one of "
-                             f"{', '.join(known)}")
-        if key == "timing":
+    try:
+        for key, value in raw.items():
+            if key not in known:
+                raise SweepError(f"options.{_key(key)}: unknown option, expected one of "
+                                 f"{', '.join(known)}")
+            if key != "timing":
+                clean[key] = known[key].metadata["rule"].check(f"options.{key}", value)
+                continue
             if not isinstance(value, Mapping):
-                raise SweepError(f"{filename}: options.timing: got {value!r}, expected a mapping")
+                raise _fail("options.timing", value, "a mapping")
             timing: dict[str, Any] = {}
             for tkey, tval in value.items():
                 if tkey not in timing_known:
-                    raise SweepError(f"{filename}: options.timing.{tkey}: unknown option, expected "
+                    raise SweepError(f"options.timing.{_key(tkey)}: unknown option, expected "
                                      f"one of {', '.join(timing_known)}")
-                timing[tkey] = _check_option(filename, f"options.timing.{tkey}",
-                                             timing_known[tkey], tval)
+                timing[tkey] = timing_known[tkey].metadata["rule"].check(
+                    f"options.timing.{tkey}", tval)
             clean["timing"] = timing
-        else:
-            clean[key] = _check_option(filename, f"options.{key}", known[key], value)
-    return RunOptions.from_dict(clean)
+        options = RunOptions.from_dict(clean)
+        if options.timing.min_samples > options.timing.max_samples:
+            raise _fail("options.timing.min_samples", options.timing.min_samples,
+                        f"at most max_samples={options.timing.max_samples}")
+    except SweepError as exc:
+        raise _located(filename, exc) from None
+    return options
 
 
-def _check_option(filename: str, where: str, spec: dataclasses.Field, value: Any) -> Any:
-    default = spec.default
-    choices = spec.metadata.get("choices")
-    if choices is not None:
-        if value not in choices:
-            raise SweepError(f"{filename}: {where}: got {value!r}, expected one of "
-                             f"{', '.join(choices)}")
-        return value
-    minimum = spec.metadata.get("minimum")
-    if minimum is not None:
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < minimum:
-            raise SweepError(f"{filename}: {where}: got {value!r}, expected a number >= "
-                             f"{minimum:g}")
-        return float(value)
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise SweepError(f"{filename}: {where}: got {value!r}, expected true or false")
-        return value
-    if isinstance(default, int):
-        if not _is_int(value) or value < 0:
-            raise SweepError(f"{filename}: {where}: got {value!r}, expected an integer >= 0")
-        return value
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise SweepError(f"{filename}: {where}: got {value!r}, expected a positive number")
-    return float(value)
+def check_options_dict(where: str, data: Any) -> RunOptions:
+    """Options as stored (a manifest's ``options``), through the same rules as a sweep's."""
+    if not isinstance(data, Mapping):
+        raise _fail(where, data, "a JSON object of options")
+    return _parse_options(where, data)
 
 
 def single_case_sweep(sweep: Sweep, case_ids: Iterable[str]) -> Sweep:
-    """The sweep restricted to some case ids (``attnbench run SWEEP --case ID``)."""
+    """The sweep with some of its cases chosen (``attnbench run SWEEP --case ID``): its run
+    directory is the whole sweep's, only the chosen cases run (again, if they are done)."""
     wanted = list(case_ids)
     by_id = {c.id: c for c in sweep.cases}
     chosen = []
     for cid in wanted:
-        matches = [c for i, c in by_id.items() if i.startswith(cid)]
+        matches = [c for i, c in by_id.items() if i.startswith(cid)] if cid else []
         if len(matches) != 1:
-            raise SweepError(f"{sweep.path}: --case {cid}: "
+            raise SweepError(f"{sweep.path}: --case {short_repr(cid)}: "
                              f"{'no case' if not matches else 'several cases'} with that id prefix "
-                             f"(the sweep has {len(by_id)} cases; `attnbench validate --list` shows ids)")
-        chosen.append(matches[0])
-    return dataclasses.replace(sweep, cases=tuple(chosen))
+                             f"(the sweep has {len(by_id)} cases; `attnbench validate --list` "
+                             "shows ids)")
+        chosen.append(matches[0].id)
+    return dataclasses.replace(sweep, selected=tuple(dict.fromkeys(chosen)))

@@ -350,11 +350,21 @@ def build_parser() -> argparse.ArgumentParser:
                              "(also accepted as the first argument)")
     parser.add_argument("--kind", help="advertise this kind instead of the detected one "
                                        "(e.g. to pretend two kinds in tests)")
-    parser.add_argument("--slots", type=int,
-                        help="CPU-only node: concurrent case units (default: cores / 2)")
-    parser.add_argument("--nthreads", type=int,
+    parser.add_argument("--slots", type=_positive_int,
+                        help="CPU-only node: concurrent case units (default: one per core)")
+    parser.add_argument("--nthreads", type=_positive_int,
                         help="Dask task threads (default: the number of devices or slots)")
     parser.add_argument("--name", help="worker name (default: chosen by Dask)")
+    parser.add_argument("--host", help="the address the worker listens on and the scheduler "
+                                       "reaches it at (default: every interface, announced as "
+                                       "this node's address); see docs/cluster.md, Security")
+    parser.add_argument("--listen-address", metavar="ADDRESS",
+                        help="bind to exactly this address, e.g. tcp://10.0.0.5:9000")
+    parser.add_argument("--dashboard-address", metavar="ADDRESS",
+                        help="the worker's HTTP dashboard (status, /metrics); default: a random "
+                             "port on every interface; 127.0.0.1:0 keeps it on this node")
+    parser.add_argument("--no-dashboard", action="store_true",
+                        help="serve no worker dashboard at all")
     parser.add_argument("--nanny", action=argparse.BooleanOptionalAction, default=True,
                         help="run the worker under a nanny that restarts it if it dies")
     parser.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate(s) for TLS")
@@ -365,6 +375,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a positive integer")
+    return value
+
+
 def dask_worker_argv(address: str, node: NodeDevices, args: argparse.Namespace,
                      passthrough: Sequence[str]) -> list[str]:
     resources = " ".join(f"{k}={v}" for k, v in node.resources.items())
@@ -373,7 +393,10 @@ def dask_worker_argv(address: str, node: NodeDevices, args: argparse.Namespace,
             "--nanny" if args.nanny else "--no-nanny"]
     if args.name:
         argv += ["--name", args.name]
-    for flag in ("tls_ca_file", "tls_cert", "tls_key"):
+    if args.no_dashboard:
+        argv += ["--no-dashboard"]
+    for flag in ("host", "listen_address", "dashboard_address", "tls_ca_file", "tls_cert",
+                 "tls_key"):
         value = getattr(args, flag)
         if value:
             argv += ["--" + flag.replace("_", "-"), value]

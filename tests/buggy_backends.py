@@ -16,10 +16,18 @@ class ScaledDq(NaiveBackend):
 
 
 class HiddenMask(NaiveBackend):
-    """A correct backend whose dropout mask is not exposed (like sdpa)."""
+    """A correct backend whose dropout mask is not exposed and cannot be replayed: every forward
+    draws a new one from a counter of its own (not from torch's generator), so probing cannot
+    recover it and the dropout statistics and the identities decide."""
 
     name = "hidden_mask"
     keep_mask = None
+    calls = 0
+
+    def forward(self, q, k, v, spec):
+        HiddenMask.calls += 1
+        return super().forward(q, k, v, spec.replace(dropout_seed=spec.dropout_seed
+                                                      + 7919 * HiddenMask.calls))
 
 
 class FreshMaskBackward(HiddenMask):
@@ -29,12 +37,13 @@ class FreshMaskBackward(HiddenMask):
     name = "fresh_mask_backward"
 
     def forward(self, q, k, v, spec):
-        fwd = super().forward(q, k, v, spec)
+        fwd = NaiveBackend.forward(self, q, k, v, spec)
         return Forward(out=fwd.out, lse=fwd.lse, ctx=(q, k, v, spec))
 
     def backward(self, ctx, dout):
         q, k, v, spec = ctx
-        redo = super().forward(q, k, v, spec.replace(dropout_seed=spec.dropout_seed + 1))
+        redo = NaiveBackend.forward(self, q, k, v,
+                                    spec.replace(dropout_seed=spec.dropout_seed + 1))
         return super().backward(redo.ctx, dout)
 
 
@@ -45,7 +54,7 @@ class StaleStatsBackward(HiddenMask):
     name = "stale_stats"
 
     def forward(self, q, k, v, spec):
-        fwd = super().forward(q, k, v, spec)
+        fwd = NaiveBackend.forward(self, q, k, v, spec)  # the spec's own mask: backward rebuilds it
         return Forward(out=fwd.out, lse=fwd.lse, ctx=(q, k, v, spec))
 
     def backward(self, ctx, dout):
@@ -79,11 +88,15 @@ class TopLeftCausal(NaiveBackend):
         return super().forward(q, k, v, spec)
 
 
-class ScaledDqHidden(ScaledDq):
-    """ScaledDq with its dropout mask hidden: only the identities can see the bad dQ."""
+class ScaledDqHidden(HiddenMask):
+    """ScaledDq with a dropout mask that is hidden and cannot be replayed: only the identities
+    can see the bad dQ."""
 
     name = "scaled_dq_hidden"
-    keep_mask = None
+
+    def backward(self, ctx, dout):
+        dq, dk, dv = super().backward(ctx, dout)
+        return dq * ScaledDq.factor, dk, dv
 
 
 class NanGrad(NaiveBackend):

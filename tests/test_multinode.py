@@ -272,7 +272,7 @@ def certificate(tmp_path):
 
 
 def test_tls_then_scheduler_lost_then_resume_elsewhere(cluster, env, tmp_path, certificate):
-    """Over TLS: a client without certificates is refused in one line; with them the run works
+    """Over TLS: a client without certificates is refused in one line (exit 2); with them the run works
     until the scheduler is killed, which the client reports in one line (exit 3); the run then
     resumes on another cluster (the module's, plain TCP) without losing or repeating a case."""
     plain_address, _ = cluster
@@ -286,8 +286,9 @@ def test_tls_then_scheduler_lost_then_resume_elsewhere(cluster, env, tmp_path, c
         sweep = _sweep(tmp_path, "tls", {"seed": list(range(8))}, gpu="any")
         out = tmp_path / "run"
         refused = _run([str(sweep), "--out", str(out), "--scheduler", address], env)
-        assert refused.returncode == 3
+        assert refused.returncode == 2  # bad arguments: refused before anything is created
         assert "speaks TLS: give --tls-ca-file, --tls-cert and --tls-key" in refused.stderr
+        assert not out.exists()
 
         client = _start_run([str(sweep), "--out", str(out), "--scheduler", address, *tls], env,
                             tmp_path / "client.log")

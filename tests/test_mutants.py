@@ -18,15 +18,18 @@ from attnbench.backends import BUILTIN, get_backend
 from attnbench.cluster import outcome_to_record
 from attnbench.execution.case_runner import run_case
 from attnbench.execution.pool import RankPool
-from attnbench.mutants.catalogue import CATALOGUE, CONTROL, by_name
-from attnbench.selftest import (Evidence, evidence, judge_controls, judge_mutant, make_plan,
-                                run_in_pools, summary)
+from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
+                                        HIDDEN_DROPOUT_CONTROL, by_name)
+from attnbench.selftest import (Evidence, evidence, is_long, judge_controls, judge_mutant,
+                                make_plan, run_in_pools, summary)
 from attnbench.spec import Case, RunOptions, TimingOptions, load_sweep, make_case
 from conftest import ROOT, attnbench_cmd
 
 NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
 BASE = dict(seqlen_q=128, heads_q=4, heads_kv=2, head_dim=32)
+
+LONG = dict(seqlen_q=2048, heads_q=1, heads_kv=1, head_dim=64)
 
 # name -> (fields of a case that exposes the bug, checks that must catch it, dtypes where the
 # bug is a bug: cp_lse_no_max merges in the activations' dtype and overflows only in fp16;
@@ -56,6 +59,12 @@ EXPOSE = {
     "mutant.masked_row_nan": (dict(seqlen_q=203, seqlen_kv=113, mask="causal"),
                               {"nonfinite"}, None),
     "mutant.lse_log2": (dict(cp=2, mask="causal"), REFERENCE | {"parity"}, None),
+    # hidden-mask forward dropout: the keep rate (recovered mask) / the reference with it
+    "mutant.dropout_keep_p": (dict(dropout=0.1), {"dropout"}, None),
+    "mutant.dropout_renormalised": (dict(dropout=0.1), REFERENCE | {"dropout"}, None),
+    # accumulators in the input dtype: a bug in half precision only, visible at long lengths
+    "mutant.pv_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
+    "mutant.dq_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
 }
 DEFAULT_DTYPE = {"mutant.nondeterministic_dq": "fp32", "mutant.cp_lse_no_max": "fp16"}
 
@@ -88,6 +97,10 @@ def control_of(name: str) -> str:
     """The correct backend the mutant edits."""
     if name == "mutant.top_left_causal":
         return "sdpa"
+    if name in ("mutant.dropout_keep_p", "mutant.dropout_renormalised"):
+        return HIDDEN_DROPOUT_CONTROL
+    if by_name(name).long:
+        return FUSED_CONTROL
     if by_name(name).parallel and name != "mutant.lse_log2":
         return "naive"
     return CONTROL
@@ -98,7 +111,7 @@ def control_of(name: str) -> str:
 
 def test_catalogue_covers_issue_7_and_every_mutant_loads_and_is_registered():
     numbers = {m.number.rstrip("ab") for m in CATALOGUE}
-    assert {str(i) for i in range(1, 13)} <= numbers
+    assert {str(i) for i in range(1, 17)} <= numbers  # issue 7's 1-12, issue 12's 13-16
     assert set(EXPOSE) == {m.name for m in CATALOGUE}
     for mutant in CATALOGUE:
         assert BUILTIN[mutant.name] == mutant.ref
@@ -182,7 +195,11 @@ def test_plan_takes_over_the_template_cases_and_parallel_mutants_get_only_split_
     sweep = load_sweep(ROOT / "sweeps" / "standard.yaml")
     plan = make_plan(sweep, seeds=2)
     naive = [c for c in sweep.cases if c.backend == "naive"]
-    assert len(plan.mutants["mutant.dq_log2_scale"]) == 2 * len(naive)
+    long = [c for c in naive if is_long(c)]
+    assert len(long) == 4  # the length ladder: 1024 ... 8192 keys
+    assert len(plan.mutants["mutant.dq_log2_scale"]) == 2 * (len(naive) - len(long))
+    single = [c for c in naive if c.world_size == 1]
+    assert len(plan.mutants["mutant.pv_accumulator_in_dtype"]) == 2 * len(single)
     assert all(c.world_size > 1 for c in plan.mutants["mutant.cp_stale_kv"])
     assert {c.seed for c in plan.controls} == {0, 1}
     assert {c.backend for c in plan.controls} >= {"naive", "sdpa", "triton", "reference", CONTROL}

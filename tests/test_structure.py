@@ -104,7 +104,9 @@ def test_no_module_over_the_size_limit():
 def test_spec_depends_on_nothing_above_it():
     known = _modules()
     deps = _imports(known["attnbench.spec"], known)
-    assert deps <= {"attnbench.errors"}, deps
+    assert deps <= {"attnbench.errors", "attnbench.validation"}, deps
+    # the typed value rules and strict readers, shared with store and the dashboards: below spec
+    assert _imports(known["attnbench.validation"], known) <= {"attnbench.errors"}
 
 
 def test_validate_imports_neither_torch_nor_the_users_backend(tmp_path):

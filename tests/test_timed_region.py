@@ -234,3 +234,27 @@ def test_timed_verdict_through_the_harness_with_a_nan_backend():
     record = run_case(_case("buggy_backends:NanGrad", seqlen_q=113),
                       RunOptions(accuracy=False, timing=TimingOptions(enabled=False)))
     assert record["verdict"] == "fail" and "NaN/Inf" in record["reason"]
+
+
+def test_sdpa_causal_lower_right_then_triton_in_one_rank_process():
+    """PyTorch imports triton on its own (torch.nn.attention.bias, for causal_lower_right):
+    without a GPU the rank must still choose the interpreter first, or every triton case after
+    an sdpa one fails to load (and a CP case with it hangs on the other rank)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("from attnbench.execution.case_runner import run_case\n"
+            "from attnbench.spec import make_case, RunOptions, TimingOptions\n"
+            "o = RunOptions(timing=TimingOptions(enabled=False))\n"
+            "for f in [dict(backend='sdpa', mask='causal', seqlen_q=16, seqlen_kv=48),\n"
+            "          dict(backend='triton', seqlen_q=16)]:\n"
+            "    r = run_case(make_case('t', dict(heads_q=2, head_dim=16, **f)), o)\n"
+            "    assert r['verdict'] == 'pass', r['reason']\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -90,9 +90,36 @@ def _load_object(ref: str) -> Any:
     return obj
 
 
-def _instantiate(obj: Any, name: str) -> Backend:
-    backend = obj() if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "forward")) else obj
-    for attr in ("forward", "backward", "supports"):
+PROTOCOL = ("forward", "backward", "supports")
+
+
+def _satisfies(obj: Any) -> bool:
+    """Whether ``obj`` (a class or an instance) has the protocol's methods."""
+    return all(callable(getattr(obj, attr, None)) for attr in PROTOCOL)
+
+
+def _instantiate(obj: Any, name: str, trusted: bool = False) -> Backend:
+    """The backend ``obj`` stands for. Only what satisfies the protocol is used: a class with
+    ``forward``, ``backward`` and ``supports`` is instantiated (no arguments), an instance that
+    has them is used as it is. Nothing else is called: ``os:getcwd`` or ``subprocess:Popen``
+    named in a sweep is refused, not run. ``trusted`` (built-ins, installed entry points) also
+    allows a zero-argument factory, whose result must satisfy the protocol."""
+    if isinstance(obj, type):
+        if not _satisfies(obj):
+            lacks = [a for a in PROTOCOL if not callable(getattr(obj, a, None))]
+            raise TypeError(f"backend {name!r}: class {obj.__qualname__} lacks "
+                            f"{', '.join(lacks)}() (see attnbench.backends.base); not instantiated")
+        backend = obj()
+    elif _satisfies(obj):
+        backend = obj
+    elif trusted and callable(obj):
+        backend = obj()
+    else:
+        what = f"{type(obj).__name__} {getattr(obj, '__qualname__', '')}"
+        raise TypeError(f"backend {name!r} is {what}, not a backend class or instance (forward, "
+                        "backward and supports, see attnbench.backends.base); attnbench calls "
+                        "nothing else")
+    for attr in PROTOCOL:
         if not callable(getattr(backend, attr, None)):
             raise TypeError(f"backend {name!r} has no {attr}() (see attnbench.backends.base)")
     if not hasattr(backend, "keep_mask"):
@@ -106,9 +133,10 @@ def get_backend(name: str) -> Backend:
     """Resolve a backend by registered name, entry point or ``module:object``."""
     if name in _cache:
         return _cache[name]
-    ref = BUILTIN.get(name) or _entry_points().get(name) or (name if ":" in name else None)
+    registered = BUILTIN.get(name) or _entry_points().get(name)
+    ref = registered or (name if ":" in name else None)
     if ref is None:
         raise KeyError(check_backend_name(name))
-    backend = _instantiate(_load_object(ref), name)
+    backend = _instantiate(_load_object(ref), name, trusted=registered is not None)
     _cache[name] = backend
     return backend

@@ -16,8 +16,18 @@ A backend::
         def backward(self, ctx, dout) -> tuple[dq, dk, dv]: ...
 
 ``backward`` must use the dropout mask of the ``forward`` that made ``ctx`` and may be called
-several times on one ``ctx`` (the timer does). A backend that finds at run time that it cannot
-handle a case raises :class:`Unsupported`.
+several times on one ``ctx`` (the timer does). What ``forward`` derives from the case (masks,
+bias, tables) should be built once per case, not per call (:mod:`attnbench.backends.masks`):
+every call is timed. A backend that finds at run time that it cannot handle a case raises
+:class:`Unsupported`.
+
+Optional, for the accuracy rule (:mod:`attnbench.accuracy`)::
+
+        def input_precision(self, case, device) -> tuple[str, ...]: ...
+
+the tensors (of out, dq, dk, dv) this backend computes or accumulates in the input dtype by
+design; they are judged against the naive baseline, every other tensor against the fused
+baseline (fp32 accumulation). A backend that does not declare it is a fused kernel.
 
 Optional, for ring context parallelism (:mod:`attnbench.parallel.ring`)::
 

@@ -13,6 +13,7 @@ import torch
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 from attnbench.dropout import hash_keep_mask
+from attnbench.records import TENSORS
 
 
 class NaiveBackend(PreparesOnce):
@@ -22,6 +23,11 @@ class NaiveBackend(PreparesOnce):
 
     def supports(self, case, device):
         return None
+
+    def input_precision(self, case, device):
+        """Scores, P and P·V in the case's dtype: judged against itself as the naive baseline
+        (the baseline of every input-precision backend)."""
+        return TENSORS
 
     def masks(self, spec, q, k):
         """(bias, visible, keep) of a call with these q, k: built once, then reused."""

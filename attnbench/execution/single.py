@@ -16,8 +16,9 @@ from attnbench import evaluation
 from attnbench.backends import Unsupported, get_backend
 from attnbench.backends.masks import release_prepared
 from attnbench.case_timing import time_case
-from attnbench.device import backend_env, device_env, device_peaks, interpreter_on_gpu, is_oom, pick_device, \
-    release_memory, sync
+from attnbench.device import (backend_env, device_env, device_peaks, interpreter_on_gpu, is_oom,
+                              pick_device, release_memory, sync)
+from attnbench.dropout_probe import RngState
 from attnbench.inputs import make_inputs
 from attnbench.problem import AttnSpec
 from attnbench.records import RecordMaker
@@ -61,11 +62,15 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
          record: RecordMaker) -> dict:
     spec = AttnSpec.from_case(case)
     q, k, v, dout = make_inputs(case, device)
+    # A backend that hides its dropout mask draws it from the device's generator: its state now
+    # lets the judge replay this very forward's mask (attnbench.dropout_probe).
+    rng = RngState.capture(device) if spec.dropout_p > 0 and backend.keep_mask is None else None
     fwd = backend.forward(q, k, v, spec)
     grads = backend.backward(fwd.ctx, dout)
     sync(device)
     if options.accuracy:
-        judgement = evaluation.evaluate(case, backend, spec, q, k, v, dout, fwd.out, grads)
+        judgement = evaluation.evaluate(case, backend, spec, q, k, v, dout, fwd.out, grads,
+                                        device, rng)
         if getattr(backend, "deterministic", False):
             judgement = evaluation.check_determinism(judgement, backend, fwd.ctx, dout, grads)
     else:

@@ -17,7 +17,8 @@ class Mutant:
     ref: str
     """``module:object`` of the backend."""
     number: str
-    """Catalogue number (issue 7's list), or "extra" for classes added from public reports."""
+    """Catalogue number (issue 7's list 1-12, issue 12's 13-16), or "extra" for classes added
+    from public reports."""
     bug: str
     """The bug class in one line."""
     report: str
@@ -26,6 +27,9 @@ class Mutant:
     """What a sweep must contain for the bug to show."""
     parallel: bool = False
     """Needs a CP/TP case (runs on a rank pool)."""
+    long: bool = False
+    """Needs the long cases of the sweep (seqlen >= LONG_SEQLEN): an error that grows with
+    length. Other mutants skip those cases (they cost seconds each on a CPU)."""
 
 
 M = "attnbench.mutants"
@@ -92,12 +96,39 @@ CATALOGUE: tuple[Mutant, ...] = (
            bug="log-sum-exp returned in base 2, merged as natural log under CP",
            report="sgl-project/sglang#35045; flashinfer-ai/flashinfer#4547",
            exposed_by="ring/zigzag CP", parallel=True),
+    Mutant(name="mutant.dropout_keep_p", ref=f"{M}.dropout:DropoutKeepP", number="13",
+           bug="forward keeps with probability p instead of 1 - p, mask hidden",
+           report="v-iashin/CS231n#8; google-research/electra#61",
+           exposed_by="dropout (a hidden mask: recovered by probing, or statistics)"),
+    Mutant(name="mutant.dropout_renormalised", ref=f"{M}.dropout:DropoutRenormalised",
+           number="14", bug="forward renormalises over the kept keys, mask hidden",
+           report="facebookresearch/fairseq#351; huggingface/transformers#31468",
+           exposed_by="dropout (a hidden mask: recovered by probing, or statistics)"),
+    Mutant(name="mutant.pv_accumulator_in_dtype", ref=f"{M}.fused:PvAccumulatorInDtype",
+           number="15", bug="forward's P·V accumulator kept in bf16/fp16 across key blocks",
+           report="Dao-AILab/flash-attention#2250 (FP8 accumulator not fp32: long-context "
+                  "loss); philipturner/metal-flash-attention#13",
+           exposed_by="long sequences (error grows with key blocks); the error trend",
+           long=True),
+    Mutant(name="mutant.dq_accumulator_in_dtype", ref=f"{M}.fused:DqAccumulatorInDtype",
+           number="16", bug="dQ summed across key blocks in bf16/fp16 (dK/dV right)",
+           report="seed 001 (TE #1615: dQ error growing with length)",
+           exposed_by="long sequences; the error trend", long=True),
 )
 
 CONTROL = "mutant.base"
 """The correct recomputing backend most single-device mutants edit; it must pass."""
+FUSED_CONTROL = "mutant.fused_base"
+"""The correct fused-precision model the accumulation mutants edit; it must pass."""
+HIDDEN_DROPOUT_CONTROL = "mutant.hidden_rng_dropout"
+"""The correct hidden-mask dropout the two dropout mutants edit; it must pass."""
+CONTROLS = (CONTROL, FUSED_CONTROL, HIDDEN_DROPOUT_CONTROL)
+LONG_SEQLEN = 1024
+"""Cases with at least this many keys are "long": only ``long`` mutants take them over."""
 
 BACKENDS: dict[str, str] = {CONTROL: f"{M}.base:RecomputingNaive",
+                            FUSED_CONTROL: f"{M}.fused:FusedModel",
+                            HIDDEN_DROPOUT_CONTROL: f"{M}.dropout:HiddenTorchRngDropout",
                             **{m.name: m.ref for m in CATALOGUE}}
 
 

@@ -15,7 +15,7 @@ from typing import Sequence, TextIO
 
 from attnbench.report.compare import compare_runs, summary_text
 from attnbench.report.dashboard import Dashboard, default_dashboard, load_dashboard
-from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK, ReportError
+from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK, ReportError, printable
 from attnbench.report.data import load_run
 
 log = logging.getLogger("attnbench.report")
@@ -56,7 +56,7 @@ def write_report(run_dir: Path, dashboard: Path | None = None, out_dir: Path | N
 
 
 def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: Path | None = None,
-                dashboard: bool = True, stream: TextIO = sys.stdout) -> int:
+                dashboard: bool = True, stream: TextIO | None = None) -> int:
     """Compare each run with the first (the baseline): write the comparison dashboard (unless
     ``dashboard`` is false; ``out_dir`` defaults to ``dashboards/compare-<A>-vs-<B>/`` under
     the project root) and print the summary to ``stream``. Returns the exit status:
@@ -74,6 +74,11 @@ def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: P
             run.manifest = {**run.manifest, "run_id": f"{run.run_id} ({run.path})"}
     ids = [r.run_id for r in runs]
     comps = [compare_runs(runs[0], other, threshold) for other in runs[1:]]
+    for comp in comps:  # a gate that compared nothing must not pass
+        if comp.pairs.empty:
+            raise ReportError(f"RUN: {comp.b.path} ({len(comp.only_b)} cases) shares no case with "
+                              f"the baseline {comp.a.path} ({len(comp.only_a)} cases): nothing "
+                              "to compare (runs of different sweeps?)")
     index = None
     if dashboard:
         from attnbench.report.compare_page import build_compare  # matplotlib only when drawing
@@ -82,12 +87,17 @@ def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: P
         out = Path(out_dir) if out_dir else project_root() / "dashboards" / name[:200]
         index = build_compare(comps, out, command=["attnbench", "compare", *map(str, run_dirs),
                                                    "--threshold", str(threshold)])
-    stream.write(summary_text(comps, index) + "\n")
+    stream = stream or sys.stdout
+    stream.write("\n".join(printable(line) for line in summary_text(comps, index).split("\n"))
+                 + "\n")
     return EXIT_FAILURES if any(len(c.regressions) for c in comps) else EXIT_OK
 
 
 def _safe_name(run_id: str) -> str:
-    name = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in run_id).strip(".")
+    """A directory name from a run id (which comes from a manifest: any text), at most 100
+    ASCII characters."""
+    name = "".join(c if (c.isascii() and c.isalnum()) or c in "-_.+" else "_"
+                   for c in run_id[:100]).strip(".")
     return name or "run"
 
 
@@ -128,9 +138,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         index = write_report(args.run, args.dashboard, args.out)
     except ReportError as exc:
-        print(f"attnbench report: {exc}", file=sys.stderr)
+        print(f"attnbench report: {printable(exc, 2000)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(index)
+    print(printable(index))
     return EXIT_OK
 
 
@@ -139,7 +149,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print("attnbench compare: RUN: give at least two run directories (the first is the "
               "baseline)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if not 0 <= args.threshold < 1:
+    if not 0 <= args.threshold < 1:  # NaN fails too
         print(f"attnbench compare: --threshold: got {args.threshold}, expected a number in "
               "[0, 1) such as 0.05", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -147,7 +157,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return run_compare(args.runs, threshold=args.threshold, out_dir=args.out,
                            dashboard=not args.no_dashboard, stream=sys.stdout)
     except ReportError as exc:
-        print(f"attnbench compare: {exc}", file=sys.stderr)
+        print(f"attnbench compare: {printable(exc, 2000)}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

@@ -20,17 +20,17 @@ from matplotlib.patches import Patch
 from attnbench.records import TENSORS
 from attnbench.report.compare import NOISY_WHY, Comparison, describe, run_facts
 from attnbench.report.data import DIRECTIONS
-from attnbench.report.html import (class_badge, esc, filter_controls, fmt, noisy_badge, page,
-                                   repro_command, sort_key, verdict_badge)
+from attnbench.report.html import (claim_output_dir, class_badge, esc, filter_controls,
+                                   finish_output_dir, fmt, noisy_badge, page, repro_command,
+                                   sort_key, verdict_badge)
 from attnbench.report.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
                                       new_figure, page_colors, save_figure, setup_x)
 from attnbench.report.style import CLASS_COLORS, RC, VERDICT_COLORS, verdict_label
 
 
 def build_compare(comps: Sequence[Comparison], out_dir: Path, command: Sequence[str]) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for old in list(out_dir.glob("c[0-9]*-*.png")) + list(out_dir.glob("c[0-9]*-*.svg")):
-        old.unlink()
+    old = claim_output_dir(out_dir)
+    written: list[Path] = []
     ctx = Context(out_dir=out_dir, colors=page_colors([c.a.frame for c in comps] +
                                                       [c.b.frame for c in comps]))
     sections, nav = [], []
@@ -38,12 +38,13 @@ def build_compare(comps: Sequence[Comparison], out_dir: Path, command: Sequence[
         for i, comp in enumerate(comps):
             anchor = f"pair{i + 1}"
             nav.append((anchor, f"{comp.b.run_id} vs {comp.a.run_id}"))
-            sections.append(pair_section(i, comp, ctx, anchor))
+            sections.append(pair_section(i, comp, ctx, anchor, written))
     header = compare_header(comps, command)
     index = out_dir / "index.html"
     index.write_text(page("attnbench compare · " + " vs ".join(
         [comps[0].a.run_id] + [c.b.run_id for c in comps]), header, nav, "\n".join(sections)),
         encoding="utf-8")
+    finish_output_dir(out_dir, written, old)
     return index
 
 
@@ -66,7 +67,9 @@ def compare_header(comps: Sequence[Comparison], command: Sequence[str]) -> str:
             f'<dl>{"".join(rows)}</dl><div class="totals">{status}</div></header>')
 
 
-def pair_section(i: int, c: Comparison, ctx: Context, anchor: str) -> str:
+def pair_section(i: int, c: Comparison, ctx: Context, anchor: str,
+                 written: list[Path] | None = None) -> str:
+    """One pair's section; the figure files it draws are added to ``written``."""
     p = c.pairs
     parts = [f'<section id="{anchor}"><h2>{esc(c.b.run_id)} against {esc(c.a.run_id)}</h2>',
              f'<p class="desc">A (baseline) = {esc(describe(c.a))}<br>B = {esc(describe(c.b))}'
@@ -99,6 +102,8 @@ def pair_section(i: int, c: Comparison, ctx: Context, anchor: str) -> str:
         figs.append(speed_figure(i, c, ctx))
     if len(p) and p.worst_err_ratio.notna().any():
         figs.append(error_figure(i, c, ctx))
+    if written is not None:
+        written.extend(p for f in figs for p in (f.png, f.svg))
     if figs:
         parts.append('<div class="figs">')
         for f in figs:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
+from attnbench.errors import short_repr, shown_key
 from attnbench.records import TENSORS
 from attnbench.report.data import CHECK_COLUMNS, DIRECTIONS, FILTER_COLUMNS, ReportError
+from attnbench.validation import load_yaml, read_input_file
 
 # kind -> {option: default}. The type of the default is the type an option must have
 # (a list default: a list of strings; None: an optional string).
@@ -42,6 +42,7 @@ PANEL_OPTIONS: dict[str, dict[str, Any]] = {
                    "band": True, "max_figures": 12},
     "error_vs_seqlen": {"x": "seqlen_q", "series": "backend", "facets": ["dtype"],
                         "tensors": list(TENSORS), "max_figures": 6},
+    "error_trend": {"tensors": list(TENSORS), "max_figures": 4},
     "parallel": {"series": "backend", "directions": list(DIRECTIONS)},
     "architecture": {"x": "seqlen_q", "series": "backend", "baseline": None,
                      "directions": list(DIRECTIONS)},
@@ -53,6 +54,7 @@ DEFAULT_TITLES = {
     "accuracy_heatmap": "Accuracy: error over bound, case x tensor",
     "verdict_matrix": "Verdicts: feature combination x backend",
     "error_vs_seqlen": "Error vs sequence length",
+    "error_trend": "Error trend: growth with length against the fused baseline",
     "parallel": "Context / tensor parallel scaling",
     "architecture": "Architecture comparison",
 }
@@ -105,23 +107,12 @@ def default_dashboard() -> Dashboard:
 
 
 def load_dashboard(path: str | Path) -> Dashboard:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ReportError(f"{path}: cannot read dashboard file: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-        raise ReportError(f"{path}: malformed YAML at {where}: "
-                          f"{getattr(exc, 'problem', None) or exc}") from None
-    return parse_dashboard(data, str(path))
+    text = read_input_file(path, "dashboard file", ReportError)
+    return parse_dashboard(load_yaml(text, str(path), ReportError), str(path))
 
 
 def _fail(filename: str, where: str, given: Any, expected: str) -> ReportError:
-    return ReportError(f"{filename}: {where}: got {given!r}, expected {expected}")
+    return ReportError(f"{filename}: {where}: got {short_repr(given)}, expected {expected}")
 
 
 def parse_dashboard(data: Any, filename: str) -> Dashboard:
@@ -131,7 +122,8 @@ def parse_dashboard(data: Any, filename: str) -> Dashboard:
                           f"got {type(data).__name__}")
     for key in data:
         if key not in top:
-            raise ReportError(f"{filename}: {key}: unknown key, expected one of {', '.join(top)}")
+            raise ReportError(f"{filename}: {shown_key(key)}: unknown key, expected one of "
+                              f"{', '.join(top)}")
     title = data.get("title", "attnbench report")
     if not isinstance(title, str):
         raise _fail(filename, "title", title, "a string")
@@ -149,7 +141,8 @@ def parse_dashboard(data: Any, filename: str) -> Dashboard:
         raise _fail(filename, "table", table_raw, "a mapping (filters: [columns])")
     for key in table_raw:
         if key not in TABLE_OPTIONS:
-            raise ReportError(f"{filename}: table.{key}: unknown option, expected one of "
+            raise ReportError(f"{filename}: table.{shown_key(key)}: unknown option, expected one "
+                              "of "
                               f"{', '.join(TABLE_OPTIONS)}")
     filters = table_raw.get("filters", TABLE_OPTIONS["filters"])
     _check_columns(filename, "table.filters", filters, as_list=True)
@@ -171,7 +164,8 @@ def _parse_panel(filename: str, i: int, raw: Any) -> Panel:
             continue
         if key not in defaults:
             allowed = list(COMMON_OPTIONS[1:]) + list(defaults)
-            raise ReportError(f"{filename}: {where}.{key}: unknown option for kind {kind}, "
+            raise ReportError(f"{filename}: {where}.{shown_key(key)}: unknown option for kind "
+                              f"{kind}, "
                               f"expected one of {', '.join(allowed)}")
         options[key] = _check_option(filename, f"{where}.{key}", key, defaults[key], value)
     title = raw.get("title", DEFAULT_TITLES[kind])

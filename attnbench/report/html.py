@@ -8,11 +8,14 @@ the page.
 from __future__ import annotations
 
 import html
+import json
 import math
 import shlex
 from collections import Counter
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from attnbench.errors import ReportError
 from attnbench.report.figures import PanelOutput
 from attnbench.report.style import (CLASS_COLORS, NOISY_TITLE, SEVERITY, VERDICT_COLORS,
                                     VERDICT_TITLES, text_color_on, verdict_label)
@@ -236,11 +239,12 @@ def fmt(value: Any, digits: int = 3) -> str:
 
 
 def sort_key(value: Any) -> str:
-    """data-sort attribute: plain number for numbers (empty when missing), text otherwise."""
+    """data-sort attribute value, escaped: plain number for numbers (empty when missing), text
+    otherwise (a record's field may hold any text: ``"><img onerror=...>`` stays text)."""
     try:
         f = float(value)
-    except (TypeError, ValueError):
-        return "" if value is None else str(value)
+    except (TypeError, ValueError, OverflowError):
+        return "" if value is None else esc(value)
     if math.isnan(f):
         return ""
     return "1e308" if math.isinf(f) else repr(f)
@@ -260,3 +264,58 @@ def filter_controls(table_id: str, columns: Sequence[tuple[str, str, list[Any]]]
                  f'id="{esc(table_id)}-search" placeholder="label, reason, id..."></label>')
     parts.append(f'<span id="{esc(table_id)}-count"></span></div>')
     return "".join(parts)
+
+
+# -- the output directory ----------------------------------------------------------------------
+
+MARKER = ".attnbench-dashboard"
+"""Written into every directory attnbench draws a dashboard in: the files it wrote there (JSON
+list). Only those are replaced or removed by the next report into the same directory."""
+
+
+def claim_output_dir(out_dir: Path) -> list[Path]:
+    """Make ``out_dir`` ready for a dashboard; the files an earlier dashboard wrote there (to
+    remove once the new one is written). Refused (:class:`ReportError`, exit 2) when it is a
+    file, or a non-empty directory attnbench did not make: a user's files are never
+    overwritten or deleted."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ReportError(f"{out_dir}: exists and is not a directory; --out names a directory")
+    marker = out_dir / MARKER
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        try:
+            listed = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            listed = None
+        if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
+            return [out_dir / n for n in listed if n and "/" not in n and n not in (".", "..")]
+        if not _legacy_dashboard(out_dir):
+            names = sorted(p.name for p in out_dir.iterdir())
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            raise ReportError(f"{out_dir}: not empty and not a dashboard attnbench wrote "
+                              f"({shown}); choose a new or empty --out")
+        return []
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"{out_dir}: cannot create: {exc.strerror or exc}") from None
+    return []
+
+
+def _legacy_dashboard(out_dir: Path) -> bool:
+    """A dashboard written before :data:`MARKER` existed: its index.html is attnbench's."""
+    try:
+        with open(out_dir / "index.html", encoding="utf-8", errors="replace") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return head.startswith("<!DOCTYPE html>") and "<title>attnbench" in head
+
+
+def finish_output_dir(out_dir: Path, written: Iterable[Path], old: Iterable[Path]) -> None:
+    """Record what this dashboard wrote; remove what the previous one wrote and this did not."""
+    names = sorted({Path(p).name for p in written} | {"index.html"})
+    for path in old:
+        if path.name not in names and path.is_file():
+            path.unlink()
+    (Path(out_dir) / MARKER).write_text(json.dumps(names), encoding="utf-8")

@@ -17,8 +17,9 @@ from attnbench.records import BAD_VERDICTS
 from attnbench.report.dashboard import Dashboard
 from attnbench.report.data import Run
 from attnbench.report.environment import environments, hardware_text, software_text
-from attnbench.report.html import (esc, filter_controls, fmt, noisy_badge, page, panel_section,
-                                   repro_command, sort_key, totals_html, verdict_badge)
+from attnbench.report.html import (claim_output_dir, esc, filter_controls, finish_output_dir, fmt,
+                                   noisy_badge, page, panel_section, repro_command, sort_key,
+                                   totals_html, verdict_badge)
 from attnbench.report.figures import Context, PanelOutput, page_colors
 from attnbench.report.panels import draw_panel
 from attnbench.report.style import SEVERITY, fmt_bytes, verdict_label
@@ -30,13 +31,16 @@ MAX_ENVIRONMENTS_SHOWN = 6  # distinct device set-ups in the header; a note coun
 
 
 def build_report(run: Run, dashboard: Dashboard, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for old in list(out_dir.glob("p[0-9][0-9]-*.png")) + list(out_dir.glob("p[0-9][0-9]-*.svg")):
-        old.unlink()  # figures of an earlier report of this run (the panel list may differ)
+    """Draw into ``out_dir`` (new, empty, or a dashboard attnbench wrote: see
+    :func:`~attnbench.report.html.claim_output_dir`); figures of an earlier report there that
+    this one does not draw are removed (the panel list may differ)."""
+    old = claim_output_dir(out_dir)
     ctx = Context(out_dir=out_dir, colors=page_colors([run.frame]))
     outputs = [draw_panel(p, run, ctx) for p in dashboard.panels]
     index = out_dir / "index.html"
     index.write_text(render(run, dashboard, outputs), encoding="utf-8")
+    finish_output_dir(out_dir, [p for o in outputs for f in o.figures for p in (f.png, f.svg)],
+                      old)
     return index
 
 

@@ -201,7 +201,7 @@ def _accuracy(c: Case, broken: dict[str, float]) -> tuple[dict, list]:
         bound = 2.0 * baseline  # the flash-attn rule: at most twice the baseline's error
         tensors[t] = {"rel_l2": rel, "max_abs": rel * 8, "cosine": 1 - rel * rel / 2,
                       "nonfinite": 0, "baseline_rel_l2": baseline, "ratio": rel / baseline,
-                      "bound": bound}
+                      "bound": bound, "baseline": "fused"}
         checks.append({"check": "reference", "tensor": t, "metric": "rel_l2", "value": rel,
                        "bound": bound, "passed": rel <= bound})
     return {"reference": "exact-mask" if c.dropout else "exact", "tensors": tensors,

@@ -18,8 +18,8 @@ import matplotlib
 from attnbench.report.dashboard import PANEL_KINDS, Panel
 from attnbench.report.data import Run
 from attnbench.report.figures import Context, PanelOutput
-from attnbench.report.panels import (accuracy_heatmap, architecture, error_vs_seqlen, parallel,
-                                     throughput, verdict_matrix)
+from attnbench.report.panels import (accuracy_heatmap, architecture, error_trend, error_vs_seqlen,
+                                     parallel, throughput, verdict_matrix)
 from attnbench.report.style import RC
 
 DRAW: dict[str, Callable[[Panel, Run, Context], PanelOutput]] = {
@@ -27,6 +27,7 @@ DRAW: dict[str, Callable[[Panel, Run, Context], PanelOutput]] = {
     "accuracy_heatmap": accuracy_heatmap.draw_accuracy_heatmap,
     "verdict_matrix": verdict_matrix.draw_verdict_matrix,
     "error_vs_seqlen": error_vs_seqlen.draw_error_vs_seqlen,
+    "error_trend": error_trend.draw_error_trend,
     "parallel": parallel.draw_parallel,
     "architecture": architecture.draw_architecture,
 }

@@ -1,0 +1,76 @@
+"""Forward dropout bugs behind a hidden mask, and the correct hidden-mask kernel they edit.
+
+All three are ``naive`` with one change: every forward draws a fresh keep mask from torch's RNG
+(``torch.rand`` on the device's default generator, as SDPA's math path draws its
+``bernoulli_``) and does not expose it (``keep_mask = None``), like flash-attn, cuDNN, SDPA and
+TransformerEngine. The mask is then a function of the RNG state and the shapes (B, Hq, Sq, Sk)
+only. Backward is autograd through the forward's own mask, consistent with forward, so the
+gradient identities of :mod:`attnbench.invariants` hold: only :mod:`attnbench.dropout_probe`
+(the recovered mask under the fp64 reference, or the keep rate / scale / row-sum / bias
+statistics) can see the two bugs.
+
+Legend: B = batch, Hq = query heads, Sq / Sk = lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.backends.masks import dense_masks
+from attnbench.backends.naive import NaiveBackend
+from attnbench.mutants.patch import mutated
+
+
+class HiddenTorchRngDropout(NaiveBackend):
+    """Control: correct dropout -- keep with probability 1 - p, scale by 1 / (1 - p) -- drawn
+    from torch's RNG at every call, mask hidden. Must pass every dropout check: the false-alarm
+    control for the two mutants below, which edit it."""
+
+    name = "mutant.hidden_rng_dropout"
+    keep_mask = None
+
+    def build_masks(self, spec, q, k):
+        batch, heads_q, sq, _ = q.shape
+        return dense_masks(spec, batch, heads_q, sq, k.shape[2], q.dtype, q.device, keep=False)
+
+    def masks(self, spec, q, k):
+        """The cached bias / visibility, and a keep mask (B, Hq, Sq, Sk) drawn now."""
+        bias, visible, _ = super().masks(spec, q, k)
+        if spec.dropout_p <= 0:
+            return bias, visible, None
+        return bias, visible, self.draw_keep(spec, q, k)
+
+    def draw_keep(self, spec, q, k):
+        batch, heads_q, sq, _ = q.shape
+        uniform = torch.rand(batch, heads_q, sq, k.shape[2], device=q.device)
+        return uniform >= spec.dropout_p
+
+
+class DropoutKeepP(HiddenTorchRngDropout):
+    """Forward keeps each probability with probability p instead of 1 - p, and still scales by
+    1 / (1 - p): the threshold compared the wrong way round, the confusion of a keep probability
+    (TF1's ``keep_prob``) with a drop probability (v-iashin/CS231n#8: "the ratio of zero
+    elements will be 0.9 instead of 0.1"; google-research/electra#61, tensorpack/tensorpack#786).
+    Self-consistent, so the fp64 reference with the recovered mask agrees with it: the keep rate
+    and the bias of the mean output show it."""
+
+    name = "mutant.dropout_keep_p"
+    draw_keep = mutated(HiddenTorchRngDropout.draw_keep, "return uniform >= spec.dropout_p",
+                        "return uniform < spec.dropout_p  # BUG: keeps with probability p")
+
+
+class DropoutRenormalised(HiddenTorchRngDropout):
+    """Forward renormalises the probabilities over the kept keys (a softmax over the kept
+    entries) instead of scaling by 1 / (1 - p): the mask applied to the scores (-inf) before
+    the softmax, or the normaliser summed after dropout -- the "fix" proposed in
+    facebookresearch/fairseq#351 and huggingface/transformers#31468 so that rows sum to 1.
+    Every output row is again a convex combination of V, so row sums of P are exactly 1 instead
+    of varying around 1, and the output differs from the fp64 reference with the recovered mask
+    by a few percent."""
+
+    name = "mutant.dropout_renormalised"
+    forward = mutated(
+        NaiveBackend.forward,
+        "probs = probs * (keep.to(q.dtype) / (1.0 - spec.dropout_p)).to(q.dtype)",
+        "kept = probs.float() * keep  # BUG: renormalised over the kept keys, not / (1 - p)\n"
+        "                probs = (kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)).to(q.dtype)")

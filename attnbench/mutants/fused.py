@@ -1,0 +1,71 @@
+"""Accumulation bugs of fused kernels: one edit each of the fused-precision model.
+
+:class:`FusedModel` is :mod:`attnbench.fused_baseline` as a backend (its dropout mask is the
+hash mask, exposed): a correct fused kernel, registered as ``mutant.fused_base`` and run by
+``attnbench selftest`` among the controls. The mutants keep one accumulator in the input dtype
+where a correct kernel keeps it in fp32. Their error is small at short lengths -- every case of
+a 128-token sweep passes -- and grows with the number of key blocks summed, the shape of seed
+001's dQ report: only long cases (``sweeps/standard.yaml``'s length ladder) and the error trend
+across lengths (:mod:`attnbench.trends`) expose them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.backends.base import Forward
+from attnbench.dropout import hash_keep_mask
+from attnbench.fused_baseline import FusedBaseline
+
+
+class FusedModel:
+    """The fused-precision model as a backend (correct; ``mutant.fused_base``)."""
+
+    name = "mutant.fused_base"
+    keep_mask = staticmethod(hash_keep_mask)
+    model = FusedBaseline()
+
+    def supports(self, case, device):
+        return None
+
+    def forward(self, q, k, v, spec):
+        out, lse = self.model.forward(q, k, v, spec, keep_mask=hash_keep_mask)
+        return Forward(out=out, lse=lse, ctx=(q, k, v, out, lse, spec))
+
+    def backward(self, ctx, dout):
+        q, k, v, out, lse, spec = ctx
+        return self.model.backward(q, k, v, out, lse, dout, spec, keep_mask=hash_keep_mask)
+
+
+@dataclass(frozen=True)
+class _Bf16PvAccumulator(FusedBaseline):
+    def accumulate_pv(self, acc, correction, pv, dtype):
+        # BUG: the P·V accumulator lives in the input dtype between key blocks.
+        return (acc * correction[..., None] + pv).to(dtype).to(torch.float32)
+
+
+@dataclass(frozen=True)
+class _Bf16DqAccumulator(FusedBaseline):
+    def accumulate_dq(self, dq, contribution, dtype):
+        # BUG: dQ is summed across key blocks in the input dtype.
+        return (dq + contribution).to(dtype).to(torch.float32)
+
+
+class PvAccumulatorInDtype(FusedModel):
+    """Forward's P·V accumulator kept in bf16/fp16 across key blocks: the class of
+    Dao-AILab/flash-attention#2250 (Hopper's FP8 tensor-core accumulator is not full fp32:
+    accuracy drops on long contexts) and of fp16 accumulators in ports
+    (philipturner/metal-flash-attention#13)."""
+
+    name = "mutant.pv_accumulator_in_dtype"
+    model = _Bf16PvAccumulator()
+
+
+class DqAccumulatorInDtype(FusedModel):
+    """Backward's dQ summed across key blocks in bf16/fp16 (seed 001's dQ, wrong by a growing
+    amount; dK/dV right: their accumulators are per key block)."""
+
+    name = "mutant.dq_accumulator_in_dtype"
+    model = _Bf16DqAccumulator()

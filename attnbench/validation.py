@@ -1,0 +1,204 @@
+"""Checks for what users and colleagues hand attnbench: sweep and dashboard files, journals and
+manifests. One place for the typed value rules every field and option goes through (a sweep's
+fields and options in :mod:`attnbench.spec`, a stored record's case and a manifest's options in
+:mod:`attnbench.store`), for reading a small input file without trusting its size or kind, and
+for parsing YAML and JSON strictly. Every mistake is a :class:`~attnbench.errors.UserError` whose
+message shows a bounded part of the input (:func:`~attnbench.errors.short_repr`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from attnbench.errors import SweepError, UserError, printable, short_repr
+
+MAX_SWEEP_BYTES = 1 << 20
+"""A sweep (or dashboard) file larger than 1 MiB is refused unread: the shipped sweeps are under
+5 KB, and a file that never ends (``/dev/zero``) must not hang ``validate``."""
+
+# -- typed values ------------------------------------------------------------------------------
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def fail(where: str, given: Any, allowed: str) -> SweepError:
+    """``WHERE: got X, expected Y`` (X bounded: see :func:`~attnbench.errors.short_repr`)."""
+    return SweepError(f"{where}: got {short_repr(given)}, expected {allowed}")
+
+
+@dataclass(frozen=True, slots=True)
+class Int:
+    """An integer in [lo, hi]."""
+
+    lo: int
+    hi: int
+    expected: str = ""
+    """How the message names the range (default ``an integer in [lo, hi]``)."""
+
+    def check(self, where: str, value: Any) -> int:
+        if not is_int(value):
+            raise fail(where, value, "an integer")
+        if not self.lo <= value <= self.hi:
+            raise fail(where, value, self.expected or f"an integer in [{self.lo}, {self.hi}]")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Real:
+    """A finite number in [lo, hi] (``lo_open``: lo itself excluded; likewise ``hi_open``)."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+    expected: str = ""
+
+    def check(self, where: str, value: Any) -> float:
+        ok = (is_number(value) and math.isfinite(value)
+              and (self.lo < value if self.lo_open else self.lo <= value)
+              and (value < self.hi if self.hi_open else value <= self.hi))
+        if not ok:
+            raise fail(where, value, self.expected or (
+                f"a number in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}"
+                f"{')' if self.hi_open else ']'}"))
+        return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    choices: tuple[str, ...]
+
+    def check(self, where: str, value: Any) -> str:
+        if not isinstance(value, str) or value not in self.choices:
+            raise fail(where, value, "one of " + ", ".join(self.choices))
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    def check(self, where: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise fail(where, value, "true or false")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    """A non-empty string of at most ``limit`` characters matching ``pattern``."""
+
+    pattern: str
+    expected: str
+    limit: int = 200
+
+    def check(self, where: str, value: Any) -> str:
+        if (not isinstance(value, str) or not 0 < len(value) <= self.limit
+                or not re.fullmatch(self.pattern, value)):
+            raise fail(where, value, f"{self.expected} (at most {self.limit} characters)")
+        return value
+
+
+# -- files and formats ---------------------------------------------------------------------------
+
+
+def read_input_file(path: str | Path, what: str, error: type[UserError] = SweepError) -> str:
+    """The text of a small input file (a sweep, a dashboard): a regular file of at most
+    :data:`MAX_SWEEP_BYTES`, UTF-8. Anything else (a directory, ``/dev/zero``, a FIFO, a
+    10 GB file) raises ``error`` with one line, without reading it."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path}: not a regular file; expected a {what} (YAML)")
+        if info.st_size > MAX_SWEEP_BYTES:
+            raise error(f"{path}: {info.st_size} bytes, more than the {MAX_SWEEP_BYTES} a {what} "
+                        "may have")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SWEEP_BYTES + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    if len(data) > MAX_SWEEP_BYTES:
+        raise error(f"{path}: more than the {MAX_SWEEP_BYTES} bytes a {what} may have")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+class StrictYamlLoader(yaml.SafeLoader):
+    """Safe YAML (plain data, no tags that construct objects) that also refuses what YAML would
+    accept quietly: a key given twice in one mapping (the last would win) and merge keys
+    (``<<``, whose nesting multiplies a mapping's size exponentially, as aliases cannot)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise yaml.constructor.ConstructorError(
+                    None, None, "merge keys (<<) are not supported; give the values once in "
+                    "defaults or as include entries", key_node.start_mark)
+            if isinstance(key_node, yaml.ScalarNode):
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {short_repr(key)} given twice in one mapping (YAML "
+                        "would keep only the last)", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str, filename: str, error: type[UserError] = SweepError) -> Any:
+    """``text`` parsed by :class:`StrictYamlLoader`; a mistake is one line naming the place."""
+    try:
+        return yaml.load(text, Loader=StrictYamlLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = (f"line {mark.line + 1}, column {mark.column + 1}" if mark else
+                 f"character {exc.position + 1}" if isinstance(exc, yaml.reader.ReaderError)
+                 else "?")
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise error(f"{filename}: malformed YAML at {where}: {printable(problem, 300)}") from None
+    except RecursionError:
+        raise error(f"{filename}: malformed YAML: nested too deeply") from None
+
+
+def parse_json(text: str) -> Any:
+    """JSON as the journal and the manifest are written (``allow_nan=False``): ``NaN``,
+    ``Infinity``, floats that overflow and integers beyond int64 are refused (ValueError), and
+    nesting too deep for the parser is a ValueError too."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float,
+                          parse_int=_int64)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of range")
+    return value
+
+
+def _int64(text: str) -> int:
+    value = int(text)
+    if not -2**63 <= value < 2**63:
+        raise ValueError(f"{text[:40]}... is beyond int64")
+    return value
