@@ -20,6 +20,7 @@ from attnbench.errors import (EXIT_CLUSTER, EXIT_FAILURES, EXIT_FINDINGS, EXIT_I
 from attnbench.records import BAD_VERDICTS, VERDICTS
 from attnbench.spec import load_sweep, single_case_sweep
 from attnbench.store import RunStore, default_run_dir, latest_run_dir, load_manifest, load_records
+from attnbench.validation import positive_int_argument
 
 
 # -- run --------------------------------------------------------------------------------------
@@ -175,13 +176,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 # -- backends ---------------------------------------------------------------------------------
 def cmd_backends(args: argparse.Namespace) -> int:
     """Each backend, and whether it can run a plain bf16 case on this machine's device."""
-    import torch
-
     from attnbench.backends import backend_names, get_backend
+    from attnbench.device import device_env, pick_device
     from attnbench.spec import make_case
 
-    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    print(f"device: {device} ({torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu'})")
+    device = pick_device()
+    env = device_env(device)
+    identity = env.get("identity") or {}
+    print(printable(f"device: {device}: {env['gpu_kind']} (family {env['gpu_family']}), "
+                    f"{identity.get('name')}; torch {env.get('torch')}, triton "
+                    f"{env.get('triton')}", 500))
     for name in backend_names():
         if name.startswith(("testing.", "mutant.")) and not args.all:
             continue
@@ -198,16 +202,6 @@ def cmd_backends(args: argparse.Namespace) -> int:
 
 
 # -- entry point ------------------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"got {short_repr(text)}, expected a positive integer")
-    return value
-
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -241,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cluster", choices=("local", "slurm"),
                      help="start the cluster: local (default: embedded LocalCluster) or slurm "
                           "(dask-jobqueue; see docs/cluster.md)")
-    run.add_argument("--workers", type=_positive_int,
+    run.add_argument("--workers", type=positive_int_argument,
                      help="concurrent cases on the embedded cluster; with --scheduler, workers "
                           "to wait for (default 1); with --cluster slurm, jobs to start")
     run.add_argument("--worker-wait", type=_seconds, default=60.0, metavar="SECONDS",

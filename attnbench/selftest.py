@@ -88,8 +88,11 @@ def make_plan(sweep: Sweep, *, seeds: int = 1, mutants: Sequence[Mutant] = CATAL
     for mutant in mutants:
         # A mutant that edits only the CP/TP code is the correct backend on one device; the
         # long cases (seconds each) go only to mutants whose error grows with length.
-        pool = [c for c in base if c.world_size > 1] if mutant.parallel else \
-            ([c for c in base if c.world_size == 1] if mutant.long else short)
+        if mutant.parallel:
+            pool = [c for c in base if c.world_size > 1]
+        else:
+            pool = [c for c in (base if mutant.long else short)
+                    if c.world_size == 1 or not (mutant.long or mutant.single)]
         chosen[mutant.name] = tuple(c.replace(backend=mutant.name) for c in pool)
     return Plan(controls=tuple(control_cases), mutants=chosen)
 

@@ -28,6 +28,20 @@ MAX_SWEEP_BYTES = 1 << 20
 # -- typed values ------------------------------------------------------------------------------
 
 
+def positive_int_argument(text: str) -> int:
+    """argparse ``type=`` for counts (``--workers``, ``--slots``, ``--nthreads``): an integer
+    >= 1, else argparse's one-line usage error."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {short_repr(text)}, expected a positive integer")
+    return value
+
+
 def is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 

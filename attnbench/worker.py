@@ -42,6 +42,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 
 from attnbench.resources import (CPU_KIND, DEVICE, ENV_DEVICE_KIND, ENV_FAMILY, ENV_IDS, ENV_KIND,
                                  ENV_THREADS, ENV_TYPE, KIND_PREFIX, node_resources)
+from attnbench.validation import positive_int_argument
 
 log = logging.getLogger("attnbench.worker")
 
@@ -213,6 +214,10 @@ def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
         if slots is not None:
             raise DetectionError("--slots is for CPU-only nodes; choose GPUs with "
                                  "CUDA_VISIBLE_DEVICES")
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            # Inherited by every rank: each Triton kernel would run in the CPU interpreter.
+            raise DetectionError("TRITON_INTERPRET=1 is set on a node with GPUs: Triton kernels "
+                                 "would run in the CPU interpreter; unset it and start again")
         return NodeDevices(kind=kind or kinds[0], detected_kind=kinds[0], gpu=True,
                            family="" if kind else found[0].family,
                            ids=tuple(gpu[0] for gpu in gpus), names=tuple(gpu[1] for gpu in gpus),
@@ -350,9 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(also accepted as the first argument)")
     parser.add_argument("--kind", help="advertise this kind instead of the detected one "
                                        "(e.g. to pretend two kinds in tests)")
-    parser.add_argument("--slots", type=_positive_int,
+    parser.add_argument("--slots", type=positive_int_argument,
                         help="CPU-only node: concurrent case units (default: one per core)")
-    parser.add_argument("--nthreads", type=_positive_int,
+    parser.add_argument("--nthreads", type=positive_int_argument,
                         help="Dask task threads (default: the number of devices or slots)")
     parser.add_argument("--name", help="worker name (default: chosen by Dask)")
     parser.add_argument("--host", help="the address the worker listens on and the scheduler "
@@ -373,16 +378,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true",
                         help="print what was detected and the dask worker command, then exit")
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"got {text[:40]!r}, expected a positive integer")
-    return value
 
 
 def dask_worker_argv(address: str, node: NodeDevices, args: argparse.Namespace,

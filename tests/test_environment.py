@@ -85,3 +85,12 @@ def test_triton_interpreter_is_refused_on_a_cuda_device(monkeypatch):
     assert interpreter_on_gpu(torch.device("cpu")) is None
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert interpreter_on_gpu(torch.device("cuda", 0)) is None
+
+
+def test_a_gpu_worker_refuses_an_inherited_triton_interpreter(monkeypatch):
+    from attnbench.worker import DetectionError, detect_node
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(DetectionError, match="TRITON_INTERPRET=1 is set on a node with GPUs"):
+        detect_node(gpus=[("0", "NVIDIA H100 80GB HBM3")])
+    assert detect_node(slots=1, gpus=[]).kind == "cpu"  # a CPU node runs the interpreter

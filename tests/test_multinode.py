@@ -411,7 +411,8 @@ def test_lease_table_of_a_plain_dask_worker_comes_from_its_resources():
     assert (table.ids, table.kind, table.gpu) == (("0", "1", "2"), "cpu", False)
 
 
-def test_detect_node_names_the_kind_and_refuses_mixed_nodes():
+def test_detect_node_names_the_kind_and_refuses_mixed_nodes(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # this CPU test box interprets
     node = detect_node(gpus=[("0", "NVIDIA H100 80GB HBM3"), ("1", "NVIDIA H100 80GB HBM3")])
     assert node.gpu and node.kind == "H100-SXM5-80GB" and node.resources == {
         "device": 2, "kind-H100-SXM5-80GB": 2, "kind-H100": 2}

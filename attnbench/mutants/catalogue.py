@@ -27,6 +27,9 @@ class Mutant:
     """What a sweep must contain for the bug to show."""
     parallel: bool = False
     """Needs a CP/TP case (runs on a rank pool)."""
+    single: bool = False
+    """Takes only single-device cases: its control draws a fresh dropout mask per call from
+    torch's RNG, which a CP ring (one call per step, backward recomputing) cannot replay."""
     long: bool = False
     """Needs the long cases of the sweep (seqlen >= LONG_SEQLEN): an error that grows with
     length. Other mutants skip those cases (they cost seconds each on a CPU)."""
@@ -99,11 +102,13 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(name="mutant.dropout_keep_p", ref=f"{M}.dropout:DropoutKeepP", number="13",
            bug="forward keeps with probability p instead of 1 - p, mask hidden",
            report="v-iashin/CS231n#8; google-research/electra#61",
-           exposed_by="dropout (a hidden mask: recovered by probing, or statistics)"),
+           exposed_by="dropout (a hidden mask: recovered by probing, or statistics)",
+           single=True),
     Mutant(name="mutant.dropout_renormalised", ref=f"{M}.dropout:DropoutRenormalised",
            number="14", bug="forward renormalises over the kept keys, mask hidden",
            report="facebookresearch/fairseq#351; huggingface/transformers#31468",
-           exposed_by="dropout (a hidden mask: recovered by probing, or statistics)"),
+           exposed_by="dropout (a hidden mask: recovered by probing, or statistics)",
+           single=True),
     Mutant(name="mutant.pv_accumulator_in_dtype", ref=f"{M}.fused:PvAccumulatorInDtype",
            number="15", bug="forward's P·V accumulator kept in bf16/fp16 across key blocks",
            report="Dao-AILab/flash-attention#2250 (FP8 accumulator not fp32: long-context "
