@@ -18,7 +18,7 @@ forward >= 400 TFLOP/s, backward >= 250.
 
 from __future__ import annotations
 
-import kernels  # noqa: F401  (first: TRITON_INTERPRET=1 on machines without a GPU)
+import attnbench.kernels  # noqa: F401  (first: TRITON_INTERPRET=1 on machines without a GPU)
 
 import argparse
 import itertools

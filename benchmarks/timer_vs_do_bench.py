@@ -13,7 +13,7 @@ a GPU and exits 0 (nothing to compare: do_bench needs CUDA).
 
 from __future__ import annotations
 
-import kernels  # noqa: F401  (first: TRITON_INTERPRET=1 on machines without a GPU)
+import attnbench.kernels  # noqa: F401  (first: TRITON_INTERPRET=1 on machines without a GPU)
 
 import argparse
 import sys

@@ -1,8 +1,8 @@
 """attnbench's own Triton flash attention (forward, backward, dropout mask).
 
-Modules: :mod:`kernels.common` (device functions shared by every kernel), :mod:`kernels.flash_fwd`,
-:mod:`kernels.flash_bwd`, :mod:`kernels.dropout` (kernels plus their thin launchers),
-:mod:`kernels.configs` (tuning spaces and pruning rules), :mod:`kernels.params` (launch
+Modules: :mod:`attnbench.kernels.common` (device functions shared by every kernel), :mod:`attnbench.kernels.flash_fwd`,
+:mod:`attnbench.kernels.flash_bwd`, :mod:`attnbench.kernels.dropout` (kernels plus their thin launchers),
+:mod:`attnbench.kernels.configs` (tuning spaces and pruning rules), :mod:`attnbench.kernels.params` (launch
 parameters). The attnbench backend is :mod:`attnbench.backends.triton_backend`.
 
 Without a CUDA device the kernels run under Triton's interpreter. Triton decides between compiling
@@ -32,9 +32,9 @@ def _interpret_without_gpu() -> None:
 
     if not isinstance(standard.zeros, InterpretedFunction):
         raise ImportError(
-            "kernels: no GPU, so the Triton kernels must run under TRITON_INTERPRET=1, but triton "
+            "attnbench.kernels: no GPU, so the Triton kernels must run under TRITON_INTERPRET=1, but triton "
             "was imported before that was set (its library functions are compiled-mode). Export "
-            "TRITON_INTERPRET=1, or import `kernels` before anything imports triton.")
+            "TRITON_INTERPRET=1, or import `attnbench.kernels` before anything imports triton.")
 
 
 _interpret_without_gpu()

@@ -54,7 +54,7 @@ def dropout_keep(seed, batch, head, q_pos, k_pos, threshold):
     kernel (forward, dK/dV, dQ), the mask materializer and any context-parallel split draw the
     same number for the same element. ``q_pos`` (BM, 1) / (1, BM) and ``k_pos`` broadcast to the
     tile. An element is kept iff the top 31 bits of the first output word are >= ``threshold``
-    = round(p * 2^31): integer arithmetic only, so :func:`kernels.dropout.keep_mask_torch`
+    = round(p * 2^31): integer arithmetic only, so :func:`attnbench.kernels.dropout.keep_mask_torch`
     reproduces it bit for bit.
     """
     k_full = (k_pos + 0 * q_pos).to(tl.uint32)

@@ -10,7 +10,7 @@ with the cuobjdump Triton also ships), whether the PTX uses wgmma (Hopper tensor
 cp.async (pipelined loads), and compile time. Exit status 1 if a kernel does not fit in shared
 memory.
 
-    TRITON_INTERPRET=0 python -m kernels.compile_check [--all | --variant TEXT] [--arch 90]
+    TRITON_INTERPRET=0 python -m attnbench.kernels.compile_check [--all | --variant TEXT] [--arch 90]
 
 It must run with ``TRITON_INTERPRET=0`` (set in the environment: ``kernels`` defaults it to 1 on
 a machine without a GPU). Arguments are specialised as a GPU run would specialise them: strides
@@ -34,11 +34,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import configs
-from kernels.dropout import _keep_mask_kernel
-from kernels.flash_bwd import _bwd_dkdv, _bwd_dq, _bwd_preprocess, backward_args
-from kernels.flash_fwd import _attn_fwd, forward_args
-from kernels.params import FlashParams, is_interpreted
+from attnbench.kernels import configs
+from attnbench.kernels.dropout import _keep_mask_kernel
+from attnbench.kernels.flash_bwd import _bwd_dkdv, _bwd_dq, _bwd_preprocess, backward_args
+from attnbench.kernels.flash_fwd import _attn_fwd, forward_args
+from attnbench.kernels.params import FlashParams, is_interpreted
 
 _TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
                     torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
@@ -59,7 +59,7 @@ class Variant:
     heads_kv: int = 8
     features: dict = field(default_factory=dict)
     """FlashParams fields switched on (window, softcap, alibi, dropout)."""
-    # Defaults: the spill-free picks of the tuning spaces for d128 (see kernels.configs).
+    # Defaults: the spill-free picks of the tuning spaces for d128 (see attnbench.kernels.configs).
     fwd: configs.BlockConfig = _tile(128, 64, 8, 3)
     dkdv: configs.BlockConfig = _tile(32, 128, 8, 3)
     dq: configs.BlockConfig = _tile(128, 32, 8, 3)
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10")
     args = parser.parse_args(argv)
     if is_interpreted(_attn_fwd):
-        print("kernels.compile_check: run with TRITON_INTERPRET=0", file=sys.stderr)
+        print("attnbench.kernels.compile_check: run with TRITON_INTERPRET=0", file=sys.stderr)
         return 2
     target = GPUTarget("cuda", args.arch, 32)
     budget = configs.DEFAULT_SHARED_MEMORY
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant:
         variants = [v for v in variants if args.variant in v.name]
         if not variants:
-            print(f"kernels.compile_check: no variant matches {args.variant!r}", file=sys.stderr)
+            print(f"attnbench.kernels.compile_check: no variant matches {args.variant!r}", file=sys.stderr)
             return 2
     for variant in variants:
         for report in check_variant(variant, target):

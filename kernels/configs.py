@@ -123,7 +123,7 @@ def prune_idle_warpgroups(configs, args) -> list[triton.Config]:
     return kept or configs
 
 
-# Measured with kernels.compile_check on sm_90 (bf16, Triton 3.9), live values per thread ->
+# Measured with attnbench.kernels.compile_check on sm_90 (bf16, Triton 3.9), live values per thread ->
 # spill: fwd d128 64x64/4w 96 none, 128x64/4w 192 264 B, 128x128/8w 128 none; dK/dV d128
 # 32x64/4w 144 none, 64x64/4w 160 112 B, 32x128/8w 144 none, 64x128/8w 160 88 B; dK/dV d64
 # 32x128/4w 160 120 B; dQ d128 128x32/4w 160 80 B, 128x32/8w 80 none. The one miss at 144:

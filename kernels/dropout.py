@@ -3,7 +3,7 @@
 Legend: nb / nh / ni / nj = how many batch / query-head / query / key indices are asked for.
 
 :func:`keep_mask` runs the very device function the forward and both backward kernels call
-(:func:`kernels.common.dropout_keep`) on global (batch, head, query, key) indices, so the mask it
+(:func:`attnbench.kernels.common.dropout_keep`) on global (batch, head, query, key) indices, so the mask it
 returns is the one they used by construction. :func:`keep_mask_torch` is an independent
 re-implementation of Philox-4x32-10 in torch integer arithmetic; tests check the two agree bit
 for bit, which pins down the random stream itself (a change to the counter layout or the
@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import configs
-from kernels.common import dropout_keep
-from kernels.params import is_interpreted
+from attnbench.kernels import configs
+from attnbench.kernels.common import dropout_keep
+from attnbench.kernels.params import is_interpreted
 
 
 @triton.jit

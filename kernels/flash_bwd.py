@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import configs
-from kernels.common import LOG2E, dropout_keep, key_ranges, load_tile, query_ranges, score_tile
-from kernels.params import FlashParams, is_interpreted, strides
+from attnbench.kernels import configs
+from attnbench.kernels.common import LOG2E, dropout_keep, key_ranges, load_tile, query_ranges, score_tile
+from attnbench.kernels.params import FlashParams, is_interpreted, strides
 
 
 @triton.jit
@@ -327,7 +327,7 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch the three backward kernels; return (dq, dk, dv) in q's dtype. Pure: may be called
     any number of times on the same forward results. Configs as in
-    :func:`kernels.flash_fwd.flash_forward`."""
+    :func:`attnbench.kernels.flash_fwd.flash_forward`."""
     batch, heads_q, seqlen_q, _ = q.shape
     heads_kv, seqlen_k = k.shape[1], k.shape[2]
     interpreted = is_interpreted(_bwd_dkdv)

@@ -7,7 +7,7 @@ strides; out (B, Hq, Sq, DV) in q's dtype; lse (B, Hq, Sq) float32, natural log.
 One program owns BM query rows of one (batch, query head) and streams the key blocks its rows can
 see (online softmax, fp32 statistics and accumulator). Query head h reads key/value head
 h // (Hq / Hkv) in place: K/V are never repeated. Key blocks are visited in three ranges
-(see :func:`kernels.common.key_ranges`): only the ones that straddle a mask boundary or the end
+(see :func:`attnbench.kernels.common.key_ranges`): only the ones that straddle a mask boundary or the end
 of the sequence pay for masking.
 """
 
@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import configs
-from kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile
-from kernels.params import FlashParams, is_interpreted, strides
+from attnbench.kernels import configs
+from attnbench.kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile
+from attnbench.kernels.params import FlashParams, is_interpreted, strides
 
 
 @triton.jit
@@ -168,8 +168,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Fla
     float32 (natural log, -inf for rows that see no key).
 
     ``config`` pins the block sizes (tests use small blocks to exercise many-block paths); by
-    default the GPU autotunes over :data:`kernels.configs.FWD_CONFIGS` and the interpreter uses
-    :data:`kernels.configs.INTERPRETER_FWD`.
+    default the GPU autotunes over :data:`attnbench.kernels.configs.FWD_CONFIGS` and the interpreter uses
+    :data:`attnbench.kernels.configs.INTERPRETER_FWD`.
     """
     interpreted = is_interpreted(_attn_fwd)
     out, lse, args = forward_args(q, k, v, params, interpreted=interpreted)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from kernels.common import LOG2E, UNBOUNDED
+from attnbench.kernels.common import LOG2E, UNBOUNDED
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

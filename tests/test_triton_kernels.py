@@ -13,7 +13,7 @@ Legend: B = batch, Hq / Hkv = heads, Sq / Sk = lengths, D = head dim.
 
 from __future__ import annotations
 
-import kernels  # noqa: F401  (first: TRITON_INTERPRET=1 without a GPU, before triton is imported)
+import attnbench.kernels  # noqa: F401  (first: TRITON_INTERPRET=1 without a GPU, before triton is imported)
 
 import itertools
 import json
@@ -34,13 +34,13 @@ from attnbench.execution.case_runner import run_case
 from attnbench.problem import AttnSpec, alibi_slopes
 from attnbench.reference import reference_backward, reference_forward
 from attnbench.spec import Case, RunOptions, TimingOptions, load_sweep, make_case
-from kernels import configs
-from kernels.dropout import keep_mask, keep_mask_torch
-from kernels.flash_bwd import flash_backward
-from kernels.flash_fwd import _attn_fwd as flash_fwd_kernel
-from kernels.flash_fwd import flash_forward
-from kernels.common import UNBOUNDED, key_ranges, query_ranges
-from kernels.params import dropout_threshold, is_interpreted
+from attnbench.kernels import configs
+from attnbench.kernels.dropout import keep_mask, keep_mask_torch
+from attnbench.kernels.flash_bwd import flash_backward
+from attnbench.kernels.flash_fwd import _attn_fwd as flash_fwd_kernel
+from attnbench.kernels.flash_fwd import flash_forward
+from attnbench.kernels.common import UNBOUNDED, key_ranges, query_ranges
+from attnbench.kernels.params import dropout_threshold, is_interpreted
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_GPU = torch.cuda.is_available()
@@ -419,7 +419,7 @@ def test_sweeps_validate():
 
 def _compile_check(*flags: str) -> list[dict]:
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-m", "kernels.compile_check", *flags], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "attnbench.kernels.compile_check", *flags], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

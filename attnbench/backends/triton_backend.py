@@ -1,4 +1,4 @@
-"""``triton``: attnbench's own flash attention (:mod:`kernels`), forward and backward.
+"""``triton``: attnbench's own flash attention (:mod:`attnbench.kernels`), forward and backward.
 
 Everything of :mod:`attnbench.problem` is native: MHA/GQA/MQA without repeating K/V, causal
 (bottom-right) and sliding-window masks, ALiBi, softcap, dropout, any lengths, Sq != Sk, global
@@ -10,7 +10,7 @@ kernels call) so the fp64 reference reuses it.
 
 Without a CUDA device the kernels run under ``TRITON_INTERPRET=1`` (slow, exact fp32 math; fine
 for CI-sized cases). Triton reads that variable when ``@triton.jit`` decorates a kernel, so it
-must be set before the kernel modules are imported; importing the :mod:`kernels` package (first
+must be set before the kernel modules are imported; importing the :mod:`attnbench.kernels` package (first
 thing below) sets it when ``torch.cuda.is_available()`` is False — see ``kernels/__init__.py``.
 """
 
@@ -18,19 +18,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU, before any @triton.jit)
+import attnbench.kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU, before any @triton.jit)
 import torch
-from kernels.dropout import keep_mask as _kernel_keep_mask
-from kernels.flash_bwd import flash_backward
-from kernels.flash_fwd import _attn_fwd, flash_forward
-from kernels.params import FlashParams, dropout_threshold, is_interpreted
+from attnbench.kernels.dropout import keep_mask as _kernel_keep_mask
+from attnbench.kernels.flash_bwd import flash_backward
+from attnbench.kernels.flash_fwd import _attn_fwd, flash_forward
+from attnbench.kernels.params import FlashParams, dropout_threshold, is_interpreted
 
 from attnbench.backends.base import Forward, Unsupported
 from attnbench.problem import AttnSpec
 from attnbench.records import TENSORS
 
 MAX_HEAD_DIM = 256  # tiles are (BLOCK, head_dim) in registers/shared memory; 256 is the largest
-MAX_SEQLEN = 1 << 30  # kernels.common.UNBOUNDED stands for "no window bound"
+MAX_SEQLEN = 1 << 30  # attnbench.kernels.common.UNBOUNDED stands for "no window bound"
 
 
 def flash_params(spec: AttnSpec) -> FlashParams:

@@ -11,7 +11,7 @@ from __future__ import annotations
 # First, before anything imports triton: without a GPU our kernels must run in Triton's
 # interpreter, chosen when triton is first imported -- and PyTorch imports triton on its own
 # (torch.nn.attention.bias does, for SDPA's causal_lower_right). kernels/__init__.py decides.
-import kernels  # noqa: F401,I001
+import attnbench.kernels  # noqa: F401,I001
 
 import os
 from typing import Optional
