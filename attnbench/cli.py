@@ -1,4 +1,4 @@
-"""``attnbench`` command line: run, validate, show, backends, report, compare, selftest.
+"""``attnbench`` command line: run, validate, show, backends, report, compare, export, selftest.
 
 Exit status: see :mod:`attnbench.errors` (0 success; 1 failing cases or a regression; 2 bad
 input; 3 the cluster failed, resume later; 4 an accuracy-trend finding; 130 interrupted).
@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from attnbench import __version__
 from attnbench.backends import check_backend_name
 from attnbench.errors import (EXIT_CLUSTER, EXIT_FAILURES, EXIT_FINDINGS, EXIT_INTERRUPTED,
-                              EXIT_OK, ClusterError, UserError, printable, short_repr)
+                              EXIT_OK, EXIT_STATUS_HELP, ClusterError, UserError, printable,
+                              quiet_broken_pipe, short_repr)
 from attnbench.records import BAD_VERDICTS, VERDICTS
 from attnbench.spec import load_sweep, single_case_sweep
 from attnbench.store import RunStore, default_run_dir, latest_run_dir, load_manifest, load_records
@@ -25,15 +27,19 @@ from attnbench.validation import positive_int_argument
 
 # -- run --------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnbench.cluster import check_connection_arguments, connect, make_security
+    from attnbench.cluster import connect, make_security
+    from attnbench.performance_report import saved_performance_report
     from attnbench.runner import run_pending
+    from attnbench.scheduler_address import check_choice, choose_scheduler
 
     sweep = load_sweep(args.sweep, check_backend_name)
     if args.case:
         sweep = single_case_sweep(sweep, args.case)
     # Every argument is checked before the run directory is made: bad input creates nothing.
     security = make_security(args.tls_ca_file, args.tls_cert, args.tls_key)
-    check_connection_arguments(args.scheduler, args.cluster, security)
+    scheduler = choose_scheduler(args.scheduler, args.scheduler_file, args.cluster,
+                                 args.worker_wait)
+    check_choice(scheduler, args.cluster, security)
     if args.out:
         run_dir = Path(args.out)
     elif args.resume:
@@ -53,12 +59,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     resume = f"attnbench run {sweep.path} --out {run_dir}"
     if pending:
         try:
-            conn = connect(args.scheduler, args.workers, cluster=args.cluster,
+            conn = connect(scheduler.address, args.workers, cluster=args.cluster,
                            security=security, worker_wait_s=args.worker_wait)
             try:
-                print(f"attnbench: running on {conn.where}; Dask dashboard "
+                source = f" (from {scheduler.source})" if scheduler.address else ""
+                print(f"attnbench: running on {conn.where}{source}; Dask dashboard "
                       f"{conn.client.dashboard_link}")
-                summary = run_pending(store, conn, worker_wait_s=args.worker_wait)
+                with saved_performance_report(run_dir, conn.client, " ".join(sys.argv)):
+                    summary = run_pending(store, conn, worker_wait_s=args.worker_wait)
             finally:
                 conn.close()
         except ClusterError as exc:
@@ -161,13 +169,10 @@ def cmd_show(args: argparse.Namespace) -> int:
                     f"{', '.join(devices) or '-'}", 2000))
     print(summary_table(records))
     if args.all:
-        for r in sorted(records, key=lambda r: r.get("label", "")):
-            t = r.get("timing") or {}
-            fwd = (t.get("fwd") or {}).get("median_ms")
-            bwd = (t.get("bwd") or {}).get("median_ms")
-            times = f"fwd {fwd:.3g} ms bwd {bwd:.3g} ms" if fwd and bwd else ""
-            print(printable(f"  {r['verdict']:<11} {r['id'][:10]}  {r.get('label', '')}  {times}  "
-                            f"{r.get('reason', '')}", 2000))
+        from attnbench.case_lines import case_lines
+
+        for line in case_lines(records):
+            print(printable(line, 2000))
     for line in findings_text(records):
         print(printable(line, 2000))
     return 0
@@ -223,7 +228,10 @@ def _verdicts(text: str) -> tuple[str, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="attnbench", description=__doc__.splitlines()[0],
+                                     epilog=EXIT_STATUS_HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"attnbench {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a sweep (resumes when --out names an existing run)")
@@ -232,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true",
                      help="continue the newest run of this sweep under results/")
     run.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786)")
+    run.add_argument("--scheduler-file", metavar="JSON",
+                     help="the scheduler's address from the file `dask scheduler "
+                          "--scheduler-file` writes (SLURM, MPI); waited for up to --worker-wait. "
+                          "Without --scheduler, --scheduler-file or --cluster: "
+                          "DASK_SCHEDULER_ADDRESS or dask config scheduler-address, if set")
     run.add_argument("--cluster", choices=("local", "slurm"),
                      help="start the cluster: local (default: embedded LocalCluster) or slurm "
                           "(dask-jobqueue; see docs/cluster.md)")
@@ -261,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="summary of a run directory")
     show.add_argument("run")
-    show.add_argument("--all", action="store_true", help="one line per case")
+    show.add_argument("--all", action="store_true",
+                      help="one line per case: times, TFLOP/s, %% of peak, and whether the "
+                           "timing can carry a comparison (too few samples, too noisy)")
     show.set_defaults(func=cmd_show)
 
     # `attnbench worker` has its own parser (options it does not know go to `dask worker`);
@@ -274,14 +289,25 @@ def build_parser() -> argparse.ArgumentParser:
     be.set_defaults(func=cmd_backends)
 
     from attnbench.report.commands import add_report_commands
+    from attnbench.report.export import add_export_command
     from attnbench.selftest import add_selftest_command
 
     add_report_commands(sub)
+    add_export_command(sub)
     add_selftest_command(sub)
     return parser
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a reader that left (`| head`) shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+
+
+def _main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     # Dask's INFO lines (scheduler start, worker plugins, ...) drown the progress line, and
     # LocalCluster resets logger levels, so filter at the handler.

@@ -11,6 +11,7 @@ Exit status (every ``attnbench`` command):
 4    no case failed, but the accuracy trends across the sweep found a finding (an error that
      grows with the sequence faster than the baseline's); ``attnbench show`` lists them
 130  interrupted (Ctrl-C, SIGTERM); the run resumes where it stopped
+141  standard output was closed early (``attnbench show RUN | head``): stopped quietly
 ==== =============================================================================================
 
 Every error meant for a user is a :class:`UserError`: its message is one line, ready to print
@@ -29,6 +30,17 @@ EXIT_BAD_INPUT = 2
 EXIT_CLUSTER = 3
 EXIT_FINDINGS = 4
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whose reader left
+
+EXIT_STATUS_HELP = """exit status:
+  0    success
+  1    failing cases (fail, error, crash, timeout, oom, lost), a regression in compare, or a
+       selftest that missed a bug
+  2    bad input (sweep file, run directory, dashboard definition, argument)
+  3    the cluster failed (unreachable, no workers, cases left pending): resume later
+  4    no case failed, but an accuracy finding was made (error growing with the sequence)
+  130  interrupted (Ctrl-C, SIGTERM): the journal is valid, rerun to resume
+  141  standard output closed early (piped into head): stopped quietly"""
 
 
 class UserError(Exception):
@@ -113,3 +125,18 @@ def _escape(c: str) -> str:
         return " "
     code = ord(c)
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def quiet_broken_pipe() -> int:
+    """After standard output's reader left (``attnbench show RUN | head``): point stdout at
+    /dev/null so the interpreter's last flush cannot raise again, and stop without a traceback."""
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
+

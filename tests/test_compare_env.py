@@ -89,7 +89,8 @@ def test_a_slower_backend_whose_timings_never_settled_is_ambiguous_not_slow(synt
     assert len(triton) and set(triton.fwd_class) == {"AMBIGUOUS"}
     assert set(triton.bwd_class) == {"AMBIGUOUS"} and set(triton.fwd_noisy) == {"B"}
     assert rc == 0 and comp.regressions.empty  # 20% slower, but nothing settled: no verdict
-    assert f"({len(triton)} AMBIGUOUS as noisy: spread never settled)" in out
+    assert f"(AMBIGUOUS: {len(triton)} too noisy: spread never settled)" in out
+    assert set(triton.fwd_why) == {"too noisy (B: spread never settled)"}
     others = p[(p.backend_b != "triton") & (p.fwd_class != "n/a")]
     assert (others.fwd_noisy == "").all()
 

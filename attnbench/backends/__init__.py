@@ -25,7 +25,7 @@ BUILTIN: dict[str, str] = {
     "sdpa_flash": "attnbench.backends.sdpa:SdpaFlash",
     "sdpa_efficient": "attnbench.backends.sdpa:SdpaEfficient",
     "sdpa_cudnn": "attnbench.backends.sdpa:SdpaCudnn",
-    "triton": "attnbench.backends.triton_backend:TritonBackend",
+    "triton": "attnbench.backends.triton_entry:make_triton_backend",  # stand-in without triton
     "flash_attn": "attnbench.backends.adapters:FlashAttnBackend",
     "transformer_engine": "attnbench.backends.adapters:TransformerEngineBackend",
     "xformers": "attnbench.backends.adapters:XformersBackend",

@@ -38,6 +38,7 @@ import pandas as pd
 
 from attnbench.records import BAD_VERDICTS, JUDGED_VERDICTS, TENSORS
 from attnbench.report.data import DIRECTIONS, Run, case_key
+from attnbench.report.doubt import why_ambiguous
 from attnbench.report.environment import (kind_text, mixed_kinds, representative, run_warnings,
                                           software_text, warned_labels)
 from attnbench.report.style import verdict_label
@@ -48,7 +49,7 @@ RAN_TO_END = ("pass", "timed", "fail")
 """Verdicts of cases that ran to the end (figures.RAN; not imported: no matplotlib here)."""
 NOT_JUDGED = tuple(v for v in RAN_TO_END if v not in JUDGED_VERDICTS)  # ("timed",)
 DIED = tuple(v for v in BAD_VERDICTS if v not in RAN_TO_END)  # error, crash, timeout, oom, lost
-NOISY_WHY = "noisy: spread never settled"
+NOISY_WHY = "too noisy: spread never settled"
 
 
 def classify(a: dict[str, float], b: dict[str, float], threshold: float) -> str:
@@ -124,15 +125,17 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     pairs["same_kind"] = ((pairs.run_gpu_a == pairs.run_gpu_b) | (pairs.run_gpu_a == "?")
                           | (pairs.run_gpu_b == "?"))
     for d in DIRECTIONS:
-        classes, ratios, lo, hi, noisy = [], [], [], [], []
+        classes, ratios, lo, hi, noisy, why = [], [], [], [], [], []
         for r in pairs.itertuples():
             sa, sb = ({"median": getattr(r, f"{d}_median_ms_{s}"),
                        "min": getattr(r, f"{d}_min_ms_{s}"), "q3": getattr(r, f"{d}_q3_ms_{s}"),
+                       "q1": getattr(r, f"{d}_q1_ms_{s}"), "n": getattr(r, f"{d}_n_{s}"),
                        "noisy": bool(getattr(r, f"{d}_noisy_{s}"))} for s in "ab")
             cls = classify(sa, sb, threshold)
             if cls != "n/a" and not r.same_kind:
                 cls = "RATIO"
             classes.append(cls)
+            why.append(why_ambiguous(sa, sb, threshold) if cls == "AMBIGUOUS" else "")
             noisy.append(" and ".join(s for s, st in zip("AB", (sa, sb)) if st["noisy"]))
             ok = cls != "n/a"
             # speed of B relative to A (> 1: B is faster), and its robust range
@@ -144,6 +147,7 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
         pairs[f"{d}_speed_lo"] = lo
         pairs[f"{d}_speed_hi"] = hi
         pairs[f"{d}_noisy"] = noisy  # "", "A", "B" or "A and B": whose timing never settled
+        pairs[f"{d}_why"] = why  # AMBIGUOUS only: too few samples, or too noisy (report.doubt)
     # Accuracy: only between judged verdicts. A case not judged on either side (timed) has no
     # accuracy to compare, so pass -> timed is no change, and no regression.
     judged = pairs.verdict_a.isin(JUDGED_VERDICTS) & pairs.verdict_b.isin(JUDGED_VERDICTS)
@@ -281,6 +285,17 @@ def _pct(speed: float) -> str:
     return f"{(1 / speed - 1) * 100:+.1f}% time"
 
 
+def ambiguous_reasons(pairs: pd.DataFrame, direction: str) -> dict[str, int]:
+    """How many AMBIGUOUS pairs of ``direction`` are so for each kind of reason: "too few
+    samples", "too noisy: spread never settled", "too noisy: intervals overlap"."""
+    if not len(pairs):
+        return {}
+    why = pairs.loc[pairs[f"{direction}_class"] == "AMBIGUOUS", f"{direction}_why"]
+    kinds = why.map(lambda w: "too few samples" if w.startswith("too few") else
+                    NOISY_WHY if "never settled" in w else "too noisy: intervals overlap")
+    return {k: int(n) for k, n in kinds.value_counts().items()}
+
+
 def _same_family(pairs: pd.DataFrame) -> str:
     """", same family H100" when both kinds of these pairs are of one family."""
     families = set(pairs.gpu_family_a.dropna()) | set(pairs.gpu_family_b.dropna())
@@ -305,10 +320,9 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None) -> str:
             counts = p[f"{d}_class"].value_counts() if len(p) else pd.Series(dtype=int)
             text = ", ".join(f"{int(counts[k])} {k}" for k in ("FAST", "SLOW", "SAME", "AMBIGUOUS",
                                                               "RATIO", "n/a") if k in counts)
-            noisy = int(((p[f"{d}_noisy"] != "") & (p[f"{d}_class"] == "AMBIGUOUS")).sum()) \
-                if len(p) else 0
-            if noisy:
-                text += f" ({noisy} AMBIGUOUS as {NOISY_WHY})"
+            whys = ambiguous_reasons(p, d)
+            if whys:
+                text += " (AMBIGUOUS: " + ", ".join(f"{n} {w}" for w, n in whys.items()) + ")"
             lines.append(f"  timing {d} (threshold {c.threshold:.0%}): {text or 'nothing timed'}")
             cross = p[~p.same_kind & p[f"{d}_speed"].notna()] if len(p) else p
             for (ka, kb), s in (cross.groupby(["run_gpu_a", "run_gpu_b"]) if len(cross) else []):

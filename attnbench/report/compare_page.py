@@ -18,7 +18,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from attnbench.records import TENSORS
-from attnbench.report.compare import NOISY_WHY, Comparison, describe, run_facts
+from attnbench.report.compare import (NOISY_WHY, Comparison, ambiguous_reasons, describe,
+                                      run_facts)
 from attnbench.report.data import DIRECTIONS
 from attnbench.report.html import (claim_output_dir, class_badge, esc, filter_controls,
                                    finish_output_dir, fmt, noisy_badge, page, repro_command,
@@ -88,9 +89,9 @@ def pair_section(i: int, c: Comparison, ctx: Context, anchor: str,
         badges = " ".join(class_badge(k, int(counts[k]))
                           for k in ("SLOW", "FAST", "AMBIGUOUS", "SAME", "RATIO", "n/a")
                           if k in counts)
-        noisy = int(((p[f"{d}_noisy"] != "") & (p[f"{d}_class"] == "AMBIGUOUS")).sum()) \
-            if len(p) else 0
-        why = f" ({noisy} AMBIGUOUS as {NOISY_WHY})" if noisy else ""
+        whys = ambiguous_reasons(p, d)
+        why = (" (AMBIGUOUS: " + ", ".join(f"{n} {w}" for w, n in whys.items()) + ")"
+               if whys else "")
         parts.append(f"<p><b>{DIRECTION_LABELS[d]}</b>: {badges or 'nothing timed'}{esc(why)}</p>")
     unjudged = int(p.not_judged.sum()) if len(p) else 0
     if unjudged:

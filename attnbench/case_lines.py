@@ -1,0 +1,47 @@
+"""``attnbench show RUN --all``: one line per case, with what a reader compares kernels by.
+
+    pass  8d51d813c1  sdpa bf16 b1 s128/128 h8/2 d64 GQA causal seed0  fwd 0.212 ms 41.2 TFLOP/s 4.2% peak | bwd 0.655 ms 33.4 TFLOP/s 3.4% peak
+
+(one line per case, so ``grep`` and ``sort`` work on it)
+
+``% peak`` is against the datasheet peak of the exact GPU kind (``timing.<d>.pct_peak``), else
+against the matmul peak the worker measured (``% measured``); ``?`` where neither is known (a
+CPU). A timing that cannot carry a comparison says why (:mod:`attnbench.report.doubt`: too few
+samples, too noisy), so an AMBIGUOUS in ``attnbench compare`` is expected before it appears.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Iterator
+
+from attnbench.report.doubt import timing_doubt
+
+
+def _number(x) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+
+
+def direction_text(name: str, stats: dict) -> str:
+    """``fwd 0.212 ms 41.2 TFLOP/s 4.2% peak`` (and why it cannot be compared, if so)."""
+    median = _number(stats.get("median_ms"))
+    if not math.isfinite(median):
+        return ""
+    tflops = _number(stats.get("tflops"))
+    parts = [f"{name} {median:.3g} ms",
+             f"{tflops:.3g} TFLOP/s" if math.isfinite(tflops) else "? TFLOP/s"]
+    peak, measured = _number(stats.get("pct_peak")), _number(stats.get("pct_measured_peak"))
+    parts.append(f"{peak:.1f}% peak" if math.isfinite(peak) else
+                 f"{measured:.1f}% measured" if math.isfinite(measured) else "?% peak")
+    doubt = timing_doubt(stats)
+    return " ".join(parts) + (f" [{doubt}]" if doubt else "")
+
+
+def case_lines(records: Iterable[dict]) -> Iterator[str]:
+    """One line per case, sorted by label: verdict, id, label, times, reason."""
+    for r in sorted(records, key=lambda r: str(r.get("label", ""))):
+        timing = r.get("timing") or {}
+        times = " | ".join(t for t in (direction_text(d, timing.get(d) or {})
+                                       for d in ("fwd", "bwd")) if t)
+        reason = f"  {r['reason']}" if r.get("reason") else ""
+        yield f"  {r['verdict']:<11} {str(r['id'])[:10]}  {r.get('label', '')}  {times}{reason}"

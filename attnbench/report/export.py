@@ -1,0 +1,123 @@
+"""``attnbench export``: a run's records as one flat table, in the formats other tools read.
+
+One row per case, the columns of :func:`attnbench.report.data.frame` (case fields, verdict and
+reason, the exact GPU kind and software, forward/backward timing -- median, quartiles, min,
+samples, TFLOP/s, % of peak, GB/s, noisy -- and per tensor out/dq/dk/dv the relative L2 error,
+its bound, the baseline ratio and NaN/Inf count), so pandas, DuckDB, a spreadsheet or ``jq``
+need no knowledge of the record schema::
+
+    attnbench export results/RUN --format csv > cases.csv
+    attnbench export results/RUN --format parquet --out cases.parquet
+    attnbench export results/A results/B --format json | jq '.[] | select(.verdict != "pass")'
+
+Several runs concatenate (``run_id`` tells them apart). Values that are not scalars (a sliding
+window mask ``{"window": 64}``) are JSON text in CSV and Parquet, themselves in JSON. Missing
+numbers are empty in CSV and null in JSON and Parquet. Imports neither torch nor matplotlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+
+from attnbench.errors import EXIT_OK, ReportError, UsageError
+
+FORMATS = ("csv", "parquet", "json")
+FIRST_COLUMNS = ("run_id", "id", "label", "backend", "verdict", "reason")
+
+
+def export_frame(run_dirs: Sequence[Path]) -> pd.DataFrame:
+    """The runs' records as one frame, one row per case, first the columns people look for."""
+    from attnbench.report.data import load_run
+
+    frames = [load_run(Path(d)).frame for d in run_dirs]
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    order = [c for c in FIRST_COLUMNS if c in df] + [c for c in df if c not in FIRST_COLUMNS]
+    return df[order]
+
+
+def _scalar(value: Any) -> Any:
+    """A cell as CSV and Parquet can hold it: dicts and lists become JSON text."""
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """A cell as strict JSON can hold it: NaN and infinities become null, numpy scalars
+    Python ones."""
+    if hasattr(value, "item") and not isinstance(value, (dict, list, str)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _cells(df: pd.DataFrame, fn) -> pd.DataFrame:
+    return df.map(fn) if hasattr(df, "map") else df.applymap(fn)  # DataFrame.map: pandas >= 2.1
+
+
+def to_csv(df: pd.DataFrame) -> bytes:
+    return _cells(df, _scalar).to_csv(index=False, lineterminator="\n").encode("utf-8")
+
+
+def to_json(df: pd.DataFrame) -> bytes:
+    """A JSON array of row objects, one row per line (valid JSON that ``head`` still shows)."""
+    rows = [json.dumps({k: _plain(v) for k, v in row.items()}, allow_nan=False)
+            for row in df.to_dict(orient="records")]
+    return ("[\n" + ",\n".join(rows) + "\n]\n").encode("utf-8")
+
+
+def to_parquet(df: pd.DataFrame) -> bytes:
+    try:
+        import pyarrow  # noqa: F401  (pandas' engine; named here so its absence is one line)
+    except ImportError:
+        raise UsageError("--format parquet: needs the package pyarrow, which is not installed "
+                         "here (pip install pyarrow, or attnbench[parquet])") from None
+    buffer = io.BytesIO()
+    _cells(df, _scalar).to_parquet(buffer, index=False, engine="pyarrow")
+    return buffer.getvalue()
+
+
+WRITERS = {"csv": to_csv, "json": to_json, "parquet": to_parquet}
+
+
+def export_runs(run_dirs: Sequence[Path], fmt: str, out: Path | None) -> int:
+    """Write the table to ``out`` (a file; ``-`` or None: standard output). Parquet, being
+    binary, goes to a terminal only through a redirect."""
+    if fmt == "parquet" and out in (None, Path("-")) and sys.stdout.isatty():
+        raise UsageError("--format parquet: binary output to a terminal; give --out FILE "
+                         "or redirect standard output to a file")
+    if out not in (None, Path("-")) and Path(out).is_dir():
+        raise UsageError(f"--out: {out} is a directory; expected a file name such as "
+                         f"cases.{fmt}")
+    data = WRITERS[fmt](export_frame(run_dirs))
+    if out in (None, Path("-")):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        try:
+            Path(out).write_bytes(data)
+        except OSError as exc:
+            raise ReportError(f"{out}: cannot write: {exc.strerror or exc}") from None
+        print(f"attnbench: {len(data)} bytes of {fmt} in {out}", file=sys.stderr)
+    return EXIT_OK
+
+
+def add_export_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "export", help="a run's cases as one table: csv, parquet or json",
+        description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directories")
+    p.add_argument("--format", choices=FORMATS, default="csv", help="output format (default csv)")
+    p.add_argument("--out", "-o", type=Path, default=None, metavar="FILE",
+                   help="output file (default: standard output)")
+    p.set_defaults(func=lambda args: export_runs(args.runs, args.format, args.out))
