@@ -300,9 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     try:
-        status = _main(argv)
-        sys.stdout.flush()  # a reader that left (`| head`) shows here, not at interpreter exit
-        return status
+        try:
+            return _main(argv)
+        finally:  # a reader that left (`| head`) shows here, not at interpreter exit
+            sys.stdout.flush()
     except BrokenPipeError:
         return quiet_broken_pipe()
 

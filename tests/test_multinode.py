@@ -578,3 +578,25 @@ def test_losing_the_scheduler_raises_one_line_and_records_nothing_in_flight(tmp_
         run_pending(store, _FakeConnection(script, [_workers(("A", 4))]),
                     stream=open(os.devnull, "w"))
     assert [r["verdict"] for r in _journal(tmp_path / "run")] == ["pass"]
+
+
+# -- the Dask ways of naming the scheduler ------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["scheduler-file", "DASK_SCHEDULER_ADDRESS"])
+def test_run_finds_the_scheduler_the_way_dask_deployments_name_it(cluster, env, tmp_path, how):
+    """SLURM/MPI deployments hand clients a scheduler file; Dask's Client reads
+    DASK_SCHEDULER_ADDRESS. Either reaches the running scheduler (not an embedded cluster),
+    and the run keeps Dask's performance report beside its records."""
+    address, procs = cluster
+    sweep = _sweep(tmp_path, "named", {"seed": [0, 1]}, gpu="A")
+    out = tmp_path / "run"
+    if how == "scheduler-file":
+        proc = _run([str(sweep), "--out", str(out), "--scheduler-file",
+                     str(procs.dir / "scheduler.json")], env)
+    else:
+        proc = _run([str(sweep), "--out", str(out)], dict(env, DASK_SCHEDULER_ADDRESS=address))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"running on scheduler {address} (from " in proc.stdout
+    assert {r["env"]["worker"] for r in _journal(out)} == {"wA"}
+    assert (out / "dask-performance.html").is_file()

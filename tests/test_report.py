@@ -92,17 +92,20 @@ def test_cli_report_prints_the_index_path(tiny, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(tmp_path / "r" / "index.html")
 
 
-def test_default_out_dir_is_dashboards_run_id_under_the_project_root(tiny, tmp_path, monkeypatch):
-    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
-    (tmp_path / "dashboards").mkdir()
-    shutil.copy(runs.ROOT / "tests" / "data" / "minimal.yaml",
-                tmp_path / "dashboards" / "default.yaml")
-    (tmp_path / "sub").mkdir()
-    monkeypatch.chdir(tmp_path / "sub")
-    run_id = json.loads((tiny / "manifest.json").read_text())["run_id"]
-    index = commands.write_report(tiny)  # the project's dashboards/default.yaml, its out dir
-    assert index == tmp_path / "dashboards" / run_id / "index.html"
-    assert _figures(index) == ["p00-verdict-matrix.png"]
+def test_default_out_dir_is_beside_the_run_never_in_the_nearest_project(tiny, tmp_path,
+                                                                         monkeypatch):
+    """Run from inside some other project (a pyproject.toml and a dashboards/ folder above the
+    current directory): the dashboard lands in RUN/dashboard/ and the project is untouched."""
+    run = tmp_path / "runs" / "mine"
+    shutil.copytree(tiny, run)
+    other = tmp_path / "other-project"
+    (other / "dashboards").mkdir(parents=True)
+    (other / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (other / "sub").mkdir()
+    monkeypatch.chdir(other / "sub")
+    index = commands.write_report(run)
+    assert index == run / "dashboard" / "index.html" and index.is_file()
+    assert sorted(p.name for p in other.rglob("*")) == ["dashboards", "pyproject.toml", "sub"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from attnbench.report.compare import compare_runs, summary_text
+from attnbench.report.compare import FAIL_ON, compare_runs, summary_text
+from attnbench.report.compare_formats import FORMATS, comparison_json, comparison_markdown
 from attnbench.report.dashboard import Dashboard, default_dashboard, load_dashboard
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK, ReportError, printable
 from attnbench.report.data import load_run
@@ -22,20 +23,20 @@ log = logging.getLogger("attnbench.report")
 
 
 
-def project_root(start: Path | None = None) -> Path:
-    """The nearest directory upward from ``start`` (cwd) holding pyproject.toml, else ``start``."""
-    start = (start or Path.cwd()).resolve()
-    for d in (start, *start.parents):
-        if (d / "pyproject.toml").is_file():
-            return d
-    return start
+REPORT_DIR = "dashboard"
+"""Where ``attnbench report RUN`` draws by default: ``RUN/dashboard/``, beside the records, so a
+run directory copied anywhere carries its dashboard -- never into whatever project the current
+directory happens to be in."""
+CHECKOUT_DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
+"""The dashboard definitions of attnbench's own checkout (absent in an installed wheel)."""
 
 
 def resolve_dashboard(dashboard: Path | None, name: str = "default") -> Dashboard:
-    """The named file, else ``dashboards/<name>.yaml`` of the project, else the built-in one."""
+    """The named file, else ``dashboards/<name>.yaml`` of attnbench's checkout, else the
+    built-in one (what an installed attnbench has)."""
     if dashboard is not None:
         return load_dashboard(dashboard)
-    candidate = project_root() / "dashboards" / f"{name}.yaml"
+    candidate = CHECKOUT_DASHBOARDS / f"{name}.yaml"
     if candidate.is_file():
         return load_dashboard(candidate)
     return default_dashboard()
@@ -44,24 +45,26 @@ def resolve_dashboard(dashboard: Path | None, name: str = "default") -> Dashboar
 def write_report(run_dir: Path, dashboard: Path | None = None, out_dir: Path | None = None) -> Path:
     """Draw the dashboard for one run; returns the path of its ``index.html``.
 
-    ``out_dir`` defaults to ``dashboards/<run-id>/`` under the project root. Raises
+    ``out_dir`` defaults to ``<run_dir>/dashboard/`` (:data:`REPORT_DIR`). Raises
     :class:`ReportError` on bad input.
     """
     from attnbench.report.page import build_report  # matplotlib only when drawing
 
     spec = resolve_dashboard(Path(dashboard) if dashboard else None)
     run = load_run(Path(run_dir))
-    out = Path(out_dir) if out_dir else project_root() / "dashboards" / _safe_name(run.run_id)
+    out = Path(out_dir) if out_dir else Path(run_dir) / REPORT_DIR
     return build_report(run, spec, out)
 
 
 def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: Path | None = None,
-                dashboard: bool = True, stream: TextIO | None = None) -> int:
+                dashboard: bool = True, stream: TextIO | None = None, fmt: str = "text",
+                fail_on: str = "both") -> int:
     """Compare each run with the first (the baseline): write the comparison dashboard (unless
-    ``dashboard`` is false; ``out_dir`` defaults to ``dashboards/compare-<A>-vs-<B>/`` under
-    the project root) and print the summary to ``stream``. Returns the exit status:
-    ``EXIT_FAILURES`` when a case regressed on the same GPU kind, else ``EXIT_OK``. Raises
-    :class:`ReportError` on bad input.
+    ``dashboard`` is false; ``out_dir`` defaults to ``compare-<A>-vs-<B>/`` inside the last
+    run's directory) and print the summary to ``stream`` as ``fmt`` (text, json, markdown:
+    :mod:`attnbench.report.compare_formats`). Returns the exit status: ``EXIT_FAILURES`` when
+    a regression the gate ``fail_on`` counts (speed, accuracy or both) happened on the same GPU
+    kind, else ``EXIT_OK``. Raises :class:`ReportError` on bad input.
     """
     paths = [Path(d).resolve() for d in run_dirs]
     if len(set(paths)) < len(paths):
@@ -84,13 +87,18 @@ def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: P
         from attnbench.report.compare_page import build_compare  # matplotlib only when drawing
 
         name = "compare-" + "-vs-".join(_safe_name(i) for i in ids)
-        out = Path(out_dir) if out_dir else project_root() / "dashboards" / name[:200]
+        out = Path(out_dir) if out_dir else Path(run_dirs[-1]) / name[:200]
         index = build_compare(comps, out, command=["attnbench", "compare", *map(str, run_dirs),
                                                    "--threshold", str(threshold)])
     stream = stream or sys.stdout
-    stream.write("\n".join(printable(line) for line in summary_text(comps, index).split("\n"))
-                 + "\n")
-    return EXIT_FAILURES if any(len(c.regressions) for c in comps) else EXIT_OK
+    if fmt == "json":
+        stream.write(comparison_json(comps, fail_on, index) + "\n")
+    elif fmt == "markdown":
+        stream.write(comparison_markdown(comps, fail_on, index))
+    else:
+        stream.write("\n".join(printable(line) for line in
+                                summary_text(comps, index, fail_on).split("\n")) + "\n")
+    return EXIT_FAILURES if any(len(c.regressions_on(fail_on)) for c in comps) else EXIT_OK
 
 
 def _safe_name(run_id: str) -> str:
@@ -103,14 +111,14 @@ def _safe_name(run_id: str) -> str:
 
 def add_report_commands(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "report", help="draw the dashboard of a run (dashboards/<run-id>/index.html)",
+        "report", help="draw the dashboard of a run (RUN/dashboard/index.html)",
         description="Draw a run's dashboard: figures (PNG and SVG) and a self-contained "
                     "index.html. Prints the path of index.html.")
     p.add_argument("run", type=Path, metavar="RUN", help="run directory (results/<run-id>)")
     p.add_argument("--dashboard", type=Path, default=None, metavar="YAML",
                    help="dashboard definition (default: dashboards/default.yaml)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="output directory (default: dashboards/<run-id>/ in the project root)")
+                   help=f"output directory (default: RUN/{REPORT_DIR}/, beside the records)")
     p.set_defaults(func=cmd_report)
 
     c = subparsers.add_parser(
@@ -129,8 +137,15 @@ def add_report_commands(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--threshold", type=float, default=0.05,
                    help="relative gap the robust intervals must clear to count (default 0.05)")
     c.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="output directory (default: dashboards/compare-<A>-vs-<B>/)")
+                   help="output directory (default: compare-<A>-vs-<B>/ inside the last RUN)")
     c.add_argument("--no-dashboard", action="store_true", help="print the summary only")
+    c.add_argument("--format", choices=FORMATS, default="text",
+                   help="summary as text (default), json (every matched case, for tools) or "
+                        "markdown (for a pull-request comment)")
+    c.add_argument("--fail-on", choices=FAIL_ON, default="both",
+                   help="what makes the exit status 1: speed (a case SLOW on the same GPU "
+                        "kind), accuracy (a case from a good verdict to a failing one), or "
+                        "both (default)")
     c.set_defaults(func=cmd_compare)
 
 
@@ -155,7 +170,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     try:
         return run_compare(args.runs, threshold=args.threshold, out_dir=args.out,
-                           dashboard=not args.no_dashboard, stream=sys.stdout)
+                           dashboard=not args.no_dashboard, stream=sys.stdout,
+                           fmt=args.format, fail_on=args.fail_on)
     except ReportError as exc:
         print(f"attnbench compare: {printable(exc, 2000)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -43,6 +43,8 @@ from attnbench.report.environment import (kind_text, mixed_kinds, representative
                                           software_text, warned_labels)
 from attnbench.report.style import verdict_label
 
+FAIL_ON = ("speed", "accuracy", "both")
+"""What makes ``attnbench compare`` exit 1: SLOW cases, verdict regressions, or either."""
 CLASSES = ("SLOW", "FAST", "AMBIGUOUS", "SAME", "RATIO", "n/a")
 MAX_LISTED = 25  # regressions printed to stdout; the dashboard lists all
 RAN_TO_END = ("pass", "timed", "fail")
@@ -87,11 +89,21 @@ class Comparison:
 
     @property
     def regressions(self) -> pd.DataFrame:
+        return self.regressions_on("both")
+
+    def regressions_on(self, fail_on: str) -> pd.DataFrame:
+        """The regressions a gate counts (:data:`FAIL_ON`): ``speed``, a case SLOW on the same
+        GPU kind; ``accuracy``, a case that went from a good verdict to a bad one; ``both``."""
         p = self.pairs
         if p.empty:
             return p
         slow = p.same_kind & ((p.fwd_class == "SLOW") | (p.bwd_class == "SLOW"))
-        reg = p[slow | p.verdict_regression]
+        keep = pd.Series(False, index=p.index)
+        if fail_on in ("speed", "both"):
+            keep |= slow
+        if fail_on in ("accuracy", "both"):
+            keep |= p.verdict_regression
+        reg = p[keep]
         # verdict regressions first, then the largest slowdown
         worst_speed = reg[[f"{d}_speed" for d in DIRECTIONS]].min(axis=1).fillna(1.0)
         return reg.assign(_o=~reg.verdict_regression, _s=worst_speed).sort_values(
@@ -303,7 +315,8 @@ def _same_family(pairs: pd.DataFrame) -> str:
     return f", same family {families.pop()}" if both and len(families) == 1 else ""
 
 
-def summary_text(comps: Sequence[Comparison], index: Path | None = None) -> str:
+def summary_text(comps: Sequence[Comparison], index: Path | None = None,
+                 fail_on: str = "both") -> str:
     lines: list[str] = []
     for c in comps:
         p = c.pairs
@@ -343,9 +356,10 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None) -> str:
             worst = p.loc[p.worst_err_ratio.idxmax()]
             lines.append(f"  accuracy: error ratio B/A median {p.worst_err_ratio.median():.2f}, "
                          f"worst {worst.worst_err_ratio:.3g}x ({worst.label_b})")
-        reg = c.regressions
+        reg = c.regressions_on(fail_on)
+        gate = "" if fail_on == "both" else f", --fail-on {fail_on}"
         if len(reg):
-            lines.append(f"  REGRESSIONS ({len(reg)}):")
+            lines.append(f"  REGRESSIONS ({len(reg)}{gate}):")
             for backend, s in reg.groupby("backend_b"):
                 n_slow = int(((s.fwd_class == "SLOW") | (s.bwd_class == "SLOW")).sum())
                 n_verdict = int(s.verdict_regression.sum())
@@ -363,7 +377,7 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None) -> str:
             if len(reg) > MAX_LISTED:
                 lines.append(f"    ... and {len(reg) - MAX_LISTED} more (the dashboard lists all)")
         else:
-            lines.append("  no regressions")
+            lines.append("  no regressions" + (f" (--fail-on {fail_on})" if gate else ""))
         lines.append("")
     if index is not None:
         lines.append(f"dashboard: {index}")
