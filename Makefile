@@ -13,7 +13,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch: keep an importable one (GPU boxes bring their own); else the CPU build 2.13.0.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[test]"
+	# Pin the torch and triton that are there, so pip never swaps a box's own build (2.x.0a0+nv).
+	$(PY) -m pip list --format=freeze | grep -iE '^(torch|triton)==' > $(VENV)/keep.txt || true
+	$(PY) -m pip install --quiet -e ".[test]" -c $(VENV)/keep.txt
 	touch $(STAMP)
 
 setup: $(STAMP)
