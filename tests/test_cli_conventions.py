@@ -136,3 +136,39 @@ def test_a_scheduler_file_written_late_is_waited_for(tmp_path):
         assert read_scheduler_file(info, 30) == "tcp://127.0.0.1:1"
     finally:
         timer.cancel()
+
+
+def test_the_performance_report_shows_the_command_as_text(tmp_path, monkeypatch):
+    """Dask writes the calling code into its page unescaped: a sweep named "<script>.yaml"
+    must reach it escaped."""
+    import asyncio
+
+    import distributed
+
+    seen = {}
+
+    class FakeReport:
+        def __init__(self, filename):
+            seen["filename"] = filename
+
+        async def __aenter__(self):
+            pass
+
+        async def __aexit__(self, *exc, code=None):
+            seen["code"] = code
+
+    class FakeClient:
+        def sync(self, fn, *args, **kwargs):
+            return asyncio.run(fn(*args, **kwargs))
+
+    monkeypatch.setattr(distributed, "performance_report", FakeReport)
+    from attnbench.performance_report import REPORT_NAME, saved_performance_report
+
+    with saved_performance_report(tmp_path, FakeClient(), "attnbench run <script>x</script>.yaml"):
+        pass
+    assert seen == {"filename": str(tmp_path / REPORT_NAME),
+                    "code": "attnbench run &lt;script&gt;x&lt;/script&gt;.yaml"}
+    seen.clear()
+    with pytest.raises(RuntimeError), saved_performance_report(tmp_path, FakeClient(), "x"):
+        raise RuntimeError("scheduler lost")  # no report asked of a scheduler that is gone
+    assert "code" not in seen
