@@ -85,7 +85,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         share = 100 * summary.inside_s / (summary.wall_s * max(1, (conn.slots if pending else 1)))
         print(f"attnbench: {summary.written} cases in {summary.wall_s:.1f} s "
               f"(inside cases {summary.inside_s:.1f} s, {share:.0f}% of slot time)")
-    print(f"attnbench: results in {run_dir}/ (records.jsonl, manifest.json)")
+    dask_report = ", dask-performance.html" if (run_dir / "dask-performance.html").exists() else ""
+    print(f"attnbench: results in {run_dir}/ (records.jsonl, manifest.json{dask_report})")
     if summary is not None and summary.interrupted:
         print(f"attnbench: interrupted; resume with: {resume}", file=sys.stderr)
         return EXIT_INTERRUPTED

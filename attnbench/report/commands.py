@@ -131,7 +131,8 @@ def add_report_commands(subparsers: argparse._SubParsersAction) -> None:
                     "driver, CUDA, cuDNN, NCCL, torch, triton, clocks, power limit or commit. "
                     "Writes a comparison dashboard and prints a summary. Exit status 1 when a "
                     "case got slower, went from pass to a failing verdict, or stopped running "
-                    "to the end, on the same GPU kind, so it can gate CI.")
+                    "to the end, on the same GPU kind, so it can gate CI (--fail-on accuracy: "
+                    "on verdicts alone).")
     c.add_argument("runs", type=Path, nargs="+", metavar="RUN",
                    help="run directories; the first is the baseline")
     c.add_argument("--threshold", type=float, default=0.05,

@@ -22,6 +22,7 @@ import io
 import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -115,7 +116,16 @@ def export_runs(run_dirs: Sequence[Path], fmt: str, out: Path | None) -> int:
 def add_export_command(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "export", help="a run's cases as one table: csv, parquet or json",
-        description=__doc__.split("\n\n")[1].replace("\n", " "))
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill("One row per case: the case's fields, verdict and reason, GPU kind and "
+                    "software, forward and backward timing (median, quartiles, min, samples, "
+                    "TFLOP/s, % of peak, GB/s, noisy) and per tensor (out, dq, dk, dv) the "
+                    "relative L2 error, its bound and the baseline ratio. Several runs "
+                    "concatenate; run_id tells them apart.", 79),
+        epilog="examples:\n"
+               "  attnbench export results/RUN --format csv > cases.csv\n"
+               "  attnbench export results/RUN --format parquet --out cases.parquet\n"
+               "  attnbench export results/A results/B --format json | jq '.[0]'")
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directories")
     p.add_argument("--format", choices=FORMATS, default="csv", help="output format (default csv)")
     p.add_argument("--out", "-o", type=Path, default=None, metavar="FILE",
