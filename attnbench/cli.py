@@ -1,7 +1,8 @@
 """``attnbench`` command line: run, validate, show, backends, report, compare, export, selftest.
 
 Exit status: see :mod:`attnbench.errors` (0 success; 1 failing cases or a regression; 2 bad
-input; 3 the cluster failed, resume later; 4 an accuracy-trend finding; 130 interrupted).
+input; 3 the cluster failed, resume later; 4 an accuracy-trend finding; 130 interrupted; 141
+standard output closed early, as by ``| head``).
 """
 
 from __future__ import annotations
