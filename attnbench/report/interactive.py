@@ -158,6 +158,23 @@ def _log_x(xs: pd.Series) -> bool:
     return bool(numeric.notna().all() and (numeric > 0).all() and numeric.nunique() > 1)
 
 
+def _median_lines(rows: pd.DataFrame, by: list[str], x: str, column: str,
+                  scale: float) -> dict[Any, list[dict]]:
+    """Per value of ``by[0]``: a line through the medians at each x of every group of ``by``
+    measured at two or more x (one groupby: a groupby per line costs seconds on big runs)."""
+    points: dict[tuple, tuple[list, list]] = {}
+    for (*key, at), value in rows.groupby([*by, x], sort=True)[column].median().items():
+        xs, ys = points.setdefault(tuple(key), ([], []))
+        xs.append(at)
+        ys.append(value * scale)
+    lines: dict[Any, list[dict]] = {}
+    for key, (xs, ys) in points.items():
+        if len(xs) >= 2:
+            lines.setdefault(key[0], []).append({"x": _values(pd.Series(xs)),
+                                                 "y": _values(pd.Series(ys))})
+    return lines
+
+
 def _cap(rows: pd.DataFrame, notes: list[str], what: str) -> pd.DataFrame:
     if len(rows) > MAX_POINTS:
         notes.append(f"{what}: {len(rows) - MAX_POINTS} of {len(rows)} cases left out (at most "
@@ -195,16 +212,11 @@ def _throughput(panel: Panel, run: Run, colors: dict[str, str]) -> tuple[Panel, 
             rows = _cap(sub[sub[f"{d}_tflops"].notna()], notes, facet_title(facets, key))
             if rows.empty or len(plots) >= cap:
                 continue
+            lines = _median_lines(rows, [series, "features"], x, f"{d}_tflops", scale)
             spec_series = []
             for name, s in rows.groupby(series, sort=True):
-                lines = []
-                for _, same in s.groupby("features", sort=True):
-                    med = same.groupby(x)[f"{d}_tflops"].median()
-                    if len(med) >= 2:
-                        lines.append({"x": _values(pd.Series(med.index)),
-                                      "y": _values(med * scale)})
                 spec_series.append({"name": str(name), "color": colors.get(str(name), "#555555"),
-                                    "lines": lines, "points": _points(s, {
+                                    "lines": lines.get(name, []), "points": _points(s, {
                                         "x": s[x], "y": s[f"{d}_tflops"] * scale,
                                         "ms": s[f"{d}_median_ms"], "pct": s[f"{d}_pct_peak"],
                                         "gbps": s[f"{d}_gbps"],
