@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import math
 from dataclasses import dataclass, field, fields
@@ -390,7 +389,7 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
         raise SweepError(f"{filename}: expected a mapping with keys {', '.join(_TOP_KEYS)}, "
                          f"got {type(data).__name__}")
     problems = Problems(filename)
-    fixed, paths = axes.split_overrides(overrides, PUBLIC_FIELDS, _TOP_KEYS, problems)
+    fixed, paths = axes.split_overrides(overrides, PUBLIC_FIELDS, problems)
     data = axes.set_paths(data, paths)
     problems.overridden = {".".join(parts) for parts, _ in paths}
     for key in data:

@@ -103,8 +103,9 @@ class RunStore:
 
     ``retry``: verdicts whose cases run again besides :data:`RETRIED` (``--retry timeout``).
     Refused with :class:`RunDirError` (exit 2), before anything is written: a path that is a
-    file or an unrelated non-empty directory, a directory another run holds, a run of another
-    sweep or with other options."""
+    file or an unrelated non-empty directory, a directory another run holds, a run with
+    recorded cases the sweep lacks or with other options. A sweep with more cases than the run
+    extends it (new axis values: only the new cases are pending)."""
 
     def __init__(self, run_dir: Path, sweep: Sweep, command: list[str],
                  retry: Iterable[str] = ()):

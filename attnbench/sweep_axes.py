@@ -112,7 +112,8 @@ def count_values(raw: Any, rules: Mapping, name: str, limit: int) -> int:
 # -- axes ---------------------------------------------------------------------------------------
 
 def read_axes(axes_raw: Mapping, public: Sequence[str], rules: Mapping, normalize: Normalize,
-              problems: Problems, limit: int, overrides: Mapping[str, list] = {}) -> list[AxisGroup]:
+              problems: Problems, limit: int,
+              overrides: Mapping[str, list] = {}) -> list[AxisGroup]:
     """Every axis of ``axes_raw`` checked and normalized (each mistake into ``problems``), with
     ``overrides`` (field -> normalized rows, from :func:`read_overrides`) applied."""
     groups: list[AxisGroup] = []
@@ -265,8 +266,7 @@ def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tu
 
 # -- overrides ----------------------------------------------------------------------------------
 
-def split_overrides(overrides: Sequence[str], public: Sequence[str], top_keys: Sequence[str],
-                    problems: Problems) -> tuple[dict[str, Any], list[tuple[list[str], Any]]]:
+def split_overrides(overrides: Sequence[str], public: Sequence[str], problems: Problems) -> tuple[dict[str, Any], list[tuple[list[str], Any]]]:
     """``-s PATH=VALUE`` texts -> (case field -> raw value, [(document path, raw value)])."""
     fields: dict[str, Any] = {}
     paths: list[tuple[list[str], Any]] = []
@@ -288,9 +288,9 @@ def split_overrides(overrides: Sequence[str], public: Sequence[str], top_keys: S
                 fields[path] = value
             elif parts[0] in ("defaults", "axes") and len(parts) == 2 and parts[1] in public:
                 fields[parts[1]] = value
-            elif parts[0] in top_keys and parts[0] not in ("axes", "defaults", "include",
-                                                           "exclude"):
-                paths.append((parts, value))
+            elif (parts in (["name"], ["description"]) or (parts[0] == "options" and (
+                    len(parts) == 2 or (len(parts) == 3 and parts[1] == "timing")))):
+                paths.append((parts, value))  # checked with the file's own keys
             else:
                 raise unknown_name(f"-s {shown_key(path)}", path,
                                    [*public, "name", "description", "options.KEY",

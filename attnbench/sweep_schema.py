@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench import spec
-from attnbench.sweep_axes import RANGE_KINDS, ZIP
+from attnbench.sweep_axes import ZIP
 from attnbench.validation import Choice, Flag, Int, Name, Real
 
 SCHEMA_ID = "https://attnbench.invalid/sweep.schema.json"
@@ -69,8 +69,9 @@ def _backend_schema() -> dict[str, Any]:
     from attnbench.backends import backend_names  # a name table; imports no backend
 
     names = [n for n in backend_names() if not n.startswith(("testing.", "mutant."))]
+    reference = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"  # backends' own check
     return {"anyOf": [{"enum": names},
-                      {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$",
+                      {"type": "string", "pattern": reference,
                        "description": "a third-party backend as module:object"}]}
 
 

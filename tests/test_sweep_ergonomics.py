@@ -155,6 +155,12 @@ def test_a_flood_of_mistakes_is_cut_to_a_readable_count():
     assert len(lines) == 31 and lines[-1] == "bad.yaml: ... 170 more mistakes like these"
 
 
+def test_a_misspelt_backend_gets_a_suggestion():
+    (line,) = _mistakes(BASE + "axes: {backend: [sdpa_flsh]}\n")
+    assert line.startswith("bad.yaml: axes.backend[0]: got 'sdpa_flsh', expected one of ")
+    assert line.endswith("(did you mean sdpa_flash?)")
+
+
 def test_no_suggestion_for_a_name_nothing_resembles():
     (line,) = _mistakes(BASE + "axes: {zzzz: [1]}\n")
     assert "did you mean" not in line and "unknown field 'zzzz', expected one of" in line
@@ -292,13 +298,17 @@ def test_the_shipped_schema_is_the_generated_one():
 def test_the_schema_types_every_field_from_the_field_table():
     schema = sweep_schema()
     definitions = schema["definitions"]
+    # a field whose rule has no schema (a new kind of rule) would be {} and accept anything
     for name in PUBLIC_FIELDS:
         value = definitions[f"value.{name}"]
         assert {"type", "enum", "anyOf"} & set(value), f"{name} has no schema: {value}"
-        assert set(schema["properties"]["defaults"]["properties"]) == set(PUBLIC_FIELDS)
+    assert set(schema["properties"]["defaults"]["properties"]) == set(PUBLIC_FIELDS)
+    assert set(schema["properties"]["axes"]["properties"]) == set(PUBLIC_FIELDS)
     assert definitions["value.dropout"]["exclusiveMaximum"] == 1
+    assert definitions["value.seqlen_q"]["maximum"] == 2**31 - 1
     assert "bf16" in definitions["value.dtype"]["enum"]
-    assert "defaults" not in json.dumps(definitions["value.seqlen_q"])  # no per-field text
+    assert "range" in json.dumps(definitions["axis.seqlen_q"])  # integers take ranges
+    assert "range" not in json.dumps(definitions["axis.dtype"])
     assert definitions["value.softcap"]["description"].startswith("0 disables")
 
 
