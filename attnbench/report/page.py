@@ -64,11 +64,11 @@ def render(run: Run, dashboard: Dashboard, outputs: list[PanelOutput],
 
 
 def _with_link(section_html: str, output: PanelOutput) -> str:
-    """A panel drawn on the interactive page too links to its plots there."""
+    """A panel drawn on the interactive page too links to its plots there, under its title."""
     link = (f'<p class="interactive"><a href="{INTERACTIVE_PAGE}#{esc(output.panel.slug)}">'
             "Explore these plots interactively</a> (hover for a case and its numbers, zoom, "
             "legend toggles)</p>")
-    return section_html.removesuffix("</section>") + link + "</section>"
+    return section_html.replace("</h2>", "</h2>" + link, 1)
 
 
 def run_header(run: Run, dashboard: Dashboard) -> str:
