@@ -11,6 +11,7 @@ import argparse
 import collections
 import logging
 import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
@@ -33,7 +34,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from attnbench.runner import run_pending
     from attnbench.scheduler_address import check_choice, choose_scheduler
 
-    sweep = load_sweep(args.sweep, check_backend_name)
+    sweep = load_sweep(args.sweep, check_backend_name, args.set or ())
     if args.case:
         sweep = single_case_sweep(sweep, args.case)
     # Every argument is checked before the run directory is made: bad input creates nothing.
@@ -57,7 +58,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{len(pending)} to run" + (" (again: " + ", ".join(
               f"{n} {v}" for v, n in sorted(again.items())) + ")" if again else ""))
     summary = None
-    resume = f"attnbench run {sweep.path} --out {run_dir}"
+    sets = "".join(f" -s {shlex.quote(o)}" for o in sweep.overrides)
+    resume = f"attnbench run {sweep.path}{sets} --out {run_dir}"
     if pending:
         try:
             conn = connect(scheduler.address, args.workers, cluster=args.cluster,
@@ -125,7 +127,7 @@ def run_status(records: list[dict], findings: list[str]) -> int:
 
 # -- validate ---------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
-    sweep = load_sweep(args.sweep, check_backend_name)
+    sweep = load_sweep(args.sweep, check_backend_name, args.set or ())
     counts = collections.Counter(c.backend for c in sweep.cases)
     print(f"{sweep.path}: ok: sweep {sweep.name!r}, {len(sweep.cases)} cases "
           f"({', '.join(f'{b}: {n}' for b, n in sorted(counts.items()))})")
@@ -271,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     val = sub.add_parser("validate", help="check a sweep file without running it")
     val.add_argument("sweep")
+    for command in (run, val):
+        command.add_argument("-s", "--set", action="append", metavar="FIELD=VALUE",
+                             help="override the sweep: FIELD takes VALUE (YAML: 1024, "
+                                  "[fp32,bf16], {pow2: [512,4096]}) in every case; also "
+                                  "options.KEY=VALUE; repeatable")
     val.add_argument("--list", action="store_true", help="list every case with its id")
     val.set_defaults(func=cmd_validate)
 
@@ -293,9 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     from attnbench.report.commands import add_report_commands
     from attnbench.report.export import add_export_command
     from attnbench.selftest import add_selftest_command
+    from attnbench.sweep_schema import add_schema_command
 
     add_report_commands(sub)
     add_export_command(sub)
+    add_schema_command(sub)
     add_selftest_command(sub)
     return parser
 
@@ -326,7 +335,8 @@ def _main(argv: Optional[list[str]] = None) -> int:
     try:
         return args.func(args)
     except UserError as exc:
-        print(f"attnbench: error: {printable(exc, 2000)}", file=sys.stderr)
+        for line in str(exc).split("\n"):  # a sweep's mistakes come all at once, one a line
+            print(f"attnbench: error: {printable(line, 2000)}", file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
         print("attnbench: interrupted", file=sys.stderr)

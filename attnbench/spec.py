@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+import attnbench.sweep_axes as axes
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
 from attnbench.validation import MAX_SWEEP_BYTES  # noqa: F401  (documented with the limits)
-from attnbench.validation import Choice, Flag, Int, Name, Real
+from attnbench.validation import Choice, Flag, Int, Name, Problems, Real, unknown_name
 from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int
 from attnbench.validation import load_yaml, read_input_file
@@ -278,6 +278,8 @@ class Sweep:
     source: str
     """The sweep file's text, kept in the run manifest."""
     description: str = ""
+    overrides: tuple[str, ...] = ()
+    """The ``-s FIELD=VALUE`` overrides it was read with (kept in the run manifest)."""
     selected: tuple[str, ...] = ()
     """Ids of the cases to run now (``--case``); empty: every case. The run directory, its
     manifest and :attr:`digest` are always the whole sweep's."""
@@ -328,11 +330,13 @@ def _norm_value(where: str, name: str, value: Any, backend_check) -> dict[str, A
     return {name: value}
 
 
+PUBLIC_FIELDS = tuple(f for f in CASE_FIELDS if f not in ("window_left", "window_right"))
+"""The fields a sweep names (``mask`` sets the window bounds)."""
+
+
 def _check_field_name(where: str, name: Any) -> None:
-    if name not in CASE_FIELDS or name in ("window_left", "window_right"):
-        public = [f for f in CASE_FIELDS if f not in ("window_left", "window_right")]
-        raise SweepError(f"{where}: unknown field {short_repr(name)}, expected one of "
-                         f"{', '.join(public)}")
+    if name not in PUBLIC_FIELDS:
+        raise unknown_name(where, name, PUBLIC_FIELDS, "field")
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,114 +372,86 @@ BackendCheck = Callable[[str], Optional[str]]
 :func:`attnbench.backends.check_backend_name`; this module knows no registry)."""
 
 
-def load_sweep(path: str | Path, backend_check: Optional[BackendCheck] = None) -> Sweep:
-    """Read, validate and expand a sweep file. Raises :class:`SweepError` with a user-ready
-    message (``FILE: FIELD: ...``) on any mistake. ``backend_check`` validates backend names
-    (default: any non-empty name)."""
-    return parse_sweep(read_input_file(path, "sweep file"), str(path), backend_check)
+def load_sweep(path: str | Path, backend_check: Optional[BackendCheck] = None,
+               overrides: Sequence[str] = ()) -> Sweep:
+    """Read, validate and expand a sweep file, with ``-s FIELD=VALUE`` ``overrides``
+    (:mod:`attnbench.sweep_axes`). Raises :class:`SweepError` with every mistake, one line
+    each (``FILE: FIELD: ...``). ``backend_check`` validates backend names (default: any
+    non-empty name)."""
+    return parse_sweep(read_input_file(path, "sweep file"), str(path), backend_check, overrides)
 
 
-def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] = None) -> Sweep:
-    if backend_check is None:
-        backend_check = _any_backend
+def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] = None,
+                overrides: Sequence[str] = ()) -> Sweep:
+    check = backend_check or _any_backend
     data = load_yaml(text, filename)
     if not isinstance(data, Mapping):
         raise SweepError(f"{filename}: expected a mapping with keys {', '.join(_TOP_KEYS)}, "
                          f"got {type(data).__name__}")
+    problems = Problems(filename)
+    fixed, paths = axes.split_overrides(overrides, PUBLIC_FIELDS, problems)
+    data = axes.set_paths(data, paths)
+    problems.overridden = {".".join(parts) for parts, _ in paths}
     for key in data:
         if key not in _TOP_KEYS:
-            raise SweepError(f"{filename}: {_key(key)}: unknown key, expected one of "
-                             f"{', '.join(_TOP_KEYS)}")
-    try:
+            problems.add(unknown_name(_key(key), key, _TOP_KEYS, "key"))
+    name = description = ""
+    with problems.check():
         name = _NAME.check("name", data.get("name"))
+    with problems.check():
         description = data.get("description") or ""
         if not isinstance(description, str):
             raise _fail("description", description, "a string")
-    except SweepError as exc:
-        raise _located(filename, exc) from None
 
     def section(key: str, kind: type, default):
         value = data.get(key, default)
         if value is None:
-            value = default
+            return default
         if not isinstance(value, kind):
-            raise SweepError(f"{filename}: {key}: got {type(value).__name__}, expected a "
-                             f"{'mapping' if kind is Mapping else 'list'}")
+            problems.add(SweepError(f"{key}: got {type(value).__name__}, expected a "
+                                    f"{'mapping' if kind is Mapping else 'list'}"))
+            return default
         return value
 
-    defaults_raw = section("defaults", Mapping, {})
-    axes_raw = section("axes", Mapping, {})
-    exclude_raw = section("exclude", list, [])
-    include_raw = section("include", list, [])
-    options = _parse_options(filename, section("options", Mapping, {}))
+    def norm(where: str, field_name: str, value: Any) -> dict[str, Any]:
+        return _norm_value(where, field_name, value, check)
 
-    try:
-        for key, values in axes_raw.items():
-            _check_field_name(f"axes.{_key(key)}", key)
-            if not isinstance(values, list) or not values:
-                raise _fail(f"axes.{key}", values, "a non-empty list of values")
-        _check_count(axes_raw, len(include_raw))
-
-        defaults: dict[str, Any] = {}
-        for key, value in defaults_raw.items():
+    defaults_raw, axes_raw = section("defaults", Mapping, {}), section("axes", Mapping, {})
+    exclude_raw, include_raw = section("exclude", list, []), section("include", list, [])
+    defaults: dict[str, Any] = {}
+    for key, value in defaults_raw.items():
+        with problems.check():
             _check_field_name(f"defaults.{_key(key)}", key)
-            defaults.update(_norm_value(f"defaults.{key}", key, value, backend_check))
+            if key not in fixed:  # -s FIELD=... replaces its default too
+                defaults.update(norm(f"defaults.{key}", key, value))
+    forced = axes.read_overrides(fixed, CASE_RULES, norm, problems, MAX_CASES)
+    total, product = axes.count_points(axes_raw, PUBLIC_FIELDS, CASE_RULES, MAX_CASES, forced)
+    if total + len(include_raw) > MAX_CASES:
+        count = f"{total + len(include_raw):,}" if total < 10**12 else f"{total:.2e}"
+        problems.add(SweepError(f"axes: {product}"
+                                f"{f' + {len(include_raw)} include' if include_raw else ''} = "
+                                f"{count} cases, more than the {MAX_CASES:,} one sweep may have; "
+                                "split it into several sweep files"))
+        problems.raise_any()  # before anything is expanded
+    groups = axes.read_axes(axes_raw, PUBLIC_FIELDS, CASE_RULES, norm, problems, MAX_CASES, forced)
+    excludes, includes = [], []
+    for i, entry in enumerate(exclude_raw):
+        with problems.check():
+            excludes.append((i, _parse_partial(f"exclude[{i}]", entry, norm)))
+    for i, entry in enumerate(include_raw):
+        with problems.check():
+            includes.append(_parse_partial(f"include[{i}]", entry, norm))
+    options = _parse_options("", section("options", Mapping, {}), problems)
+    problems.raise_any()
 
-        axes: list[tuple[str, list[dict[str, Any]]]] = [
-            (key, [_norm_value(f"axes.{key}[{i}]", key, v, backend_check)
-                   for i, v in enumerate(values)]) for key, values in axes_raw.items()]
-        excludes = [_parse_partial(f"exclude[{i}]", e, backend_check)
-                    for i, e in enumerate(exclude_raw)]
-        includes = [_parse_partial(f"include[{i}]", e, backend_check)
-                    for i, e in enumerate(include_raw)]
-
-        cases: list[Case] = []
-        seen: set[str] = set()
-
-        def add(where: str, values: dict[str, Any]) -> None:
-            case = make_case(where, values)
-            if case.id not in seen:
-                seen.add(case.id)
-                cases.append(case)
-
-        names = [k for k, _ in axes]
-        used = [False] * len(excludes)
-        for combo in itertools.product(*(vals for _, vals in axes)):
-            values = dict(defaults)
-            for part in combo:
-                values.update(part)
-            hits = [i for i, ex in enumerate(excludes) if _matches(values, ex)]
-            if hits:
-                for i in hits:
-                    used[i] = True
-                continue
-            where = "axes(" + ", ".join(f"{n}={_show(values, n)}" for n in names) + ")"
-            add(where, values)
-        for i, inc in enumerate(includes):
-            add(f"include[{i}]", {**defaults, **inc})
-        for i, was_used in enumerate(used):
-            if not was_used:
-                raise _fail(f"exclude[{i}]", exclude_raw[i], "an entry that matches some case "
-                            "of the axes' product (each field it names must be set by defaults "
-                            "or an axis, to a value listed there)")
-    except SweepError as exc:
-        raise _located(filename, exc) from None
-
+    excludes = [(i, ex) for i, ex in excludes if axes.reachable(ex, forced)]
+    cases = axes.expand(groups, defaults, excludes, exclude_raw,
+                        axes.cross_includes(includes, forced), make_case, _show, problems)
+    problems.raise_any()
     if not cases:
         raise SweepError(f"{filename}: axes: the sweep expands to no cases (everything excluded?)")
     return Sweep(name=name, path=filename, cases=tuple(cases), options=options, source=text,
-                 description=description)
-
-
-def _check_count(axes_raw: Mapping[str, list], includes: int) -> None:
-    """Refuse, before expanding, a sweep of more than :data:`MAX_CASES` cases."""
-    total = math.prod(len(v) for v in axes_raw.values()) + includes
-    if total > MAX_CASES:
-        product = " x ".join(f"{k} ({len(v)})" for k, v in axes_raw.items())
-        count = f"{total:,}" if total < 10**12 else f"{total:.2e}"
-        raise SweepError(f"axes: {product}{f' + {includes} include' if includes else ''} = "
-                         f"{count} cases, more than the {MAX_CASES:,} one sweep may have; "
-                         "split it into several sweep files")
+                 description=description, overrides=tuple(overrides))
 
 
 def _any_backend(name: str) -> Optional[str]:
@@ -489,54 +465,52 @@ def _show(values: Mapping[str, Any], name: str) -> str:
     return str(values.get(name))
 
 
-def _located(filename: str, exc: SweepError) -> SweepError:
-    return SweepError(f"{filename}: {exc}")
-
-
-def _parse_partial(where: str, entry: Any, backend_check) -> dict[str, Any]:
+def _parse_partial(where: str, entry: Any, norm) -> dict[str, Any]:
     if not isinstance(entry, Mapping) or not entry:
         raise _fail(where, entry, "a mapping of field: value")
     out: dict[str, Any] = {}
     for key, value in entry.items():
         _check_field_name(f"{where}.{_key(key)}", key)
-        out.update(_norm_value(f"{where}.{key}", key, value, backend_check))
+        out.update(norm(f"{where}.{key}", key, value))
     return out
 
 
-def _matches(values: Mapping[str, Any], partial: Mapping[str, Any]) -> bool:
-    return all(values.get(k) == v for k, v in partial.items())
-
-
-def _parse_options(filename: str, raw: Mapping[str, Any]) -> RunOptions:
-    """Every option through its field's rule (``metadata["rule"]``)."""
-    known = {f.name: f for f in fields(RunOptions)}
-    timing_known = {f.name: f for f in fields(TimingOptions)}
+def _parse_options(filename: str, raw: Mapping[str, Any],
+                   problems: Optional[Problems] = None) -> RunOptions:
+    """Every option through its field's rule (``metadata["rule"]``); each mistake into
+    ``problems`` (or raised at once, ``FILE: options...``, without it)."""
+    own = problems is None
+    problems = Problems(filename) if own else problems
     clean: dict[str, Any] = {}
-    try:
-        for key, value in raw.items():
-            if key not in known:
-                raise SweepError(f"options.{_key(key)}: unknown option, expected one of "
-                                 f"{', '.join(known)}")
-            if key != "timing":
-                clean[key] = known[key].metadata["rule"].check(f"options.{key}", value)
-                continue
-            if not isinstance(value, Mapping):
-                raise _fail("options.timing", value, "a mapping")
-            timing: dict[str, Any] = {}
-            for tkey, tval in value.items():
-                if tkey not in timing_known:
-                    raise SweepError(f"options.timing.{_key(tkey)}: unknown option, expected "
-                                     f"one of {', '.join(timing_known)}")
-                timing[tkey] = timing_known[tkey].metadata["rule"].check(
-                    f"options.timing.{tkey}", tval)
-            clean["timing"] = timing
+    for key, value in raw.items():
+        with problems.check():
+            clean.update(_check_options("options", key, value, RunOptions, problems))
+    if own:
+        problems.raise_any()
+    options = RunOptions()
+    with problems.check():
         options = RunOptions.from_dict(clean)
         if options.timing.min_samples > options.timing.max_samples:
             raise _fail("options.timing.min_samples", options.timing.min_samples,
                         f"at most max_samples={options.timing.max_samples}")
-    except SweepError as exc:
-        raise _located(filename, exc) from None
+    if own:
+        problems.raise_any()
     return options
+
+
+def _check_options(where: str, key: Any, value: Any, kind: type, problems: Problems) -> dict:
+    known = {f.name: f for f in fields(kind)}
+    if key not in known:
+        raise unknown_name(f"{where}.{_key(key)}", key, list(known), "option")
+    if known[key].metadata.get("rule") is not None:
+        return {key: known[key].metadata["rule"].check(f"{where}.{key}", value)}
+    if not isinstance(value, Mapping):  # a nested section (timing)
+        raise _fail(f"{where}.{key}", value, "a mapping")
+    nested: dict[str, Any] = {}
+    for k, v in value.items():
+        with problems.check():
+            nested.update(_check_options(f"{where}.{key}", k, v, TimingOptions, problems))
+    return {key: nested}
 
 
 def check_options_dict(where: str, data: Any) -> RunOptions:

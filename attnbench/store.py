@@ -17,7 +17,6 @@ Load a run into pandas::
 from __future__ import annotations
 
 import datetime as _dt
-import fcntl
 import json
 import os
 import shutil
@@ -28,13 +27,12 @@ from typing import Any, Iterable, Optional
 
 from attnbench.errors import RunDirError, SweepError, printable, short_repr, shown_key
 from attnbench.records import VERDICTS
+from attnbench.run_lock import LOCK, RunLock, utc_now as _now
 from attnbench.spec import Case, Sweep, check_case_dict, check_options_dict
 from attnbench.validation import parse_json
 
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
-LOCK = ".lock"
-"""Held (``flock``) by the one ``attnbench run`` appending to a run directory; names it."""
 RETRIED = ("lost", "skipped")
 """Infrastructure verdicts: the case never reached a device (no worker could run it) or its
 worker died under it. A resumed run runs these cases again (``--retry`` adds verdicts)."""
@@ -46,16 +44,33 @@ def default_run_dir(sweep: Sweep, root: Path = Path("results")) -> Path:
 
 
 def latest_run_dir(sweep: Sweep, root: Path = Path("results")) -> Optional[Path]:
-    """The newest run of this sweep (same name and same cases), for ``--resume``."""
-    candidates = []
+    """The newest run of this sweep, for ``--resume``: one with the same cases, else the
+    newest of the same name that the sweep extends (it has every case that run recorded)."""
+    same, grown = [], []
     for manifest in root.glob(f"{sweep.name}-*/{MANIFEST}"):
         try:
             data = load_manifest(manifest.parent)
+            if data.get("sweep", {}).get("digest") == sweep.digest:
+                same.append((data.get("created", ""), manifest.parent))
+            elif data.get("sweep", {}).get("name") == sweep.name:
+                grown.append((data.get("created", ""), manifest.parent))
         except RunDirError:
             continue
-        if data.get("sweep", {}).get("digest") == sweep.digest:
-            candidates.append((data.get("created", ""), manifest.parent))
-    return max(candidates)[1] if candidates else None
+    if same:
+        return max(same)[1]
+    for _, run_dir in sorted(grown, reverse=True):
+        try:
+            if not outside(load_records(run_dir), sweep):
+                return run_dir
+        except RunDirError:
+            continue
+    return None
+
+
+def outside(records: Iterable[dict], sweep: Sweep) -> list[dict]:
+    """The records of cases ``sweep`` does not have."""
+    ids = {c.id for c in sweep.cases}
+    return [r for r in records if r["id"] not in ids]
 
 
 def client_environment() -> dict[str, Any]:
@@ -82,62 +97,15 @@ def record_environment(env: dict) -> dict[str, Any]:
     return {k: flat.get(k) for k in _ENV_KEYS}
 
 
-class RunLock:
-    """An exclusive ``flock`` on ``<run>/.lock`` for as long as a run appends to the directory.
-    The file names its holder (pid, host, command, since when), which a second ``attnbench run``
-    on the same directory prints when it is refused. The kernel drops the lock when the holder
-    exits, however it exits."""
-
-    def __init__(self, directory: Path):
-        self.path = Path(directory) / LOCK
-        self._fh = None
-
-    def acquire(self, command: list[str]) -> None:
-        try:
-            fh = open(self.path, "a+", encoding="utf-8")  # "a+": a holder's note stays readable
-        except OSError as exc:
-            raise RunDirError(f"{self.path}: cannot create the run's lock file: "
-                              f"{exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            fh.seek(0)
-            holder = fh.read(2000).strip()
-            fh.close()
-            try:
-                info = json.loads(holder)
-                holder = (f"pid {info['pid']} on {info['host']} since {info['since']}: "
-                          f"{' '.join(map(str, info['command']))}")
-            except (ValueError, TypeError, KeyError):
-                holder = holder or "its holder is starting"
-            raise RunDirError(f"{self.path.parent}: in use by another attnbench run "
-                              f"({printable(holder, 300)}); wait for it to finish or choose "
-                              "another --out") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": _now(),
-                             "command": [str(c) for c in command]}))
-        fh.flush()
-        self._fh = fh
-
-    @property
-    def held(self) -> bool:
-        return self._fh is not None
-
-    def release(self) -> None:
-        if self._fh is not None:
-            self._fh.close()  # closing the descriptor drops the flock
-            self._fh = None
-
-
 class RunStore:
     """One run directory, opened for appending records: locked against a second run, its
     manifest and journal checked (:func:`load_manifest`, :func:`load_records`).
 
     ``retry``: verdicts whose cases run again besides :data:`RETRIED` (``--retry timeout``).
     Refused with :class:`RunDirError` (exit 2), before anything is written: a path that is a
-    file or an unrelated non-empty directory, a directory another run holds, a run of another
-    sweep or with other options."""
+    file or an unrelated non-empty directory, a directory another run holds, a run with
+    recorded cases the sweep lacks or with other options. A sweep with more cases than the run
+    extends it (new axis values: only the new cases are pending)."""
 
     def __init__(self, run_dir: Path, sweep: Sweep, command: list[str],
                  retry: Iterable[str] = ()):
@@ -183,13 +151,7 @@ class RunStore:
         client = client_environment()
         if self.manifest_path.exists():
             self.manifest = load_manifest(self.dir)
-            old = self.manifest.get("sweep", {})
-            if old.get("digest") != sweep.digest:
-                raise RunDirError(
-                    f"{self.manifest_path}: this run holds sweep {short_repr(old.get('name'))} "
-                    f"({old.get('cases')} cases, digest {short_repr(old.get('digest'))}), not "
-                    f"{sweep.name!r} ({len(sweep.cases)} cases, digest {sweep.digest}); "
-                    "choose another --out to start a new run")
+            self._check_growth()
             self._check_options()
             self._note_resume(client)
         else:
@@ -197,9 +159,7 @@ class RunStore:
                 "run_id": self.dir.name,
                 "created": _now(),
                 "command": command,
-                "sweep": {"name": sweep.name, "path": sweep.path, "digest": sweep.digest,
-                          "cases": len(sweep.cases), "source": sweep.source,
-                          "description": sweep.description},
+                "sweep": _sweep_manifest(sweep),
                 "options": sweep.options.to_dict(),
                 "attnbench": client.get("attnbench"),
                 "versions": client,
@@ -214,11 +174,42 @@ class RunStore:
             raise RunDirError(f"{self.records_path}: not a file; the journal must be one")
         self._repair_tail()
         self.done: dict[str, dict] = {r["id"]: r for r in load_records(self.dir)}
+        if not self.new and self.manifest.get("sweep", {}).get("digest") != sweep.digest:
+            self._extend()
         try:
             self._fh = open(self.records_path, "a", encoding="utf-8")
         except OSError as exc:
             raise RunDirError(f"{self.records_path}: cannot append: "
                               f"{exc.strerror or exc}") from None
+
+    def _check_growth(self) -> None:
+        """A run grows with its sweep (new axis values are new cases, and only they run), but
+        what it has recorded must stay in the sweep: a run directory describes one sweep and
+        holds no records of another. (Options must not change: :meth:`_check_options`.)"""
+        old = self.manifest.get("sweep", {})
+        if old.get("digest") == self.sweep.digest:
+            return
+        dropped = outside(load_records(self.dir), self.sweep)
+        if dropped:
+            example = printable(dropped[0].get("label") or dropped[0]["id"], 120)
+            raise RunDirError(
+                f"{self.manifest_path}: this run holds sweep {short_repr(old.get('name'))} "
+                f"({old.get('cases')} cases); {len(dropped)} of its recorded cases are not in "
+                f"{self.sweep.path} (e.g. {example}); a run may only grow (new axis values): "
+                "restore them, or choose another --out to start a new run")
+
+    def _extend(self) -> None:
+        """The manifest now describes the grown sweep; ``extended`` keeps what it was."""
+        old = self.manifest.get("sweep", {})
+        added = sum(c.id not in self.done for c in self.sweep.cases)
+        self.manifest.setdefault("extended", []).append(
+            {"at": _now(), "from_digest": old.get("digest"), "from_cases": old.get("cases"),
+             "to_digest": self.sweep.digest, "to_cases": len(self.sweep.cases)})
+        self.manifest["sweep"] = {**old, **_sweep_manifest(self.sweep)}
+        self._write_manifest()
+        self.resume_note = (self.resume_note + "; " if self.resume_note else "") + (
+            f"the sweep grew since this run began ({old.get('cases')} -> "
+            f"{len(self.sweep.cases)} cases): the run is extended; {added} cases have no record")
 
     def _check_options(self) -> None:
         """A resumed run keeps its options: records timed or judged under other settings would
@@ -362,8 +353,10 @@ class RunStore:
         self._lock.release()
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _sweep_manifest(sweep: Sweep) -> dict[str, Any]:
+    return {"name": sweep.name, "path": sweep.path, "digest": sweep.digest,
+            "cases": len(sweep.cases), "source": sweep.source, "description": sweep.description,
+            "overrides": list(sweep.overrides)}
 
 
 def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:

@@ -8,6 +8,8 @@ message shows a bounded part of the input (:func:`~attnbench.errors.short_repr`)
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import json
 import math
 import os
@@ -15,7 +17,7 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import yaml
 
@@ -53,6 +55,67 @@ def is_number(x: Any) -> bool:
 def fail(where: str, given: Any, allowed: str) -> SweepError:
     """``WHERE: got X, expected Y`` (X bounded: see :func:`~attnbench.errors.short_repr`)."""
     return SweepError(f"{where}: got {short_repr(given)}, expected {allowed}")
+
+
+def suggestion(given: Any, known: Sequence[str]) -> str:
+    """`` (did you mean seqlen_q?)`` when ``given`` is a near miss of one of ``known``."""
+    if not isinstance(given, str) or len(given) > 100:
+        return ""
+    close = difflib.get_close_matches(given, [str(k) for k in known], n=1, cutoff=0.6)
+    if not close and given.lower() in [str(k).lower() for k in known]:
+        close = [k for k in known if str(k).lower() == given.lower()]
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unknown_name(where: str, given: Any, known: Sequence[str], what: str) -> SweepError:
+    """``WHERE: unknown field 'seqlen' (did you mean seqlen_q?), expected one of ...``."""
+    return SweepError(f"{where}: unknown {what} {short_repr(given)}{suggestion(given, known)}, "
+                      f"expected one of {', '.join(map(str, known))}")
+
+
+class Problems:
+    """The mistakes of one input, gathered in one pass so that a user fixes a file once rather
+    than once per mistake. ``with problems.check(): ...`` records a :class:`SweepError` raised
+    inside and goes on after the block; :meth:`raise_any` raises them together, one line each,
+    prefixed by the file's name (a ``-s`` override names itself instead)."""
+
+    LIMIT = 30
+    """Lines shown; the rest are counted (one bad value in a 10^5-case product is 10^5 lines)."""
+
+    def __init__(self, filename: str):
+        self.filename = filename
+        self.messages: list[str] = []
+        self.count = 0
+        self.overridden: set[str] = set()
+        """Document paths set by ``-s`` (``options.timeout_s``): their mistakes name ``-s``."""
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def add(self, exc: SweepError) -> None:
+        for line in str(exc).split("\n"):
+            self.count += 1
+            if len(self.messages) < self.LIMIT and line not in self.messages:
+                self.messages.append(line)
+
+    @contextlib.contextmanager
+    def check(self) -> Iterator[None]:
+        try:
+            yield
+        except SweepError as exc:
+            self.add(exc)
+
+    def raise_any(self) -> None:
+        if not self.count:
+            return
+        by_hand = tuple(f"{path}:" for path in self.overridden)
+        lines = [m if m.startswith(("-s ", f"{self.filename}: ")) else
+                 f"-s {m}" if by_hand and m.startswith(by_hand) else f"{self.filename}: {m}"
+                 for m in self.messages]
+        if self.count > len(self.messages):
+            lines.append(f"{self.filename}: ... {self.count - len(self.messages)} more "
+                         "mistakes like these")
+        raise SweepError("\n".join(lines))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +162,8 @@ class Choice:
 
     def check(self, where: str, value: Any) -> str:
         if not isinstance(value, str) or value not in self.choices:
-            raise fail(where, value, "one of " + ", ".join(self.choices))
+            raise fail(where, value, "one of " + ", ".join(self.choices)
+                       + suggestion(value, self.choices))
         return value
 
 

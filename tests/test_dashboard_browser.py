@@ -15,6 +15,7 @@ import functools
 import http.server
 import json
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -26,6 +27,7 @@ import pytest
 
 
 import report_runs as runs  # tests/ is on sys.path under pytest (see conftest)
+from conftest import ROOT
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))
                  if p), None)
@@ -333,4 +335,103 @@ def test_compare_dashboard_shows_environment_warnings(browser, base, tmp_path):
     noisy = browser.js("document.querySelectorAll('#pairs1 .badge.noisy').length")
     assert noisy > 0
     browser.screenshot(runs.artifacts_dir() / "compare-exact-top.png")
+    assert browser.console_errors() == []
+
+
+# -- the interactive page (bokeh) --------------------------------------------------------------
+
+PLOTS_READY = """(function () { const data = document.getElementById('plot-data');
+    return data !== null && (window.attnbenchPlots || []).length
+        === JSON.parse(data.textContent).length; })()"""
+# Where the first point of plot n is on the page, and what the page says about it.
+FIRST_POINT = """(function (n) { const plot = window.attnbenchPlots[n].view;
+    const rv = [...plot.renderer_views.values()].find(v => v.model.data_source
+        && v.model.data_source.data.label);
+    const box = plot.canvas_view.el.getBoundingClientRect();
+    const data = rv.model.data_source.data;
+    return {x: box.left + rv.glyph.sx[0], y: box.top + rv.glyph.sy[0], label: data.label[0],
+            id: data.id[0], y_value: data.y[0]}; })"""
+# The text a reader sees, shadow DOMs included (bokeh draws its tooltips in one).
+SEEN_TEXT = """(function seen(node) { let text = '';
+    if (node.shadowRoot) text += seen(node.shadowRoot);
+    for (const c of node.childNodes) text += c.nodeType === 3 ? c.textContent + ' '
+        : (['STYLE', 'SCRIPT', 'NOSCRIPT'].includes(c.nodeName) ? '' : seen(c));
+    return text; })(document.body)"""
+DEEP_IMAGES = """(function count(node) { let n = node.querySelectorAll('img[src="x"]').length;
+    for (const el of node.querySelectorAll('*')) if (el.shadowRoot) n += count(el.shadowRoot);
+    return n; })(document)"""
+
+
+def _open_interactive(browser: Browser, page: Path) -> int:
+    """Open an interactive page, wait for every plot to be drawn; the number of plots."""
+    html = page.read_text()
+    # offline: nothing fetched (no script or stylesheet from a CDN), BokehJS inlined
+    assert not re.search(r"<(script|link)[^>]+(src|href)=\"?https?:", html)
+    assert "Bokeh" in html and len(html) < 3_000_000
+    browser.open(page.as_uri())
+    deadline = time.monotonic() + 60
+    while not browser.js(PLOTS_READY):
+        assert time.monotonic() < deadline, "the interactive plots were not drawn"
+        time.sleep(0.1)
+    return browser.js("window.attnbenchPlots.length")
+
+
+def _hover(browser: Browser, plot: int) -> tuple[dict, str]:
+    """Move the mouse onto the first point of a plot; the point and the text then on screen."""
+    browser.page("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": 1, "y": 1})  # away
+    browser.js(f"document.getElementById(window.attnbenchPlots[{plot}].spec.div)"
+               ".scrollIntoView()")
+    point = browser.js(f"{FIRST_POINT}({plot})")
+    deadline = time.monotonic() + 20
+    while point["id"] in browser.js(SEEN_TEXT):  # shown only on hover
+        assert time.monotonic() < deadline, "a tooltip stays without a hover"
+        time.sleep(0.1)
+    browser.page("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": point["x"],
+                                              "y": point["y"]})
+    deadline = time.monotonic() + 20
+    while point["id"] not in (text := browser.js(SEEN_TEXT)):
+        assert time.monotonic() < deadline, f"no tooltip for {point}"
+        time.sleep(0.1)
+    return point, text
+
+
+def test_interactive_page_hover_shows_a_case_and_its_numbers(browser, reports):
+    page = reports["mixed"].parent / "interactive.html"
+    assert 'href="interactive.html#' in reports["mixed"].read_text()  # linked from the report
+    plots = _open_interactive(browser, page)
+    assert plots >= 4
+    point, text = _hover(browser, 0)
+    assert point["label"] in text and f"{point['y_value']:.3f}" in text  # TFLOP/s, as hovered
+    assert "% of peak" in text and "median ms" in text
+    tools = browser.js("window.attnbenchPlots[0].view.model.toolbar.tools.map(t => t.type)")
+    assert {"WheelZoomTool", "BoxZoomTool", "PanTool", "HoverTool"} <= set(tools)
+    policies = browser.js("""window.attnbenchPlots.map(p => p.view.model.center
+        .filter(r => r.type === 'Legend').map(l => l.click_policy)).flat()""")
+    assert policies and set(policies) == {"hide"}  # a click on a legend entry hides it
+    browser.screenshot(runs.artifacts_dir() / "interactive-hover.png")
+    _, error_text = _hover(browser, plots - 1)  # an error plot: the case's bound in the hover
+    assert "rel. L2 error" in error_text and "bound" in error_text
+    assert browser.console_errors() == []
+
+
+def test_no_crafted_name_runs_on_the_interactive_page(browser, base, tmp_path):
+    """A backend named like markup, in hover tooltips, legends and titles, stays text."""
+    img = '"><img src=x onerror=window.__xss=1>'
+
+    def craft(record: dict) -> None:
+        record["case"]["backend"] = img
+        record["label"] = img + "<script>window.__xss=2</script>"
+        record["features"] = img
+
+    run = runs.edit_run(runs.tiny_run(base), tmp_path / "crafted", craft)
+    from attnbench.report.commands import write_report
+
+    index = write_report(run, ROOT / "dashboards" / "default.yaml", tmp_path / "report")
+    page = index.parent / "interactive.html"
+    assert "<img src=x" not in page.read_text() and "<script>window" not in page.read_text()
+    _open_interactive(browser, page)
+    _, text = _hover(browser, 0)
+    assert img in text
+    assert browser.js("typeof window.__xss") == "undefined"
+    assert browser.js(DEEP_IMAGES) == 0
     assert browser.console_errors() == []

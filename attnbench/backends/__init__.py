@@ -12,6 +12,7 @@ from importlib import metadata
 from typing import Any, Optional
 
 from attnbench.backends.base import Backend, Forward, Unsupported
+from attnbench.validation import suggestion
 
 __all__ = ["Backend", "Forward", "Unsupported", "BUILTIN", "get_backend", "check_backend_name",
            "backend_names"]
@@ -77,7 +78,7 @@ def check_backend_name(name: str) -> Optional[str]:
                 "module path, a colon, an attribute name)")
     public = [n for n in backend_names() if not n.startswith(("testing.", "mutant."))]
     return (f"got {name!r}, expected one of {', '.join(public)} "
-            "or a third-party backend as 'module:object'")
+            f"or a third-party backend as 'module:object'{suggestion(name, public)}")
 
 
 def _load_object(ref: str) -> Any:

@@ -21,6 +21,9 @@ from attnbench.report.html import (claim_output_dir, esc, filter_controls, finis
                                    noisy_badge, page, panel_section, repro_command, sort_key,
                                    totals_html, verdict_badge)
 from attnbench.report.figures import Context, PanelOutput, page_colors
+from attnbench.report.interactive import KINDS as INTERACTIVE
+from attnbench.report.interactive import PAGE as INTERACTIVE_PAGE
+from attnbench.report.interactive import write_interactive
 from attnbench.report.panels import draw_panel
 from attnbench.report.style import SEVERITY, fmt_bytes, verdict_label
 
@@ -37,24 +40,35 @@ def build_report(run: Run, dashboard: Dashboard, out_dir: Path) -> Path:
     old = claim_output_dir(out_dir)
     ctx = Context(out_dir=out_dir, colors=page_colors([run.frame]))
     outputs = [draw_panel(p, run, ctx) for p in dashboard.panels]
+    interactive = write_interactive(run, dashboard, out_dir, ctx.colors)
     index = out_dir / "index.html"
-    index.write_text(render(run, dashboard, outputs), encoding="utf-8")
-    finish_output_dir(out_dir, [p for o in outputs for f in o.figures for p in (f.png, f.svg)],
-                      old)
+    index.write_text(render(run, dashboard, outputs, interactive is not None), encoding="utf-8")
+    finish_output_dir(out_dir, [p for o in outputs for f in o.figures for p in (f.png, f.svg)]
+                      + ([interactive] if interactive else []), old)
     return index
 
 
-def render(run: Run, dashboard: Dashboard, outputs: list[PanelOutput]) -> str:
+def render(run: Run, dashboard: Dashboard, outputs: list[PanelOutput],
+           interactive: bool = False) -> str:
     nav = [("summary", "Summary")]
     nav += [(o.panel.slug, o.panel.title.split(":")[0]) for o in outputs]
     nav += [("failures", "Failures"), ("all-records", "All records")]
     body = [summary_section(run, dashboard)]
-    body += [panel_section(o) for o in outputs]
+    body += [_with_link(panel_section(o), o) if interactive and o.panel.kind in INTERACTIVE
+             else panel_section(o) for o in outputs]
     body.append(failures_section(run))
     body.append(records_section(run, dashboard))
     sweep_name = (run.manifest.get("sweep") or {}).get("name") or run.run_id
     return page(f"attnbench · {sweep_name} · {run.run_id}", run_header(run, dashboard), nav,
                 "\n".join(body))
+
+
+def _with_link(section_html: str, output: PanelOutput) -> str:
+    """A panel drawn on the interactive page too links to its plots there, under its title."""
+    link = (f'<p class="interactive"><a href="{INTERACTIVE_PAGE}#{esc(output.panel.slug)}">'
+            "Explore these plots interactively</a> (hover for a case and its numbers, zoom, "
+            "legend toggles)</p>")
+    return section_html.replace("</h2>", "</h2>" + link, 1)
 
 
 def run_header(run: Run, dashboard: Dashboard) -> str:
