@@ -26,6 +26,7 @@ from attnbench.validation import positive_int_argument
 # -- run --------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from attnbench.cluster import check_connection_arguments, connect, make_security
+    from attnbench.driver import local_run_status
     from attnbench.runner import run_pending
 
     sweep = load_sweep(args.sweep, check_backend_name)
@@ -58,7 +59,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             try:
                 print(f"attnbench: running on {conn.where}; Dask dashboard "
                       f"{conn.client.dashboard_link}")
-                summary = run_pending(store, conn, worker_wait_s=args.worker_wait)
+                status = local_run_status(store, conn.where)  # attnbench status / cancel
+                summary = run_pending(store, conn, worker_wait_s=args.worker_wait,
+                                      on_tick=status)
+                status.finish("cancelled" if summary.interrupted else "finished")
             finally:
                 conn.close()
         except ClusterError as exc:
@@ -273,11 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--all", action="store_true", help="include test-only backends and mutants")
     be.set_defaults(func=cmd_backends)
 
+    from attnbench.detach import add_detach_commands
     from attnbench.report.commands import add_report_commands
     from attnbench.selftest import add_selftest_command
 
     add_report_commands(sub)
     add_selftest_command(sub)
+    add_detach_commands(sub, _seconds, _verdicts)
     return parser
 
 

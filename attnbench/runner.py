@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, TextIO
+from typing import Callable, Iterator, Optional, TextIO
 
 from attnbench.cluster import Connection, WorkerInfo, plan_case, run_case_task
 from attnbench.errors import ClusterError, printable
@@ -178,10 +178,18 @@ def _interleave_by_kind(cases: list[Case]) -> list[Case]:
 
 
 def run_pending(store: RunStore, conn: Connection, stream: Optional[TextIO] = None, *,
-                worker_wait_s: float = 60.0, quiet: bool = False) -> RunSummary:
-    """Run the store's pending cases on ``conn``; see the module docstring for the rules."""
-    return SweepRun(store, conn, Progress(0, len(store.done), stream, quiet),
-                    worker_wait_s).run()
+                worker_wait_s: float = 60.0, quiet: bool = False,
+                on_tick: Optional[Callable[["SweepRun"], None]] = None) -> RunSummary:
+    """Run the store's pending cases on ``conn``; see the module docstring for the rules.
+    ``on_tick`` is called once a second (``attnbench cancel``, the driver's status file); it
+    stops the run, as Ctrl-C does, by raising :class:`Stop`."""
+    run = SweepRun(store, conn, Progress(0, len(store.done), stream, quiet), worker_wait_s)
+    run.on_tick = on_tick
+    return run.run()
+
+
+class Stop(KeyboardInterrupt):
+    """Raised by an ``on_tick`` hook: stop as on Ctrl-C (cases in flight stay pending)."""
 
 
 class SweepRun:
@@ -209,6 +217,7 @@ class SweepRun:
         self.interrupts = _Interrupts()
         self.workers: list[WorkerInfo] = conn.workers()
         self.seen: dict[str, WorkerInfo] = {w.address: w for w in self.workers}
+        self.on_tick: Optional[Callable[["SweepRun"], None]] = None
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -222,6 +231,8 @@ class SweepRun:
                     self._collect_finished(max(0.0, next_look - time.monotonic()))
                     if time.monotonic() >= next_look:
                         self.look_at_workers()
+                        if self.on_tick is not None:
+                            self.on_tick(self)
                         next_look = time.monotonic() + TICK_S
                     self.submit_more()
             except KeyboardInterrupt:

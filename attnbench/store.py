@@ -17,7 +17,6 @@ Load a run into pandas::
 from __future__ import annotations
 
 import datetime as _dt
-import fcntl
 import json
 import os
 import shutil
@@ -28,13 +27,12 @@ from typing import Any, Iterable, Optional
 
 from attnbench.errors import RunDirError, SweepError, printable, short_repr, shown_key
 from attnbench.records import VERDICTS
+from attnbench.runlock import LOCK, RunLock
 from attnbench.spec import Case, Sweep, check_case_dict, check_options_dict
 from attnbench.validation import parse_json
 
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
-LOCK = ".lock"
-"""Held (``flock``) by the one ``attnbench run`` appending to a run directory; names it."""
 RETRIED = ("lost", "skipped")
 """Infrastructure verdicts: the case never reached a device (no worker could run it) or its
 worker died under it. A resumed run runs these cases again (``--retry`` adds verdicts)."""
@@ -82,54 +80,6 @@ def record_environment(env: dict) -> dict[str, Any]:
     return {k: flat.get(k) for k in _ENV_KEYS}
 
 
-class RunLock:
-    """An exclusive ``flock`` on ``<run>/.lock`` for as long as a run appends to the directory.
-    The file names its holder (pid, host, command, since when), which a second ``attnbench run``
-    on the same directory prints when it is refused. The kernel drops the lock when the holder
-    exits, however it exits."""
-
-    def __init__(self, directory: Path):
-        self.path = Path(directory) / LOCK
-        self._fh = None
-
-    def acquire(self, command: list[str]) -> None:
-        try:
-            fh = open(self.path, "a+", encoding="utf-8")  # "a+": a holder's note stays readable
-        except OSError as exc:
-            raise RunDirError(f"{self.path}: cannot create the run's lock file: "
-                              f"{exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            fh.seek(0)
-            holder = fh.read(2000).strip()
-            fh.close()
-            try:
-                info = json.loads(holder)
-                holder = (f"pid {info['pid']} on {info['host']} since {info['since']}: "
-                          f"{' '.join(map(str, info['command']))}")
-            except (ValueError, TypeError, KeyError):
-                holder = holder or "its holder is starting"
-            raise RunDirError(f"{self.path.parent}: in use by another attnbench run "
-                              f"({printable(holder, 300)}); wait for it to finish or choose "
-                              "another --out") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": _now(),
-                             "command": [str(c) for c in command]}))
-        fh.flush()
-        self._fh = fh
-
-    @property
-    def held(self) -> bool:
-        return self._fh is not None
-
-    def release(self) -> None:
-        if self._fh is not None:
-            self._fh.close()  # closing the descriptor drops the flock
-            self._fh = None
-
-
 class RunStore:
     """One run directory, opened for appending records: locked against a second run, its
     manifest and journal checked (:func:`load_manifest`, :func:`load_records`).
@@ -140,7 +90,7 @@ class RunStore:
     sweep or with other options."""
 
     def __init__(self, run_dir: Path, sweep: Sweep, command: list[str],
-                 retry: Iterable[str] = ()):
+                 retry: Iterable[str] = (), lock_wait_s: float = 0.0, **lock_note: Any):
         self.dir = Path(run_dir)
         self.sweep = sweep
         self.retry = frozenset(RETRIED) | frozenset(retry)
@@ -155,11 +105,16 @@ class RunStore:
         self._lock = RunLock(self.dir)
         self._fh = None
         try:
-            self._lock.acquire(command)
+            self._lock.acquire(command, lock_wait_s, **lock_note)
             self._open(command)
         except BaseException:
             self.close(discard_unused=True)
             raise
+
+    @property
+    def lock(self) -> RunLock:
+        """The run directory's lock (its token names this writer; ``lost`` if taken over)."""
+        return self._lock
 
     def _make_dir(self) -> bool:
         if self.dir.exists() and not self.dir.is_dir():
@@ -167,7 +122,7 @@ class RunStore:
                               "directory")
         if self.dir.is_dir():
             if not (self.dir / MANIFEST).exists() and any(
-                    p.name != LOCK for p in self.dir.iterdir()):
+                    not p.name.startswith((LOCK, ".clock.")) for p in self.dir.iterdir()):
                 raise RunDirError(f"{self.dir}: a non-empty directory that is not a run "
                                   "directory (no manifest.json); choose a new or empty --out")
             return False
