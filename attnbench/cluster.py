@@ -52,8 +52,11 @@ def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
     from distributed import get_worker
 
     from attnbench.execution.pool import get_default_poolset
+    from attnbench.simulation import simulate_case, simulated_seconds
     from attnbench.worker import worker_leases
 
+    if simulated_seconds():  # `attnbench worker --simulate-gpus`: scale tests of orchestration
+        return simulate_case(case_dict, options_dict, attempt, devices, simulated_seconds())
     case = Case.from_dict(case_dict)
     options = RunOptions.from_dict(options_dict)
     t0 = time.perf_counter()
