@@ -64,3 +64,22 @@ def simulate_case(case_dict: dict, options_dict: dict, attempt: int, devices: in
            "lease_start": start, "lease_end": end}
     return make_record(case, verdict="pass", reason="simulated", timing=timing, env=env,
                        duration_s=end - start, wall_s=end - start, attempt=attempt)
+
+
+def lease_overlaps(records: list[dict]) -> int:
+    """How many times a device was leased while its previous lease had not ended, from the
+    records' ``env.worker``, ``env.lease``, ``env.lease_start`` and ``env.lease_end``."""
+    spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for record in records:
+        env = record.get("env") or {}
+        if env.get("lease_start") is None:
+            continue
+        for device in env.get("lease") or []:
+            spans.setdefault((env.get("worker"), device), []).append(
+                (env["lease_start"], env["lease_end"]))
+    overlaps = 0
+    for device_spans in spans.values():
+        device_spans.sort()
+        overlaps += sum(1 for (_, end), (start, _) in zip(device_spans, device_spans[1:])
+                        if start < end)
+    return overlaps

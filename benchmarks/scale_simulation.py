@@ -24,7 +24,6 @@ own.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import signal
@@ -42,6 +41,7 @@ import psutil  # noqa: E402  (a dependency of distributed)
 
 from attnbench.cluster import Connection  # noqa: E402
 from attnbench.runner import Progress, SweepRun  # noqa: E402
+from attnbench.simulation import lease_overlaps  # noqa: E402
 from attnbench.spec import load_sweep  # noqa: E402
 from attnbench.store import RunStore, load_records  # noqa: E402
 
@@ -165,15 +165,7 @@ class Churn:
 
 def analyse(records: list[dict], lines: int, cases: int, sampler: Sampler) -> dict:
     """Lease overlaps, idle share, rates -- from the journal alone (plus worker presence)."""
-    by_device = collections.defaultdict(list)
-    for r in records:
-        env = r.get("env") or {}
-        for device in env.get("lease") or []:
-            by_device[(env["worker"], device)].append((env["lease_start"], env["lease_end"]))
-    overlaps = 0
-    for spans in by_device.values():
-        spans.sort()
-        overlaps += sum(1 for a, b in zip(spans, spans[1:]) if b[0] < a[1] - 1e-6)
+    overlaps = lease_overlaps(records)
     starts = sorted(r["env"]["lease_start"] for r in records)
     ends = sorted(r["env"]["lease_end"] for r in records)
     t0 = starts[0]
