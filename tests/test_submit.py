@@ -197,3 +197,35 @@ def test_a_scheduler_restart_ends_the_driver_and_resubmitting_resumes(env, tmp_p
         assert _exact(out) == EXACT
     finally:
         procs.stop_all()
+
+
+# -- without a cluster -------------------------------------------------------------------------
+
+
+def test_bad_input_is_one_line_and_creates_nothing(tmp_path, capsys):
+    from attnbench import cli
+
+    sweep = _sweep(tmp_path, "bad", {"seed": [0]}, gpu="any")
+    out = tmp_path / "run"
+    for argv, expected in (
+            (["submit", str(sweep), "--out", str(out)], "submit needs --scheduler"),
+            (["submit", str(sweep), "--out", str(out), "--scheduler", "not a url"],
+             "--scheduler: got 'not a url'"),
+            (["status", str(out)], "no manifest"),
+            (["attach", str(out)], "no manifest"),
+            (["cancel", str(out)], "no manifest")):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_status_counts_the_last_record_of_each_case_and_names_unreadable_lines(tmp_path):
+    from attnbench.detach import journal_verdicts
+
+    lines = [{"id": "a", "verdict": "lost"}, {"id": "a", "verdict": "pass"},
+             {"id": "b", "verdict": "fail"}]
+    (tmp_path / "records.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in lines) + "[1, 2]\n" + '{"id": "c", "verd')
+    counts, unreadable = journal_verdicts(tmp_path)
+    assert counts == {"pass": 1, "fail": 1} and unreadable == 1  # the torn last line is not
