@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, TextIO
 
-from attnbench.cluster import Connection, WorkerInfo, plan_case, run_case_task
+from attnbench.cluster import Connection, WorkerInfo, plan_case, run_case_task_text
 from attnbench.errors import ClusterError, printable
 from attnbench.records import BAD_VERDICTS, make_record
 from attnbench.spec import Case
@@ -338,8 +338,8 @@ class SweepRun:
         args = ([c.to_dict() for c in cases], [self.options] * len(cases),
                 [self.attempts[c.id] for c in cases], [resources[DEVICE]] * len(cases))
         if len(cases) > 1 and hasattr(client, "map"):
-            return client.map(run_case_task, *args, key=keys, resources=resources, pure=False)
-        return [client.submit(run_case_task, *one, resources=resources, key=key, pure=False)
+            return client.map(run_case_task_text, *args, key=keys, resources=resources, pure=False)
+        return [client.submit(run_case_task_text, *one, resources=resources, key=key, pure=False)
                 for key, one in zip(keys, zip(*args))]
 
     def collect(self, fut, gathered=_NOT_GATHERED) -> None:
@@ -362,6 +362,12 @@ class SweepRun:
             record = make_record(flight.case, verdict="lost",
                                  reason=f"{type(exc).__name__}: {str(exc)[:300]}",
                                  attempt=self.attempts[flight.case.id])
+        if isinstance(record, str):  # run_case_task_text
+            try:
+                record = json.loads(record)
+            except ValueError as exc:
+                record = make_record(flight.case, verdict="error", attempt=self.attempts[
+                    flight.case.id], reason=f"the worker's record is not JSON: {exc}"[:400])
         if not isinstance(record, dict) or record.get("id") != flight.case.id:
             got = record.get("id") if isinstance(record, dict) else type(record).__name__
             env = (record.get("env") if isinstance(record, dict) else None) or {}
