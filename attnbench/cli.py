@@ -30,6 +30,7 @@ from attnbench.validation import positive_int_argument
 # -- run --------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from attnbench.cluster import connect, make_security
+    from attnbench.driver import local_run_status
     from attnbench.performance_report import saved_performance_report
     from attnbench.runner import run_pending
     from attnbench.scheduler_address import check_choice, choose_scheduler
@@ -68,8 +69,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 source = f" (from {scheduler.source})" if scheduler.address else ""
                 print(f"attnbench: running on {conn.where}{source}; Dask dashboard "
                       f"{conn.client.dashboard_link}")
+                status = local_run_status(store, conn.where)  # attnbench status / cancel
                 with saved_performance_report(run_dir, conn.client, " ".join(sys.argv)):
-                    summary = run_pending(store, conn, worker_wait_s=args.worker_wait)
+                    summary = run_pending(store, conn, worker_wait_s=args.worker_wait,
+                                          on_tick=status)
+                status.finish("cancelled" if summary.interrupted else "finished")
             finally:
                 conn.close()
         except ClusterError as exc:
@@ -297,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--all", action="store_true", help="include test-only backends and mutants")
     be.set_defaults(func=cmd_backends)
 
+    from attnbench.detach import add_detach_commands
     from attnbench.report.commands import add_report_commands
     from attnbench.report.export import add_export_command
     from attnbench.selftest import add_selftest_command
@@ -306,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_command(sub)
     add_schema_command(sub)
     add_selftest_command(sub)
+    add_detach_commands(sub, _seconds, _verdicts)
     return parser
 
 

@@ -33,6 +33,9 @@ ENV_FAMILY = "ATTNBENCH_FAMILY"
 """The family the worker also advertises (``H100`` for ``H100-SXM5-80GB``; empty if none)."""
 ENV_THREADS = "ATTNBENCH_THREADS"
 """torch threads per rank process."""
+ENV_SIMULATE = "ATTNBENCH_SIMULATE_S"
+"""Set by ``attnbench worker --simulate-gpus``: cases sleep this many seconds instead of running
+(:mod:`attnbench.simulation`)."""
 
 # -- environment of a rank process ---------------------------------------------------------------
 ENV_DEVICE = "ATTNBENCH_DEVICE"

@@ -21,6 +21,7 @@ A :class:`Case` is frozen and hashable: it is what travels to a Dask worker and 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -59,6 +60,12 @@ MAX_NAME = 100
 """Characters in a sweep name: it becomes the run directory ``results/<name>-<UTC time>``."""
 MAX_TEXT = 200
 """Characters in a backend or GPU kind name."""
+
+
+@functools.lru_cache(maxsize=1 << 17)  # a sweep's cases (<= 100,000): the driver asks often
+def _case_id(case: "Case") -> str:
+    payload = json.dumps(case.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,8 +110,7 @@ class Case:
     # -- derived ----------------------------------------------------------------------------
     @property
     def id(self) -> str:
-        payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return _case_id(self)
 
     @property
     def world_size(self) -> int:

@@ -1,7 +1,8 @@
 """Run directories: ``results/<run-id>/manifest.json`` and ``records.jsonl``.
 
 The journal is the truth (the Dask scheduler persists nothing): every record is appended as one
-line and flushed to disk as it arrives, so an interrupted run loses at most the cases in flight.
+line and flushed as it arrives (synced to disk with its batch), so an interrupted run loses at
+most the cases in flight.
 Reopening a run tolerates a torn last line (cut off mid-write) by truncating it; a last line that
 lost only its newline is a whole record and is kept. One ``attnbench run`` at a time appends to a
 run directory (:class:`RunLock`). Run directories travel between people (``compare``), so what
@@ -22,17 +23,24 @@ import os
 import shutil
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from attnbench.errors import RunDirError, SweepError, printable, short_repr, shown_key
 from attnbench.records import VERDICTS
-from attnbench.run_lock import LOCK, RunLock, utc_now as _now
+from attnbench.runlock import LOCK, RunLock, utc_now as _now
 from attnbench.spec import Case, Sweep, check_case_dict, check_options_dict
 from attnbench.validation import parse_json
 
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
+SYNC_INTERVAL_S = 0.2
+"""At most this long between a record's append and its fsync. Every record is written and
+flushed at once (a killed process loses nothing); fsync, which only a power loss or kernel
+crash needs, is shared by the records of a batch: one fsync per record cost 8 ms on this
+machine and held the journal to 122 appends/s (benchmarks/scale_simulation.py). A record lost
+that way is a case pending again, never a wrong one."""
 RETRIED = ("lost", "skipped")
 """Infrastructure verdicts: the case never reached a device (no worker could run it) or its
 worker died under it. A resumed run runs these cases again (``--retry`` adds verdicts)."""
@@ -108,7 +116,7 @@ class RunStore:
     extends it (new axis values: only the new cases are pending)."""
 
     def __init__(self, run_dir: Path, sweep: Sweep, command: list[str],
-                 retry: Iterable[str] = ()):
+                 retry: Iterable[str] = (), lock_wait_s: float = 0.0, **lock_note: Any):
         self.dir = Path(run_dir)
         self.sweep = sweep
         self.retry = frozenset(RETRIED) | frozenset(retry)
@@ -122,12 +130,18 @@ class RunStore:
         """True when this run began the run directory (wrote its manifest)."""
         self._lock = RunLock(self.dir)
         self._fh = None
+        self._synced = 0.0
         try:
-            self._lock.acquire(command)
+            self._lock.acquire(command, lock_wait_s, **lock_note)
             self._open(command)
         except BaseException:
             self.close(discard_unused=True)
             raise
+
+    @property
+    def lock(self) -> RunLock:
+        """The run directory's lock (its token names this writer; ``lost`` if taken over)."""
+        return self._lock
 
     def _make_dir(self) -> bool:
         if self.dir.exists() and not self.dir.is_dir():
@@ -135,7 +149,7 @@ class RunStore:
                               "directory")
         if self.dir.is_dir():
             if not (self.dir / MANIFEST).exists() and any(
-                    p.name != LOCK for p in self.dir.iterdir()):
+                    not p.name.startswith((LOCK, ".clock.")) for p in self.dir.iterdir()):
                 raise RunDirError(f"{self.dir}: a non-empty directory that is not a run "
                                   "directory (no manifest.json); choose a new or empty --out")
             return False
@@ -261,14 +275,21 @@ class RunStore:
         self._write_manifest()
 
     def append(self, record: dict[str, Any]) -> Optional[str]:
-        """Append one record (flushed and synced). Returns a note when the record comes from an
+        """Append one record (flushed at once, synced within :data:`SYNC_INTERVAL_S`). Returns a note when the record comes from an
         environment (driver, CUDA, torch, clocks, commit, ...) the run has not seen before while
         earlier records of the same GPU kind came from another one."""
         self._fh.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        self._fh.flush()  # in the kernel now: a killed or interrupted process loses nothing
+        if time.monotonic() - self._synced >= SYNC_INTERVAL_S:
+            self.sync()
         self.done[record["id"]] = record
         return self._note_env(record.get("env") or {})
+
+    def sync(self) -> None:
+        """Force the journal to disk (the run loop calls it after each batch of records)."""
+        if self._fh is not None:
+            os.fsync(self._fh.fileno())
+            self._synced = time.monotonic()
 
     def _note_env(self, env: dict) -> Optional[str]:
         from attnbench.hardware import environment_differences
@@ -340,6 +361,7 @@ class RunStore:
         began and wrote no record into is removed again (a run that could not start leaves
         nothing behind: the directory if it made it, else the files it made)."""
         if self._fh is not None:
+            self.sync()
             self._fh.close()
             self._fh = None
         unused = (discard_unused and (self.created or self.new) and self._lock.held

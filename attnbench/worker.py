@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional, Sequence
 
 from attnbench.resources import (CPU_KIND, DEVICE, ENV_DEVICE_KIND, ENV_FAMILY, ENV_IDS, ENV_KIND,
-                                 ENV_THREADS, ENV_TYPE, KIND_PREFIX, node_resources)
+                                 ENV_SIMULATE, ENV_THREADS, ENV_TYPE, KIND_PREFIX, node_resources)
 from attnbench.validation import positive_int_argument
 
 log = logging.getLogger("attnbench.worker")
@@ -230,6 +230,16 @@ def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
                        threads=threads or max(1, cores // slots))
 
 
+def simulated_node(kind: Optional[str], count: int) -> NodeDevices:
+    """``count`` simulated GPUs of ``kind`` (required: a simulated node has no hardware to name
+    its kind)."""
+    if not kind or not _KIND_RE.match(kind):
+        raise DetectionError(f"--simulate-gpus needs --kind KIND (letters, digits, '_', '.', '+' "
+                             f"or '-'), got {kind!r}")
+    return NodeDevices(kind=kind, detected_kind=kind, gpu=False,
+                       ids=tuple(str(i) for i in range(count)), threads=1)
+
+
 # -- leases inside the worker process ----------------------------------------------------------
 
 
@@ -375,6 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate(s) for TLS")
     parser.add_argument("--tls-cert", metavar="PEM", help="this worker's TLS certificate")
     parser.add_argument("--tls-key", metavar="PEM", help="this worker's TLS private key")
+    parser.add_argument("--simulate-gpus", type=positive_int_argument, metavar="N",
+                        help="offer N simulated GPUs of --kind whose cases sleep instead of "
+                             "running (scale tests of the orchestration; attnbench/simulation.py)")
+    parser.add_argument("--case-seconds", type=float, default=1.0, metavar="SECONDS",
+                        help="with --simulate-gpus: how long each case takes (default 1)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print what was detected and the dask worker command, then exit")
     return parser
@@ -413,22 +428,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               "attnbench worker --scheduler tcp://host:8786", file=sys.stderr)
         return 2
     try:
-        node = detect_node(args.kind, args.slots)
+        node = (simulated_node(args.kind, args.simulate_gpus) if args.simulate_gpus
+                else detect_node(args.kind, args.slots))
     except DetectionError as exc:
         print(f"attnbench worker: error: {exc}", file=sys.stderr)
         return 2
     command = dask_worker_argv(address or "", node, args, passthrough)
     if not address:
         command.remove("")
-    print(f"attnbench worker: {socket.gethostname()}: {node.describe()}; resources "
+    what = (f"{len(node.ids)} simulated GPUs of kind {node.kind}, cases take "
+            f"{args.case_seconds:g} s" if args.simulate_gpus else node.describe())
+    print(f"attnbench worker: {socket.gethostname()}: {what}; resources "
           f"{' '.join(f'{k}={v}' for k, v in node.resources.items())}", file=sys.stderr,
           flush=True)
     if args.dry_run:
         print(shlex.join(command))
-        for key, value in node.environ().items():
+        extra = {ENV_SIMULATE: repr(args.case_seconds)} if args.simulate_gpus else {}
+        for key, value in {**node.environ(), **extra}.items():
             print(f"{key}={value}")
         return 0
     env = dict(os.environ, **node.environ())
+    if args.simulate_gpus:
+        env[ENV_SIMULATE] = repr(max(args.case_seconds, 1e-6))
     # Become the dask worker (same pid: a supervisor's signals reach it directly).
     os.execve(sys.executable, command, env)
     return 0  # not reached

@@ -1,0 +1,231 @@
+"""Submit and walk away, on loopback with real processes: a `dask scheduler`, `attnbench worker`s
+(one CPU slot each) and `attnbench submit | status | attach | cancel` as a user types them.
+
+Counts asserted after every fault, as in test_multinode.py: records written (journal lines),
+distinct cases, lost (verdict ``lost``), duplicated (lines - distinct ids).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, attnbench_cmd
+from test_multinode import Processes, _counts, _journal, _sweep, _wait_for
+
+SLEEP_S = 0.5
+CASES = 16
+
+
+def _cli(command: str, *args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*attnbench_cmd(), command, *map(str, args)], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+def _state(out: Path) -> dict:
+    try:
+        return json.loads((out / "driver.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _lines(out: Path) -> int:
+    path = out / "records.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _exact(out: Path, cases: int = CASES) -> dict:
+    return _counts(cases, out) | {"verdicts": sorted({r["verdict"] for r in _journal(out)})}
+
+
+EXACT = {"submitted": CASES, "written": CASES, "distinct": CASES, "lost": 0, "duplicated": 0,
+         "verdicts": ["pass"]}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("submit")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", SLEEPY_S=str(SLEEP_S),
+               ATTNBENCH_LOCK_HEARTBEAT_S="1", ATTNBENCH_LOCK_STALE_S="10")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT),
+                                         env.get("PYTHONPATH", "")])
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def _start_cluster(procs: Processes, names=("w1", "w2"), scheduler: str = "scheduler") -> str:
+    address = procs.scheduler(scheduler)
+    threads = [threading.Thread(target=procs.worker, args=(name, address)) for name in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return address
+
+
+@pytest.fixture(scope="module")
+def cluster(env, tmp_path_factory):
+    procs = Processes(tmp_path_factory.mktemp("cluster"), env)
+    try:
+        yield _start_cluster(procs), procs
+    finally:
+        procs.stop_all()
+
+
+def _submit(sweep: Path, out: Path, address: str, env: dict) -> subprocess.CompletedProcess:
+    proc = _cli("submit", sweep, "--scheduler", address, "--out", out, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_submit_returns_and_status_attach_follow_the_run(cluster, env, tmp_path):
+    address, _ = cluster
+    sweep = _sweep(tmp_path, "walk", {"seed": list(range(CASES))}, gpu="any")
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    submitted = _submit(sweep, out, address, env)
+    assert time.monotonic() - t0 < 60
+    assert f"{CASES} to run" in submitted.stdout
+    assert "submitted: driver" in submitted.stdout and "this machine may go now" in submitted.stdout
+    assert _lines(out) < CASES  # it returned while the sweep runs
+
+    # One driver per run directory: a second submit is refused at once, naming the holder.
+    again = _cli("submit", sweep, "--scheduler", address, "--out", out, env=env)
+    assert again.returncode == 2
+    assert again.stderr.startswith(f"attnbench: error: {out}: in use by another attnbench run "
+                                   "(pid ") and again.stderr.count("\n") == 1, again.stderr
+
+    status = _cli("status", out, env=env)
+    assert status.returncode == 0, status.stderr
+    assert f"cases recorded" in status.stdout
+    assert "driver: running (worker w" in status.stdout or "driver: finished" in status.stdout
+
+    attach = _cli("attach", out, env=env)
+    assert attach.returncode == 0, attach.stdout + attach.stderr
+    assert f"[{CASES}/{CASES}]" in attach.stdout
+    assert attach.stdout.rstrip().endswith("driver: finished")
+    assert _exact(out) == EXACT
+    final = _cli("status", out, env=env).stdout
+    assert f"{CASES}/{CASES} cases recorded ({CASES} pass)" in final and "driver: finished" in final
+
+
+def test_cancel_stops_cleanly_and_the_same_submit_resumes(cluster, env, tmp_path):
+    address, _ = cluster
+    sweep = _sweep(tmp_path, "cancel", {"seed": list(range(CASES))}, gpu="any")
+    out = tmp_path / "run"
+    _submit(sweep, out, address, env)
+    _wait_for(lambda: _lines(out) >= 2, 90, "two records")
+    cancel = _cli("cancel", out, env=env)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert "cancelled;" in cancel.stdout
+    counts = _counts(CASES, out)
+    assert counts["duplicated"] == 0 and 2 <= counts["written"] < CASES
+    time.sleep(2 * SLEEP_S)  # nothing more is written after the driver let go
+    assert _counts(CASES, out) == counts
+    assert "driver: cancelled" in _cli("status", out, env=env).stdout
+
+    resumed = _submit(sweep, out, address, env)
+    assert f"{CASES - counts['written']} to run" in resumed.stdout
+    assert _cli("attach", out, env=env).returncode == 0
+    assert _exact(out) == EXACT
+
+
+def test_cancel_stops_a_plain_run_too(cluster, env, tmp_path):
+    address, _ = cluster
+    sweep = _sweep(tmp_path, "cancel-run", {"seed": list(range(CASES))}, gpu="any")
+    out = tmp_path / "run"
+    run = subprocess.Popen([*attnbench_cmd(), "run", str(sweep), "--out", str(out), "--scheduler",
+                            address, "--no-report"], env=env, cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: _lines(out) >= 2 or run.poll() is not None, 90, "two records")
+    assert _cli("cancel", out, env=env).returncode == 0
+    assert run.wait(timeout=60) == 130  # as on Ctrl-C: interrupted, resumable
+    counts = _counts(CASES, out)
+    assert counts["duplicated"] == 0 and counts["written"] < CASES
+
+
+def test_killing_the_drivers_worker_loses_and_duplicates_nothing(cluster, env, tmp_path):
+    """SIGKILL the worker process the driver runs in: the scheduler reruns the driver task on
+    the other worker, which takes over the dead driver's lock and resumes from the journal."""
+    address, procs = cluster
+    sweep = _sweep(tmp_path, "kill", {"seed": list(range(CASES))}, gpu="any")
+    out = tmp_path / "run"
+    _submit(sweep, out, address, env)
+    _wait_for(lambda: _lines(out) >= 3, 90, "three records")
+    first = _state(out)
+    victim = next(p for p in procs.started if p.pid == first["pid"])
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    written_before = _lines(out)
+    _wait_for(lambda: _state(out).get("state") == "finished", 120, "the rerun driver to finish")
+    second = _state(out)
+    assert second["submission"] == first["submission"] and second["pid"] != first["pid"]
+    assert _exact(out) == EXACT
+    assert _lines(out) >= written_before
+    log = (out / "driver.log").read_text()
+    assert log.count(f"driver {first['submission']} on worker") == 2
+    procs.worker(first["worker"], address)  # the module's cluster gets its worker back
+
+
+def test_a_scheduler_restart_ends_the_driver_and_resubmitting_resumes(env, tmp_path):
+    procs = Processes(tmp_path, env)
+    sweep = _sweep(tmp_path, "restart", {"seed": list(range(CASES))}, gpu="any")
+    out = tmp_path / "run"
+    try:
+        address = _start_cluster(procs)
+        _submit(sweep, out, address, env)
+        _wait_for(lambda: _lines(out) >= 3, 90, "three records")
+        for proc in procs.started:  # the scheduler first; its workers go with it
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        counts = _counts(CASES, out)
+        assert counts["duplicated"] == 0 and counts["written"] < CASES
+        procs.started.clear()
+        address = _start_cluster(procs, ("w3", "w4"), "scheduler2")
+        _wait_for(lambda: not (out / ".lock").exists() or _cli(
+            "status", out, env=env).stdout.count("driver: gone"), 30, "the old lock to go stale")
+        resumed = _submit(sweep, out, address, env)
+        assert f"{CASES - counts['written']} to run" in resumed.stdout
+        assert _cli("attach", out, env=env).returncode == 0
+        assert _exact(out) == EXACT
+    finally:
+        procs.stop_all()
+
+
+# -- without a cluster -------------------------------------------------------------------------
+
+
+def test_bad_input_is_one_line_and_creates_nothing(tmp_path, capsys):
+    from attnbench import cli
+
+    sweep = _sweep(tmp_path, "bad", {"seed": [0]}, gpu="any")
+    out = tmp_path / "run"
+    for argv, expected in (
+            (["submit", str(sweep), "--out", str(out)], "submit needs --scheduler"),
+            (["submit", str(sweep), "--out", str(out), "--scheduler", "not a url"],
+             "--scheduler: got 'not a url'"),
+            (["status", str(out)], "no manifest"),
+            (["attach", str(out)], "no manifest"),
+            (["cancel", str(out)], "no manifest")):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_status_counts_the_last_record_of_each_case_and_names_unreadable_lines(tmp_path):
+    from attnbench.detach import journal_verdicts
+
+    lines = [{"id": "a", "verdict": "lost"}, {"id": "a", "verdict": "pass"},
+             {"id": "b", "verdict": "fail"}]
+    (tmp_path / "records.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in lines) + "[1, 2]\n" + '{"id": "c", "verd')
+    counts, unreadable = journal_verdicts(tmp_path)
+    assert counts == {"pass": 1, "fail": 1} and unreadable == 1  # the torn last line is not
