@@ -11,6 +11,11 @@ Bytes: what a fused kernel must move at the least -- every input read once, ever
 written once, in the case's dtype, plus the fp32 log-sum-exp (written by forward, read by
 backward). Achieved GB/s against it is the meaningful figure where FLOPs are few (decode, short
 sequences).
+
+Decode (forward only, memory-bound): the keys some query can see are read once from the cache
+(all of them unless a window leaves old ones out), q read, out written, and a paged cache's
+block table read (int32 per page); no log-sum-exp is written (flash_attn_with_kvcache returns
+none unless asked). Pages are counted by the tokens in them, not whole pages.
 """
 
 from __future__ import annotations
@@ -47,8 +52,28 @@ def case_flops(case: Case) -> tuple[float, float]:
     return pairs * (d + dv), pairs * (3 * d + 2 * dv)
 
 
+def cache_keys_read(case: Case) -> int:
+    """Keys of one sequence some query can see (queries aligned bottom-right): a window's left
+    bound leaves out the keys before the first query's window."""
+    left, _ = case.window_bounds
+    first = case.seqlen_kv - case.seqlen_q  # key position of query 0
+    return case.seqlen_kv - (max(0, first - left) if left >= 0 else 0)
+
+
+def decode_bytes(case: Case) -> float:
+    """Forward bytes of a decode call: cache keys read once, q, out, the block table."""
+    size = DTYPE_BYTES[case.dtype]
+    keys = case.batch * case.heads_kv * cache_keys_read(case)
+    q = case.batch * case.heads_q * case.seqlen_q * case.head_dim
+    o = case.batch * case.heads_q * case.seqlen_q * case.head_dim_v
+    table = case.batch * -(-case.seqlen_kv // case.page_size) * 4 if case.page_size else 0
+    return float((q + keys * (case.head_dim + case.head_dim_v) + o) * size + table)
+
+
 def case_bytes(case: Case) -> tuple[float, float]:
     """(forward, backward) bytes of the minimal traffic of one call on the whole case."""
+    if case.decode:
+        return decode_bytes(case), 0.0
     size = DTYPE_BYTES[case.dtype]
     b, sq, sk = case.batch, case.seqlen_q, case.seqlen_kv
     q = b * case.heads_q * sq * case.head_dim

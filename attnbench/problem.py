@@ -77,6 +77,10 @@ class AttnSpec:
     head_start: int = 0
     """Global index of this call's first query head (tensor parallelism)."""
     batch_start: int = 0
+    decode: bool = False
+    """A decode call: forward only (no autograd state is kept), K/V are a cache."""
+    page_size: int = 0
+    """Decode: the cache a backend reads is paged (:mod:`attnbench.paged`); 0 = contiguous."""
 
     @classmethod
     def from_case(cls, case: "Case") -> "AttnSpec":
@@ -92,6 +96,8 @@ class AttnSpec:
             dropout_seed=(case.seed * 1_000_003 + 12345) & 0x7FFFFFFF,
             seqlen_q_total=case.seqlen_q,
             seqlen_kv_total=case.seqlen_kv,
+            decode=case.decode,
+            page_size=case.page_size,
         )
 
     def replace(self, **changes) -> "AttnSpec":

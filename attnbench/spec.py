@@ -31,8 +31,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
+from attnbench.decode_rules import MAX_PAGE_SIZE, check_decode
 from attnbench.validation import MAX_SWEEP_BYTES  # noqa: F401  (documented with the limits)
-from attnbench.validation import Choice, Flag, Int, Name, Real
+from attnbench.validation import Choice, Flag, Int, Name, PowerOfTwo, Real
 from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int
 from attnbench.validation import load_yaml, read_input_file
@@ -99,11 +100,22 @@ class Case:
     inputs: str = "normal"
     seed: int = 0
     """0 <= seed <= MAX_SEED (what torch.Generator.manual_seed accepts, kept int64)."""
+    decode: bool = False
+    """Decode against a KV cache: the seqlen_q (1..MAX_DECODE_Q) new tokens are the cache's
+    last positions (bottom-right alignment), forward only (``backward`` is false)."""
+    page_size: int = 0
+    """Decode only: the cache is stored in pages of this many tokens (a power of two) reached
+    through a shuffled block table (flash-attn's ``block_table``); 0 = one contiguous cache."""
+    backward: bool = True
+    """Whether the backward is run, judged and timed; false for decode (forward only)."""
 
     # -- derived ----------------------------------------------------------------------------
     @property
     def id(self) -> str:
-        payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        # Fields added later are left out at their default: every stored id stays valid.
+        content = {k: v for k, v in self.to_dict().items()
+                   if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
+        payload = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     @property
@@ -150,6 +162,10 @@ class Case:
             parts.append(f"tp{self.tp}")
         if self.inputs != "normal":
             parts.append(self.inputs)
+        if self.decode:
+            parts.append(f"decode-paged{self.page_size}" if self.page_size else "decode")
+        elif not self.backward:
+            parts.append("fwd-only")
         return " ".join(parts)
 
     @property
@@ -175,6 +191,8 @@ class Case:
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
 _CASE_DEFAULTS = {f.name: f.default for f in fields(Case)}
+_LATER_FIELDS = {name: _CASE_DEFAULTS[name] for name in ("decode", "page_size", "backward")}
+"""Fields added after ids were first stored (left out of :attr:`Case.id` at their default)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,6 +215,9 @@ CASE_RULES: dict[str, Any] = {
     "gpu": Name(r"[A-Za-z0-9_.+-]+", "a GPU kind such as H100, A100, cpu, or any", MAX_TEXT),
     "inputs": Choice(INPUTS),
     "seed": Int(0, MAX_SEED),
+    "decode": Flag(),
+    "page_size": PowerOfTwo(MAX_PAGE_SIZE),
+    "backward": Flag(),
 }
 """The rule of every Case field; a sweep's values (:func:`_norm_value`) and a stored record's
 case (:func:`check_case_dict`) go through it."""
@@ -353,7 +374,10 @@ def make_case(where: str, values: Mapping[str, Any]) -> Case:
                           ("head_dim_v", "head_dim")):
         if not v.get(name):
             v[name] = v.get(same_as, _CASE_DEFAULTS[same_as])
+    if v.get("decode") and "backward" not in v:
+        v["backward"] = False  # decode is forward only; asking for backward is an error below
     case = Case(**v)
+    check_decode(where, case)
     if case.heads_q % case.heads_kv:
         raise SweepError(f"{where}: heads_kv: got {case.heads_kv}, expected a divisor of "
                          f"heads_q={case.heads_q} (GQA groups must be whole)")

@@ -94,6 +94,18 @@ class Real:
 
 
 @dataclass(frozen=True, slots=True)
+class PowerOfTwo:
+    """0, or a power of two <= hi."""
+
+    hi: int
+
+    def check(self, where: str, value: Any) -> int:
+        if not is_int(value) or value < 0 or value > self.hi or value & (value - 1):
+            raise fail(where, value, f"0 or a power of two <= {self.hi}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
 class Choice:
     choices: tuple[str, ...]
 

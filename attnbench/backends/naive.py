@@ -13,6 +13,7 @@ import torch
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 from attnbench.dropout import hash_keep_mask
+from attnbench.paged import build_paged_cache, gather_kv
 from attnbench.records import TENSORS
 
 
@@ -20,6 +21,7 @@ class NaiveBackend(PreparesOnce):
     name = "naive"
     keep_mask = staticmethod(hash_keep_mask)
     deterministic = True  # checked: repeated backward calls must agree bit for bit
+    paged_kv = True  # decode: the cache is gathered from its pages through the block table
 
     def supports(self, case, device):
         return None
@@ -37,12 +39,25 @@ class NaiveBackend(PreparesOnce):
         batch, heads_q, sq, _ = q.shape
         return dense_masks(spec, batch, heads_q, sq, k.shape[2], q.dtype, q.device)
 
+    def cache_kv(self, spec, k, v):
+        """(k, v) as the call reads them: a paged cache (decode, ``page_size``) gathered back
+        into (B, Hkv, Sk, *) through its block table inside the call, as a plain paged
+        implementation would."""
+        if not spec.page_size:
+            return k, v
+        paged = self.prepared.get(call_key(spec, k, v, "paged"),
+                                  lambda: build_paged_cache(k, v, spec.page_size,
+                                                            seed=spec.dropout_seed))
+        return gather_kv(paged)
+
     def forward(self, q, k, v, spec):
         heads_q = q.shape[1]
         group = heads_q // k.shape[1]
-        q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
         bias, visible, keep = self.masks(spec, q, k)
-        with torch.enable_grad():
+        k, v = self.cache_kv(spec, k, v)
+        # Decode is forward only: no autograd state (it would be timed, and kept).
+        q_in, k_in, v_in = (t.detach().requires_grad_(not spec.decode) for t in (q, k, v))
+        with torch.set_grad_enabled(not spec.decode):
             k_rep = k_in.repeat_interleave(group, dim=1)
             v_rep = v_in.repeat_interleave(group, dim=1)
             scores = torch.matmul(q_in, k_rep.transpose(-1, -2)) * spec.scale

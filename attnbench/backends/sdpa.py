@@ -75,9 +75,10 @@ class _Sdpa(PreparesOnce):
             scale=spec.scale, enable_gqa=k.shape[1] != q.shape[1])
 
     def forward(self, q, k, v, spec):
-        q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
+        # Decode is forward only: no autograd state (it would be timed, and kept).
+        q_in, k_in, v_in = (t.detach().requires_grad_(not spec.decode) for t in (q, k, v))
         try:
-            with torch.enable_grad(), self._pin():
+            with torch.set_grad_enabled(not spec.decode), self._pin():
                 out = self._call(q_in, k_in, v_in, spec)
         except RuntimeError as exc:
             text = str(exc)

@@ -1,5 +1,8 @@
 """``triton``: attnbench's own flash attention (:mod:`kernels`), forward and backward.
 
+Decode cases (``decode: true``) run the split-KV kernel of :mod:`kernels.decode` instead,
+on a contiguous or paged cache (forward only).
+
 Everything of :mod:`attnbench.problem` is native: MHA/GQA/MQA without repeating K/V, causal
 (bottom-right) and sliding-window masks, ALiBi, softcap, dropout, any lengths, Sq != Sk, global
 offsets of a context/tensor-parallel slice. The backward is deterministic (no atomics).
@@ -21,11 +24,14 @@ from dataclasses import dataclass
 import kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU, before any @triton.jit)
 import torch
 from kernels.dropout import keep_mask as _kernel_keep_mask
+from kernels.decode import decode_forward
 from kernels.flash_bwd import flash_backward
 from kernels.flash_fwd import _attn_fwd, flash_forward
 from kernels.params import FlashParams, dropout_threshold, is_interpreted
 
 from attnbench.backends.base import Forward, Unsupported
+from attnbench.backends.masks import PreparesOnce, call_key
+from attnbench.paged import decode_cache
 from attnbench.problem import AttnSpec
 from attnbench.records import TENSORS
 
@@ -70,8 +76,9 @@ class _Context:
     params: FlashParams
 
 
-class TritonBackend:
+class TritonBackend(PreparesOnce):
     name = "triton"
+    paged_kv = True  # decode cases: the split-KV kernel reads pages through the block table
     keep_mask = staticmethod(triton_keep_mask)
     # No atomics: dK/dV per key block, dQ in its own pass, fixed loop orders. The harness
     # holds us to it (three backward calls must agree bit for bit).
@@ -101,8 +108,20 @@ class TritonBackend:
         if q.shape[1] % k.shape[1]:
             raise Unsupported(f"heads_q={q.shape[1]} is not a multiple of heads_kv={k.shape[1]}")
         params = flash_params(spec)
+        if spec.decode:
+            return self.decode(q, k, v, spec, params)
         out, lse = flash_forward(q, k, v, params)
         return Forward(out=out, lse=lse, ctx=_Context(q, k, v, out, lse, params))
+
+    def decode(self, q, k, v, spec: AttnSpec, params: FlashParams, merge=None) -> Forward:
+        """Decode cases: the split-KV kernel (:mod:`kernels.decode`) over the cache as
+        :func:`attnbench.paged.decode_cache` lays it out (built once per case)."""
+        cache = self.prepared.get(call_key(spec, q, k, "cache"), lambda: decode_cache(spec, k, v))
+        out, lse = decode_forward(q, cache.k, cache.v, params, seqlens_k=cache.seqlens,
+                                  max_seqlen_k=cache.max_seqlen, heads_kv=k.shape[1],
+                                  block_table=cache.block_table, page_size=cache.page_size,
+                                  merge=merge)
+        return Forward(out=out, lse=lse, ctx=None)
 
     def backward(self, ctx: _Context, dout):
         return flash_backward(ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, dout, ctx.params)
