@@ -13,10 +13,13 @@ What makes the layout a test, not just a copy:
 * the table is a random permutation (seeded by the case): logically adjacent pages are almost
   never physically adjacent, so a kernel that runs on into the next physical page, or reads the
   row of another sequence, reads another sequence's keys;
-* the pool holds ``SPARE_PAGES`` pages per sequence that no sequence owns, and the slots past a
-  sequence's last token: all hold random values, as a reused pool does, so a kernel that reads
-  past the end of a sequence changes its output (a NaN there would also poison a correct kernel
-  whose masked P = 0 meets V = NaN in P @ V).
+* the table has ``SPARE_PAGES`` more columns than the sequences need (servers size it for the
+  longest sequence allowed: flash-attn's ``max_num_blocks_per_seq``), pointing at pages no
+  sequence owns; a kernel must step through rows by the table's stride, not by the pages a
+  sequence uses;
+* those spare pages and the slots past a sequence's last token hold random values, as a reused
+  pool does, so a kernel that reads past the end of a sequence changes its output (a NaN there
+  would also poison a correct kernel whose masked P = 0 meets V = NaN in P @ V).
 
 Built once per case, before anything is timed (:mod:`attnbench.backends.masks`).
 """
@@ -38,7 +41,7 @@ class PagedCache:
     v_pages: torch.Tensor
     """(P, T, Hkv, Dv)"""
     block_table: torch.Tensor
-    """(B, N) int32: physical page of each logical page of each sequence."""
+    """(B, N + SPARE_PAGES) int32: physical page of each logical page of each sequence."""
     page_size: int
     seqlen_kv: int
     """Tokens in each sequence's cache."""
@@ -54,19 +57,19 @@ def build_paged_cache(k: torch.Tensor, v: torch.Tensor, page_size: int, seed: in
     pages = pages_per_sequence(seqlen_kv, page_size)
     pool = batch * (pages + SPARE_PAGES)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    order = torch.randperm(pool, generator=gen)
-    table = order[: batch * pages].view(batch, pages).to(torch.int32)
+    table = torch.randperm(pool, generator=gen).view(batch, pages + SPARE_PAGES).to(torch.int32)
+    used = table[:, :pages]
     noise = torch.Generator(device=k.device).manual_seed(seed + 1)
 
     def paged(x: torch.Tensor) -> torch.Tensor:
         dim = x.shape[-1]
-        out = _pool_with_spare_noise(x, pool, page_size, table, noise)
+        out = _pool_with_spare_noise(x, pool, page_size, used, noise)
         padded = torch.empty((batch, pages * page_size, heads_kv, dim), dtype=x.dtype,
                              device=x.device)
         padded[:, :seqlen_kv] = x.transpose(1, 2)                      # (B, Sk, Hkv, dim)
         padded[:, seqlen_kv:] = _noise(padded[:, seqlen_kv:].shape, x, noise)
-        out[table.flatten().long().to(x.device)] = padded.view(batch * pages, page_size,
-                                                                heads_kv, dim)
+        out[used.flatten().long().to(x.device)] = padded.view(batch * pages, page_size,
+                                                               heads_kv, dim)
         return out
 
     return PagedCache(k_pages=paged(k), v_pages=paged(v), block_table=table.to(k.device),
@@ -91,17 +94,16 @@ def _pool_with_spare_noise(x: torch.Tensor, pool: int, page_size: int, table: to
 
 
 def gather_kv(cache: PagedCache) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logical cache back from the pages: k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv)."""
-    table = cache.block_table.long()                                   # (B, N)
-    batch, pages = table.shape
-    length = cache.seqlen_kv
-
-    def tokens(x: torch.Tensor) -> torch.Tensor:
-        gathered = x[table]                                            # (B, N, T, Hkv, dim)
-        flat = gathered.reshape(batch, pages * cache.page_size, *x.shape[2:])
-        return flat[:, :length].transpose(1, 2)
-
-    return tokens(cache.k_pages), tokens(cache.v_pages)
+    """The logical cache back from the pages, token by token as a paged kernel addresses it:
+    k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv)."""
+    table = cache.block_table.long().flatten()
+    batch = cache.block_table.shape[0]
+    pos = torch.arange(cache.seqlen_kv, device=table.device)
+    row = torch.arange(batch, device=table.device)[:, None] * cache.block_table.stride(0)
+    page = table[row + pos // cache.page_size]                        # (B, Sk)
+    slot = (pos % cache.page_size).expand_as(page)
+    return (cache.k_pages[page, slot].transpose(1, 2),                 # (B, Hkv, Sk, D)
+            cache.v_pages[page, slot].transpose(1, 2))
 
 
 @dataclass(frozen=True)

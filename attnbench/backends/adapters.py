@@ -15,6 +15,7 @@ packages' documented APIs.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Optional
 
@@ -22,6 +23,7 @@ import torch
 
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
+from attnbench.paged import decode_cache
 
 
 def _missing(module: str) -> Optional[str]:
@@ -66,20 +68,53 @@ def _autograd_backward(ctx, dout):
     return torch.autograd.grad(out, (q_in, k_in, v_in), dout, retain_graph=True)
 
 
+FA2_PAGE_MULTIPLE = 256
+"""flash-attn 2's paged cache: ``page_block_size must be a multiple of 256`` (flash_api.cpp)."""
+
+
 class FlashAttnBackend(PreparesOnce):
-    """flash-attn 2 (``flash_attn.flash_attn_func``)."""
+    """flash-attn 2 (``flash_attn.flash_attn_func``; decode cases: ``flash_attn_with_kvcache``,
+    contiguous or paged through ``block_table``)."""
 
     name = "flash_attn"
     keep_mask = None
+    paged_kv = True
 
     def supports(self, case, device):
         if device.type != "cuda":
             return "flash_attn runs only on CUDA devices"
         if case.dtype == "fp32":
             return "flash_attn supports fp16 and bf16 only"
+        if case.page_size % FA2_PAGE_MULTIPLE:
+            return (f"flash_attn_with_kvcache (flash-attn 2) takes pages of a multiple of "
+                    f"{FA2_PAGE_MULTIPLE} tokens, not page_size {case.page_size}")
         return _missing("flash_attn")
 
+    def decode(self, q, k, v, spec):
+        """``flash_attn_with_kvcache`` on the cache of :func:`attnbench.paged.decode_cache`:
+        the pool (P, T, Hkv, D) with ``block_table``, or the contiguous cache as (B, Sk, Hkv, D)
+        (made contiguous once, before timing); ``cache_seqlens`` gives each sequence's length,
+        so flash-attn aligns the queries bottom-right at the end of it, as attnbench does."""
+        from flash_attn import flash_attn_with_kvcache
+
+        def build():
+            cache = decode_cache(spec, k, v)
+            if cache.block_table is None:
+                cache = dataclasses.replace(cache, k=k.transpose(1, 2).contiguous(),
+                                            v=v.transpose(1, 2).contiguous())
+            return cache, _alibi_slopes(spec, q)
+
+        cache, slopes = self.prepared.get(call_key(spec, q, k, "kvcache"), build)
+        out, lse = flash_attn_with_kvcache(
+            q.transpose(1, 2), cache.k, cache.v, cache_seqlens=cache.seqlens,
+            block_table=cache.block_table, softmax_scale=spec.scale, causal=False,
+            window_size=(spec.window_left, spec.window_right), softcap=spec.softcap,
+            alibi_slopes=slopes, return_softmax_lse=True)
+        return Forward(out=out.transpose(1, 2), lse=lse.float(), ctx=None)
+
     def forward(self, q, k, v, spec):
+        if spec.decode:
+            return self.decode(q, k, v, spec)
         from flash_attn import flash_attn_func
 
         q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))

@@ -10,7 +10,8 @@ Columns of :func:`frame` (one row per record)::
     flops_fwd, flops_bwd, clock, timing_mode,     # from record.timing
     peak_tflops, measured_peak_tflops
     fwd_median_ms, fwd_q1_ms, fwd_q3_ms, fwd_min_ms, fwd_n, fwd_tflops, fwd_pct_peak,
-    fwd_pct_measured_peak, fwd_gbps, fwd_peak_memory_bytes, fwd_noisy (bwd_ too)
+    fwd_pct_measured_peak, fwd_gbps, fwd_pct_peak_bandwidth, fwd_peak_memory_bytes,
+    fwd_noisy (bwd_ too: NaN for a forward-only case, decode)
     <t>_rel_l2, <t>_bound, <t>_ratio, <t>_nonfinite, <t>_over  for t in out, dq, dk, dv
     worst_over                                    # max over tensors of rel_l2 / bound
     crash_signal, crash_exit_code
@@ -48,7 +49,7 @@ EXTRA_COLUMNS: tuple[str, ...] = (
 )
 FILTER_COLUMNS: tuple[str, ...] = tuple(CASE_FIELDS) + EXTRA_COLUMNS
 TIMING_STATS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops", "pct_peak",
-                "pct_measured_peak", "gbps", "peak_memory_bytes")
+                "pct_measured_peak", "gbps", "pct_peak_bandwidth", "peak_memory_bytes")
 DIRECTIONS = ("fwd", "bwd")
 
 
