@@ -32,7 +32,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
 from attnbench.validation import MAX_SWEEP_BYTES  # noqa: F401  (documented with the limits)
-from attnbench.validation import Choice, Flag, Int, Name, Real
+from attnbench.length_mix import expand as expand_lengths
+from attnbench.packed_fields import MAX_SEQUENCES, check_stored_lengths, resolve_packing
+from attnbench.validation import Choice, Flag, Int, Lengths, Name, Real
 from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int
 from attnbench.validation import load_yaml, read_input_file
@@ -71,6 +73,12 @@ class Case:
     seqlen_q: int = 128
     seqlen_kv: int = 0
     """0 means "same as seqlen_q" (resolved by :func:`make_case`)."""
+    seqlens_q: tuple[int, ...] = ()
+    """Packed case: each sequence's query length, one after another in one buffer
+    (:mod:`attnbench.packing`); batch = its length, seqlen_q = its sum. Empty: dense."""
+    seqlens_kv: tuple[int, ...] = ()
+    """Packed case: each sequence's key length; seqlen_kv = its sum. How a sweep's values
+    become these: :func:`attnbench.packed_fields.resolve_packing`."""
     heads_q: int = 8
     heads_kv: int = 0
     """0 means "same as heads_q". heads_kv == heads_q is MHA, 1 is MQA, between is GQA."""
@@ -100,7 +108,15 @@ class Case:
     seed: int = 0
     """0 <= seed <= MAX_SEED (what torch.Generator.manual_seed accepts, kept int64)."""
 
+    def __post_init__(self):  # lists from JSON: keep the case hashable
+        for name in ("seqlens_q", "seqlens_kv"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
     # -- derived ----------------------------------------------------------------------------
+    @property
+    def is_packed(self) -> bool:
+        return bool(self.seqlens_q)
+
     @property
     def id(self) -> str:
         payload = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -150,6 +166,8 @@ class Case:
             parts.append(f"tp{self.tp}")
         if self.inputs != "normal":
             parts.append(self.inputs)
+        if self.is_packed:
+            parts.append(f"packed{len(self.seqlens_q)}")
         return " ".join(parts)
 
     @property
@@ -162,7 +180,11 @@ class Case:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field; a dense case leaves out the empty ``seqlens_*`` (its id stays the one
+        it had before packed cases existed)."""
+        return {f.name: list(value) if isinstance(value, tuple) else value
+                for f in fields(self)
+                if (value := getattr(self, f.name)) != () or f.name not in _PACKED_FIELDS}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Case":
@@ -174,6 +196,8 @@ class Case:
 
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
+_PACKED_FIELDS = ("seqlens_q", "seqlens_kv")
+SWEEP_ONLY_FIELDS = ("varlen",)  # a length generator, expanded into seqlens_q (length_mix)
 _CASE_DEFAULTS = {f.name: f.default for f in fields(Case)}
 
 
@@ -185,7 +209,9 @@ _RANKS = Int(1, MAX_RANKS, f"a positive integer <= {MAX_RANKS} (ranks of one cas
 _PRINTABLE = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+"
 CASE_RULES: dict[str, Any] = {
     "backend": Name(_PRINTABLE, "a backend name", MAX_TEXT),
-    "batch": _SIZE, "seqlen_q": _SIZE, "seqlen_kv": _SIZE, "heads_q": _SIZE, "heads_kv": _SIZE,
+    "batch": _SIZE, "seqlen_q": _SIZE, "seqlen_kv": _SIZE,
+    "seqlens_q": Lengths(MAX_SEQUENCES, MAX_SIZE, MAX_SIZE),
+    "seqlens_kv": Lengths(MAX_SEQUENCES, MAX_SIZE, MAX_SIZE), "heads_q": _SIZE, "heads_kv": _SIZE,
     "head_dim": _SIZE, "head_dim_v": _SIZE,
     "mask": Choice(MASKS),  # as stored; a sweep spells it none | causal | {window: ...}
     "window_left": Int(-1, MAX_SIZE), "window_right": Int(-1, MAX_SIZE),
@@ -216,6 +242,7 @@ def check_case_dict(where: str, data: Any) -> Case:
     if "backend" not in values:
         raise SweepError(f"{where}.backend: missing")
     case = Case(**values)
+    check_stored_lengths(where, case)
     if case.cp * case.tp > MAX_RANKS:
         raise _fail(f"{where}.cp", case.cp, f"cp * tp <= {MAX_RANKS} (tp={case.tp})")
     return case
@@ -318,6 +345,8 @@ def _norm_value(where: str, name: str, value: Any, backend_check) -> dict[str, A
     """Validate one field value; return the case fields it sets (mask sets three)."""
     if name == "mask":
         return _norm_mask(where, value)
+    if name == "varlen":
+        return {"seqlens_q": expand_lengths(where, value, MAX_SEQUENCES, MAX_SIZE)}
     if name == "dtype" and isinstance(value, str):
         value = DTYPE_ALIASES.get(value, value)
     value = CASE_RULES[name].check(where, value)
@@ -329,8 +358,10 @@ def _norm_value(where: str, name: str, value: Any, backend_check) -> dict[str, A
 
 
 def _check_field_name(where: str, name: Any) -> None:
-    if name not in CASE_FIELDS or name in ("window_left", "window_right"):
+    if (name not in CASE_FIELDS and name not in SWEEP_ONLY_FIELDS
+            or name in ("window_left", "window_right")):
         public = [f for f in CASE_FIELDS if f not in ("window_left", "window_right")]
+        public += SWEEP_ONLY_FIELDS
         raise SweepError(f"{where}: unknown field {short_repr(name)}, expected one of "
                          f"{', '.join(public)}")
 
@@ -349,6 +380,8 @@ def make_case(where: str, values: Mapping[str, Any]) -> Case:
     v = dict(values)
     if "backend" not in v:
         raise SweepError(f"{where}: backend: missing; give it in defaults or axes")
+    if v.get("seqlens_q") or v.get("seqlens_kv"):
+        resolve_packing(where, v, _CASE_DEFAULTS["seqlen_q"], MAX_SIZE)
     for name, same_as in (("seqlen_kv", "seqlen_q"), ("heads_kv", "heads_q"),
                           ("head_dim_v", "head_dim")):
         if not v.get(name):
@@ -486,7 +519,9 @@ def _show(values: Mapping[str, Any], name: str) -> str:
     if name == "mask":
         return Case(backend="x", **{k: values[k] for k in ("mask", "window_left", "window_right")
                                     if k in values}).mask_label
-    return str(values.get(name))
+    if name == "varlen":
+        return short_repr(list(values.get("seqlens_q", ())))
+    return short_repr(values.get(name)) if name in _PACKED_FIELDS else str(values.get(name))
 
 
 def _located(filename: str, exc: SweepError) -> SweepError:
