@@ -20,6 +20,7 @@ none unless asked). Pages are counted by the tokens in them, not whole pages.
 
 from __future__ import annotations
 
+from attnbench.packing import tensor_batch
 from attnbench.spec import Case
 
 BACKWARD_FACTOR = 2.5
@@ -44,10 +45,18 @@ def visible_pairs(seqlen_q: int, seqlen_kv: int, window_left: int, window_right:
     return total
 
 
+def case_pairs(case: Case) -> int:
+    """Visible (query, key) pairs of one head over the whole case: for a packed case the sum
+    over its sequences (each with its own bottom-right alignment; none across sequences)."""
+    if case.is_packed:
+        return sum(visible_pairs(lq, lk, *case.window_bounds)
+                   for lq, lk in zip(case.seqlens_q, case.seqlens_kv))
+    return case.batch * visible_pairs(case.seqlen_q, case.seqlen_kv, *case.window_bounds)
+
+
 def case_flops(case: Case) -> tuple[float, float]:
     """(forward, backward) FLOPs of one call on the whole (unsplit) case."""
-    pairs = 2.0 * case.batch * case.heads_q * visible_pairs(case.seqlen_q, case.seqlen_kv,
-                                                           *case.window_bounds)
+    pairs = 2.0 * case.heads_q * case_pairs(case)
     d, dv = case.head_dim, case.head_dim_v
     return pairs * (d + dv), pairs * (3 * d + 2 * dv)
 
@@ -75,7 +84,7 @@ def case_bytes(case: Case) -> tuple[float, float]:
     if case.decode:
         return decode_bytes(case), 0.0
     size = DTYPE_BYTES[case.dtype]
-    b, sq, sk = case.batch, case.seqlen_q, case.seqlen_kv
+    b, sq, sk = tensor_batch(case), case.seqlen_q, case.seqlen_kv  # packed: b=1, total tokens
     q = b * case.heads_q * sq * case.head_dim
     k = b * case.heads_kv * sk * case.head_dim
     v = b * case.heads_kv * sk * case.head_dim_v

@@ -20,6 +20,7 @@ from attnbench.device import (backend_env, device_env, device_peaks, interpreter
                               pick_device, release_memory, sync)
 from attnbench.dropout_probe import RngState
 from attnbench.inputs import make_inputs
+from attnbench.packing import packed_support
 from attnbench.problem import AttnSpec
 from attnbench.records import RecordMaker
 from attnbench.spec import Case, RunOptions
@@ -37,7 +38,8 @@ def run_single_case(case: Case, options: RunOptions,
     except Exception as exc:
         return record.exception("error", exc, f"cannot load backend {case.backend!r}: ")
     record.env["backend"] = backend_env(case.backend, backend)
-    reason = backend.supports(case, device) or paged_refusal(case, backend)
+    reason = (packed_support(backend, case) or backend.supports(case, device)
+              or paged_refusal(case, backend))
     if reason:
         return record("unsupported", reason)
     try:
