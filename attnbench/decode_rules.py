@@ -24,24 +24,47 @@ MAX_PAGE_SIZE = 1 << 16
 _SINGLE_DEVICE = {"dropout": 0.0, "cp": 1, "tp": 1}
 
 
+def check_capacity(where: str, v: dict[str, Any]) -> None:
+    """A decode case's ``seqlens_kv`` (one cache length per sequence) beside ``seqlen_kv``: then
+    seqlen_kv is the cache's capacity, and no sequence may hold more. Checked before the
+    lengths are packed (:func:`attnbench.packed_fields.resolve_packing`), which makes seqlen_kv
+    their sum, as in every packed case."""
+    if not (v.get("decode") and v.get("seqlens_kv") and v.get("seqlen_kv")):
+        return
+    capacity = v.pop("seqlen_kv")
+    for i, length in enumerate(v["seqlens_kv"]):
+        if length > capacity:
+            raise fail(f"{where}: seqlens_kv[{i}]", length, f"at most seqlen_kv={capacity} (the "
+                       "cache's capacity, in a decode case that gives both)")
+
+
 def check_decode(where: str, case: "Case") -> None:
     """The relations of decode fields: a decode case is a forward of 1..MAX_DECODE_Q queries
-    at the end of a cache, on one device, without dropout; pages only in decode cases."""
+    at the end of each sequence's cache, on one device, without dropout; pages only in
+    decode cases."""
     def bad(name: str, given: Any, expected: str) -> SweepError:
         return fail(f"{where}: {name}", given, expected)
 
+    lengths = (list(zip(case.seqlens_q, case.seqlens_kv)) if case.is_packed
+               else [(case.seqlen_q, case.seqlen_kv)])
+    longest = max(k for _, k in lengths)
     if case.page_size and not case.decode:
         raise bad("page_size", case.page_size, "0 unless decode: true (pages hold a KV cache)")
-    if case.page_size > case.seqlen_kv:
-        raise bad("page_size", case.page_size, f"at most seqlen_kv={case.seqlen_kv} (a page "
+    if case.page_size > longest:
+        raise bad("page_size", case.page_size, f"at most {longest} (the longest cache: a page "
                   "larger than the whole cache)")
     if not case.decode:
         return
     if case.backward:
         raise bad("backward", True, "false for a decode case (decode is forward only)")
-    if not 1 <= case.seqlen_q <= min(MAX_DECODE_Q, case.seqlen_kv):
-        raise bad("seqlen_q", case.seqlen_q, f"1..{MAX_DECODE_Q} for a decode case, at most "
-                  f"seqlen_kv={case.seqlen_kv} (the new tokens are the cache's last positions)")
+    if len({q for q, _ in lengths}) > 1:
+        raise bad("seqlens_q", list(case.seqlens_q), "the same seqlen_q new tokens in every "
+                  "sequence of a decode case (give seqlens_kv and seqlen_q, not seqlens_q)")
+    for i, (new, cached) in enumerate(lengths):
+        if not 1 <= new <= min(MAX_DECODE_Q, cached):
+            name = "seqlen_q" if len(lengths) == 1 else f"seqlen_q (sequence {i})"
+            raise bad(name, new, f"1..{MAX_DECODE_Q} for a decode case, at most its cache "
+                      f"length {cached} (the new tokens are the cache's last positions)")
     for name in ("dropout", "cp", "tp"):
         if getattr(case, name) != _SINGLE_DEVICE[name]:
             raise bad(name, getattr(case, name), f"{_SINGLE_DEVICE[name]} for a decode case "

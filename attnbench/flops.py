@@ -61,22 +61,26 @@ def case_flops(case: Case) -> tuple[float, float]:
     return pairs * (d + dv), pairs * (3 * d + 2 * dv)
 
 
-def cache_keys_read(case: Case) -> int:
-    """Keys of one sequence some query can see (queries aligned bottom-right): a window's left
-    bound leaves out the keys before the first query's window."""
-    left, _ = case.window_bounds
-    first = case.seqlen_kv - case.seqlen_q  # key position of query 0
-    return case.seqlen_kv - (max(0, first - left) if left >= 0 else 0)
+def cache_keys_read(seqlen_q: int, seqlen_kv: int, window_left: int) -> int:
+    """Keys of one sequence's cache some query can see (queries aligned bottom-right): a
+    window's left bound leaves out the keys before the first query's window."""
+    first = seqlen_kv - seqlen_q  # key position of query 0
+    return seqlen_kv - (max(0, first - window_left) if window_left >= 0 else 0)
 
 
 def decode_bytes(case: Case) -> float:
-    """Forward bytes of a decode call: cache keys read once, q, out, the block table."""
+    """Forward bytes of a decode call: cache keys read once (each sequence's own length), q,
+    out, the block table (its columns of every sequence)."""
     size = DTYPE_BYTES[case.dtype]
-    keys = case.batch * case.heads_kv * cache_keys_read(case)
-    q = case.batch * case.heads_q * case.seqlen_q * case.head_dim
-    o = case.batch * case.heads_q * case.seqlen_q * case.head_dim_v
-    table = case.batch * -(-case.seqlen_kv // case.page_size) * 4 if case.page_size else 0
-    return float((q + keys * (case.head_dim + case.head_dim_v) + o) * size + table)
+    left, _ = case.window_bounds
+    pairs = (list(zip(case.seqlens_q, case.seqlens_kv)) if case.is_packed
+             else [(case.seqlen_q, case.seqlen_kv)] * case.batch)
+    keys = case.heads_kv * sum(cache_keys_read(q, k, left) for q, k in pairs)
+    queries = case.heads_q * sum(q for q, _ in pairs)
+    longest = max(k for _, k in pairs)
+    table = case.batch * -(-longest // case.page_size) * 4 if case.page_size else 0
+    return float((queries * case.head_dim + keys * (case.head_dim + case.head_dim_v)
+                  + queries * case.head_dim_v) * size + table)
 
 
 def case_bytes(case: Case) -> tuple[float, float]:

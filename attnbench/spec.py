@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from attnbench.decode_rules import MAX_PAGE_SIZE, check_decode
+from attnbench.decode_rules import MAX_PAGE_SIZE, check_capacity, check_decode
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
 from attnbench.length_mix import expand as expand_lengths
@@ -355,6 +355,7 @@ def make_case(where: str, values: Mapping[str, Any]) -> Case:
     v = dict(values)
     if "backend" not in v:
         raise SweepError(f"{where}: backend: missing; give it in defaults or axes")
+    check_capacity(where, v)
     if v.get("seqlens_q") or v.get("seqlens_kv"):
         resolve_packing(where, v, _CASE_DEFAULTS["seqlen_q"], MAX_SIZE)
     for name, same_as in (("seqlen_kv", "seqlen_q"), ("heads_kv", "heads_q"),

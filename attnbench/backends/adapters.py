@@ -23,7 +23,7 @@ import torch
 
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
-from attnbench.paged import decode_cache
+from attnbench.paged import decode_cache, decode_queries, packed_like
 
 
 def _missing(module: str) -> Optional[str]:
@@ -79,12 +79,15 @@ class FlashAttnBackend(PreparesOnce):
     name = "flash_attn"
     keep_mask = None
     paged_kv = True
+    supports_packed = True  # decode cases with one cache length per sequence (seqlens_kv)
 
     def supports(self, case, device):
         if device.type != "cuda":
             return "flash_attn runs only on CUDA devices"
         if case.dtype == "fp32":
             return "flash_attn supports fp16 and bf16 only"
+        if case.is_packed and not case.decode:
+            return "packed (variable-length) cases: only decode (seqlens_kv) in this adapter"
         if case.page_size % FA2_PAGE_MULTIPLE:
             return (f"flash_attn_with_kvcache (flash-attn 2) takes pages of a multiple of "
                     f"{FA2_PAGE_MULTIPLE} tokens, not page_size {case.page_size}")
@@ -100,17 +103,18 @@ class FlashAttnBackend(PreparesOnce):
         def build():
             cache = decode_cache(spec, k, v)
             if cache.block_table is None:
-                cache = dataclasses.replace(cache, k=k.transpose(1, 2).contiguous(),
-                                            v=v.transpose(1, 2).contiguous())
+                cache = dataclasses.replace(cache, k=cache.k.transpose(1, 2).contiguous(),
+                                            v=cache.v.transpose(1, 2).contiguous())
             return cache, _alibi_slopes(spec, q)
 
         cache, slopes = self.prepared.get(call_key(spec, q, k, "kvcache"), build)
         out, lse = flash_attn_with_kvcache(
-            q.transpose(1, 2), cache.k, cache.v, cache_seqlens=cache.seqlens,
-            block_table=cache.block_table, softmax_scale=spec.scale, causal=False,
-            window_size=(spec.window_left, spec.window_right), softcap=spec.softcap,
-            alibi_slopes=slopes, return_softmax_lse=True)
-        return Forward(out=out.transpose(1, 2), lse=lse.float(), ctx=None)
+            decode_queries(q, spec).transpose(1, 2), cache.k, cache.v,
+            cache_seqlens=cache.seqlens, block_table=cache.block_table, softmax_scale=spec.scale,
+            causal=False, window_size=(spec.window_left, spec.window_right),
+            softcap=spec.softcap, alibi_slopes=slopes, return_softmax_lse=True)
+        out, lse = packed_like(out.transpose(1, 2), lse.float(), spec)
+        return Forward(out=out, lse=lse, ctx=None)
 
     def forward(self, q, k, v, spec):
         if spec.decode:

@@ -52,7 +52,8 @@ class NaiveBackend(PreparesOnce):
             return k, v
         paged = self.prepared.get(call_key(spec, k, v, "paged"),
                                   lambda: build_paged_cache(k, v, spec.page_size,
-                                                            seed=spec.dropout_seed))
+                                                            seed=spec.dropout_seed,
+                                                            cu_seqlens=spec.cu_seqlens_kv))
         return gather_kv(paged)
 
     def forward(self, q, k, v, spec):

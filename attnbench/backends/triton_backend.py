@@ -31,7 +31,7 @@ from kernels.params import FlashParams, dropout_threshold, is_interpreted
 
 from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.masks import PreparesOnce, call_key
-from attnbench.paged import decode_cache
+from attnbench.paged import decode_cache, decode_queries, packed_like
 from attnbench.problem import AttnSpec
 from attnbench.records import TENSORS
 
@@ -79,6 +79,7 @@ class _Context:
 class TritonBackend(PreparesOnce):
     name = "triton"
     paged_kv = True  # decode cases: the split-KV kernel reads pages through the block table
+    supports_packed = True  # decode cases with one cache length per sequence (seqlens_kv)
     keep_mask = staticmethod(triton_keep_mask)
     # No atomics: dK/dV per key block, dQ in its own pass, fixed loop orders. The harness
     # holds us to it (three backward calls must agree bit for bit).
@@ -93,6 +94,8 @@ class TritonBackend(PreparesOnce):
             return f"head_dim {max(case.head_dim, case.head_dim_v)} > {MAX_HEAD_DIM}"
         if max(case.seqlen_q, case.seqlen_kv) > MAX_SEQLEN:
             return f"sequence longer than {MAX_SEQLEN}"
+        if case.is_packed and not case.decode:
+            return "packed (variable-length) cases: only decode (seqlens_kv) in these kernels"
         return None
 
     def input_precision(self, case, device):
@@ -117,10 +120,11 @@ class TritonBackend(PreparesOnce):
         """Decode cases: the split-KV kernel (:mod:`kernels.decode`) over the cache as
         :func:`attnbench.paged.decode_cache` lays it out (built once per case)."""
         cache = self.prepared.get(call_key(spec, q, k, "cache"), lambda: decode_cache(spec, k, v))
-        out, lse = decode_forward(q, cache.k, cache.v, params, seqlens_k=cache.seqlens,
-                                  max_seqlen_k=cache.max_seqlen, heads_kv=k.shape[1],
-                                  block_table=cache.block_table, page_size=cache.page_size,
-                                  merge=merge)
+        out, lse = decode_forward(decode_queries(q, spec), cache.k, cache.v, params,
+                                  seqlens_k=cache.seqlens, max_seqlen_k=cache.max_seqlen,
+                                  heads_kv=k.shape[1], block_table=cache.block_table,
+                                  page_size=cache.page_size, merge=merge)
+        out, lse = packed_like(out, lse, spec)
         return Forward(out=out, lse=lse, ctx=None)
 
     def backward(self, ctx: _Context, dout):

@@ -28,7 +28,7 @@ class PagedWrongSequence(NaiveBackend):
     name = "mutant.paged_wrong_sequence"
     cache_kv = _reads_with(mutated(
         paged.gather_kv, "* cache.block_table.stride(0)",
-        "* -(-cache.seqlen_kv // cache.page_size)  # BUG: pages used, not the row stride"))
+        "* -(-cache.max_seqlen // cache.page_size)  # BUG: pages used, not the row stride"))
 
 
 class PageBoundaryOffByOne(NaiveBackend):
