@@ -165,7 +165,11 @@ def cmd_show(args: argparse.Namespace) -> int:
             t = r.get("timing") or {}
             fwd = (t.get("fwd") or {}).get("median_ms")
             bwd = (t.get("bwd") or {}).get("median_ms")
-            times = f"fwd {fwd:.3g} ms bwd {bwd:.3g} ms" if fwd and bwd else ""
+            gbps = (t.get("fwd") or {}).get("gbps")
+            # forward-only cases (decode) have no backward: their bandwidth instead
+            times = (f"fwd {fwd:.3g} ms bwd {bwd:.3g} ms" if fwd and bwd else
+                     f"fwd {fwd:.3g} ms {gbps:.3g} GB/s" if fwd and gbps else
+                     f"fwd {fwd:.3g} ms" if fwd else "")
             print(printable(f"  {r['verdict']:<11} {r['id'][:10]}  {r.get('label', '')}  {times}  "
                             f"{r.get('reason', '')}", 2000))
     for line in findings_text(records):
