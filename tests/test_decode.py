@@ -249,3 +249,31 @@ def test_decode_mutants_are_correct_where_their_bug_does_not_show():
     assert run_case(contiguous, NO_TIMING)["verdict"] == "pass"
     bf16 = make_case("t", dict(backend="mutant.split_merge_no_max", **DECODE))
     assert run_case(bf16, NO_TIMING)["verdict"] == "pass"
+
+
+# -- the dashboard: the decode panel ------------------------------------------------------------------
+
+
+def test_decode_panel_draws_bandwidth_and_latency_per_backend_and_page(tmp_path):
+    from attnbench.report.dashboard import load_dashboard
+    from attnbench.report.data import Run, frame
+    from attnbench.report.figures import Context
+    from attnbench.report.panels import draw_panel
+    from conftest import ROOT
+
+    records = [run_case(make_case("t", dict(backend="naive", **{**DECODE, "seqlen_kv": n},
+                                            page_size=page)), ONE_SAMPLE)
+               for n in (45, 90, 180) for page in (0, 16)]
+    records.append(run_case(make_case("t", dict(backend="naive", seqlen_q=32)), ONE_SAMPLE))
+    run = Run(path=tmp_path, manifest={"run_id": "t"}, records=records,
+              frame=frame(records, "t"))
+    dashboard = load_dashboard(ROOT / "dashboards" / "default.yaml")
+    panel = next(p for p in dashboard.panels if p.kind == "decode")
+    out = draw_panel(panel, run, Context(out_dir=tmp_path))
+    assert [f.png.name for f in out.figures] == [
+        "p03-decode-cpu-bf16-attention-kind-gqa-seqlen-q-2.png"], out.notes
+    svg = (tmp_path / "p03-decode-cpu-bf16-attention-kind-gqa-seqlen-q-2.svg").read_text()
+    assert "naive p0" in svg and "naive p16" in svg and "GB/s" in svg
+    # the training case is not decode: the throughput panel keeps it, this one ignores it
+    throughput = next(p for p in dashboard.panels if p.kind == "throughput")
+    assert throughput.exclude == {"decode": [True]}
