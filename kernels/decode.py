@@ -187,9 +187,62 @@ def num_splits(batch_heads: int, row_blocks: int, seqlen_k: int, block_n: int,
     return max(1, min(wanted, triton.cdiv(blocks, 2), 128))
 
 
+def decode_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: FlashParams, *,
+                seqlens_k: torch.Tensor, max_seqlen_k: int, heads_kv: int, block_table=None,
+                page_size: int = 0, splits: int = 0, interpreted: bool) -> dict:
+    """Allocate the partial results and the outputs; return them with both kernels' keyword
+    arguments and grids. Works on meta tensors too (:mod:`kernels.compile_check`)."""
+    batch, heads_q, seqlen_q, head_dim = q.shape
+    head_dim_v = v.shape[-1]
+    group = heads_q // heads_kv
+    rows = group * seqlen_q
+    block_m = max(16, min(64, triton_next_power_of_2(rows)))
+    block_n = 16 if interpreted else 64
+    row_blocks = triton.cdiv(rows, block_m)
+    splits = splits or num_splits(batch * heads_kv, row_blocks, max_seqlen_k, block_n,
+                                  interpreted)
+    device = q.device
+    out_part = torch.empty((batch, heads_kv, splits, rows, head_dim_v), dtype=torch.float32,
+                           device=device)
+    lse_part = torch.empty((batch, heads_kv, splits, rows), dtype=torch.float32, device=device)
+    out = torch.empty((batch, heads_q, seqlen_q, head_dim_v), dtype=q.dtype, device=device)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=device)
+    if block_table is None:
+        (kb, kh, kn, kd), (vb, vh, vn, vd) = k.stride(), v.stride()
+        table, stride_tb = seqlens_k, 0  # a placeholder pointer, never read
+    else:  # pools (P, T, Hkv, *): page, slot, head, dim
+        (kb, kn, kh, kd), (vb, vn, vh, vd) = k.stride(), v.stride()
+        table, stride_tb = block_table, block_table.stride(0)
+    flags = params.kernel_flags(q.dtype, head_dim, head_dim_v, interpreted=interpreted)
+    scalars = params.kernel_scalars()
+    qb, qh, qm, qd = q.stride()
+    split = dict(
+        q_ptr=q, k_ptr=k, v_ptr=v, table_ptr=table, seqlens_ptr=seqlens_k,
+        slopes_ptr=params.slopes_log2(device, heads_q), out_part_ptr=out_part,
+        lse_part_ptr=lse_part, stride_qb=qb, stride_qh=qh, stride_qm=qm, stride_qd=qd,
+        stride_kb=kb, stride_kh=kh, stride_kn=kn, stride_kd=kd, stride_vb=vb, stride_vh=vh,
+        stride_vn=vn, stride_vd=vd, stride_tb=stride_tb, heads_kv=heads_kv, seqlen_q=seqlen_q,
+        rows=rows, sm_scale=scalars["sm_scale"], softcap=scalars["softcap"],
+        window_left=scalars["window_left"], window_right=scalars["window_right"],
+        GROUP=group, NUM_SPLITS=splits, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
+        HEAD_DIM_V=head_dim_v, BLOCK_D=flags["BLOCK_D"], BLOCK_DV=flags["BLOCK_DV"],
+        BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=flags["WINDOW"], SOFTCAP=flags["SOFTCAP"],
+        ALIBI=flags["ALIBI"], UPCAST=flags["UPCAST"], DOT_PRECISION=flags["DOT_PRECISION"])
+    ob, oh, om, od = out.stride()
+    merge = dict(
+        out_part_ptr=out_part, lse_part_ptr=lse_part, out_ptr=out, lse_ptr=lse, stride_ob=ob,
+        stride_oh=oh, stride_om=om, stride_od=od, heads_kv=heads_kv, seqlen_q=seqlen_q,
+        rows=rows, GROUP=group, NUM_SPLITS=splits, BLOCK_S=triton_next_power_of_2(splits),
+        HEAD_DIM_V=head_dim_v, BLOCK_DV=padded_head_dim(head_dim_v), BLOCK_M=block_m)
+    return dict(split=split, split_grid=(splits, batch * heads_kv, row_blocks), merge=merge,
+                merge_grid=(batch * heads_kv, row_blocks), out=out, lse=lse,
+                shape=(batch, heads_q, seqlen_q, head_dim_v))
+
+
 def decode_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: FlashParams, *,
                    seqlens_k: torch.Tensor, max_seqlen_k: int, heads_kv: int, block_table=None,
-                   page_size: int = 0, merge=None, splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                   page_size: int = 0, merge=None, splits: int = 0
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the split and merge kernels; return out (B, Hq, Sq, DV) in q's dtype and lse
     (B, Hq, Sq) float32 (natural log, -inf for rows that see no key).
 
@@ -198,49 +251,15 @@ def decode_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Fl
     in each sequence's cache, at most ``max_seqlen_k`` (a host int: reading the tensor's max
     would sync inside the timed call). ``merge``: a torch function replacing the merge kernel
     (:func:`merge_splits_torch`'s signature); ``splits``: force the split count."""
-    batch, heads_q, seqlen_q, head_dim = q.shape
-    head_dim_v = v.shape[-1]
-    group = heads_q // heads_kv
-    rows = group * seqlen_q
-    interpreted = is_interpreted(_decode_split)
-    block_m = max(16, min(64, triton_next_power_of_2(rows)))
-    block_n = 16 if interpreted else 64
-    row_blocks = triton.cdiv(rows, block_m)
-    splits = splits or num_splits(batch * heads_kv, row_blocks, max_seqlen_k, block_n,
-                                  interpreted)
-    out_part = torch.empty((batch, heads_kv, splits, rows, head_dim_v), dtype=torch.float32,
-                           device=q.device)
-    lse_part = torch.empty((batch, heads_kv, splits, rows), dtype=torch.float32, device=q.device)
-    if block_table is None:
-        kb, kh, kn, kd = k.stride()
-        vb, vh, vn, vd = v.stride()
-        table, stride_tb = seqlens_k, 0  # unused placeholder pointer
-    else:
-        kb, kn, kh, kd = k.stride()
-        vb, vn, vh, vd = v.stride()
-        table, stride_tb = block_table, block_table.stride(0)
-    flags = params.kernel_flags(q.dtype, head_dim, head_dim_v, interpreted=interpreted)
-    scalars = params.kernel_scalars()
-    _decode_split[(splits, batch * heads_kv, row_blocks)](
-        q, k, v, table, seqlens_k, params.slopes_log2(q.device, heads_q), out_part, lse_part,
-        *q.stride(), kb, kh, kn, kd, vb, vh, vn, vd, stride_tb, heads_kv, seqlen_q, rows,
-        scalars["sm_scale"], scalars["softcap"], scalars["window_left"],
-        scalars["window_right"],
-        GROUP=group, NUM_SPLITS=splits, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
-        HEAD_DIM_V=head_dim_v, BLOCK_D=flags["BLOCK_D"], BLOCK_DV=flags["BLOCK_DV"],
-        BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=flags["WINDOW"], SOFTCAP=flags["SOFTCAP"],
-        ALIBI=flags["ALIBI"], UPCAST=flags["UPCAST"], DOT_PRECISION=flags["DOT_PRECISION"],
-        num_warps=4)
-    if merge is not None:
-        out_rows, lse_rows = merge(out_part, lse_part, q.dtype)        # (B, Hkv, R, *)
-        out = out_rows.view(batch, heads_kv, group, seqlen_q, head_dim_v)
-        return (out.reshape(batch, heads_q, seqlen_q, head_dim_v),
-                lse_rows.reshape(batch, heads_q, seqlen_q))
-    out = torch.empty((batch, heads_q, seqlen_q, head_dim_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
-    _merge_splits[(batch * heads_kv, row_blocks)](
-        out_part, lse_part, out, lse, *out.stride(), heads_kv, seqlen_q, rows,
-        GROUP=group, NUM_SPLITS=splits, BLOCK_S=triton_next_power_of_2(splits),
-        HEAD_DIM_V=head_dim_v, BLOCK_DV=padded_head_dim(head_dim_v), BLOCK_M=block_m,
-        num_warps=4)
-    return out, lse
+    launch = decode_args(q, k, v, params, seqlens_k=seqlens_k, max_seqlen_k=max_seqlen_k,
+                         heads_kv=heads_kv, block_table=block_table, page_size=page_size,
+                         splits=splits, interpreted=is_interpreted(_decode_split))
+    split = launch["split"]
+    _decode_split[launch["split_grid"]](**split, num_warps=4)
+    if merge is None:
+        _merge_splits[launch["merge_grid"]](**launch["merge"], num_warps=4)
+        return launch["out"], launch["lse"]
+    batch, heads_q, seqlen_q, head_dim_v = launch["shape"]
+    out_rows, lse_rows = merge(split["out_part_ptr"], split["lse_part_ptr"], q.dtype)
+    return (out_rows.reshape(batch, heads_q, seqlen_q, head_dim_v),       # rows (g, i) of a
+            lse_rows.reshape(batch, heads_q, seqlen_q))                   # kv head = (h, i)
