@@ -5,9 +5,10 @@ so errors only the compiler sees would first show on a GPU: a Python global that
 ``tl.constexpr``, branches yielding different types, a tile needing more shared memory than the
 chip has. Triton's wheel ships ptxas, so every kernel can be lowered to a cubin for a target GPU
 right here. This module does that for representative variants (dtypes, head dims, every feature
-flag, and the split-KV decode kernels contiguous and paged) and prints one JSON line per kernel: shared memory, registers and stack bytes (spills, read
-with the cuobjdump Triton also ships), whether the PTX uses wgmma (Hopper tensor cores) and
-cp.async (pipelined loads), and compile time. Exit status 1 if a kernel does not fit in shared
+flag; the split-KV decode kernels, contiguous and paged) and prints one JSON line per kernel:
+shared memory, registers and stack bytes (spills, read with the cuobjdump Triton also ships),
+whether the PTX uses wgmma (Hopper tensor cores) and cp.async (pipelined loads), and compile
+time. Exit status 1 if a kernel does not fit in shared
 memory.
 
     TRITON_INTERPRET=0 python -m kernels.compile_check [--all | --variant TEXT] [--arch 90]
