@@ -142,7 +142,7 @@ def test_packed_pages_and_padded_contiguous_cache():
     assert contiguous.k[0, :, 5:].abs().sum() > 0  # padding is random, not zeros
 
 
-# -- the split-KV kernel against fp64 ---------------------------------------------------------------
+# -- the split-KV kernel against fp64 --------------------------------------------------------------
 
 
 def _kernel_error(batch, heads_q, heads_kv, sq, lengths, dim, page=0, window=(-1, -1),
@@ -201,7 +201,7 @@ def test_merge_kernel_equals_the_torch_merge():
     assert torch_merge[0] < 1e-5
 
 
-# -- through the harness: records of forward-only cases -----------------------------------------------
+# -- through the harness: records of forward-only cases --------------------------------------------
 
 
 @pytest.mark.parametrize("backend, page", [("naive", 16), ("triton", 16), ("sdpa", 0),
@@ -230,7 +230,7 @@ def test_unequal_cache_lengths_through_the_harness():
         assert record["verdict"] == "pass", (backend, record["reason"])
 
 
-# -- the decode mutants: each caught where its bug lives ------------------------------------------------
+# -- the decode mutants: each caught where its bug lives -------------------------------------------
 
 
 @pytest.mark.parametrize("mutant, fields", [
@@ -251,7 +251,7 @@ def test_decode_mutants_are_correct_where_their_bug_does_not_show():
     assert run_case(bf16, NO_TIMING)["verdict"] == "pass"
 
 
-# -- the dashboard: the decode panel ------------------------------------------------------------------
+# -- the dashboard: the decode panel ---------------------------------------------------------------
 
 
 def test_decode_panel_draws_bandwidth_and_latency_per_backend_and_page(tmp_path):
