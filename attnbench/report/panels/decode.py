@@ -4,8 +4,9 @@ page size.
 Decode reads the whole KV cache for a handful of queries, so it is memory-bound: its figure is
 bandwidth (GB/s against the minimal traffic of :func:`attnbench.flops.decode_bytes`, with a
 percent-of-peak-bandwidth axis when the device is in the peak table) beside latency, not
-TFLOP/s. One line per backend and page size ("triton p16": 16-token pages, "p0": contiguous),
-one figure per facet (by default GPU kind x dtype x heads x new tokens).
+TFLOP/s. One line per backend (colour) and page size (line style; "triton p16": 16-token
+pages, "p0": contiguous), one figure per facet (by default GPU kind x dtype x heads x new
+tokens).
 """
 
 from __future__ import annotations
@@ -18,17 +19,14 @@ from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (RAN, Context, FigureFile, PanelOutput, facet_groups,
                                       facet_title, finish_figure, new_figure, setup_x, slug)
 
-SERIES = "decode_series"
-"""The derived series column: backend and page size."""
+LINE_STYLES = ("-", "--", ":", "-.")
 
 
 def _decode_frame(panel: Panel, run: Run) -> pd.DataFrame:
     df = apply_filter(run.frame, panel.include, panel.exclude)
     if "decode" not in df or df.empty:
         return df.iloc[0:0]
-    df = df[(df.decode == True) & df.verdict.isin(RAN) & df.fwd_gbps.notna()]  # noqa: E712
-    df = df.assign(**{SERIES: [f"{b} p{int(p)}" for b, p in zip(df.backend, df.page_size)]})
-    return df
+    return df[(df.decode == True) & df.verdict.isin(RAN) & df.fwd_gbps.notna()]  # noqa: E712
 
 
 def draw_decode(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
@@ -57,10 +55,13 @@ def _figure(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context) -> Figure
     handles = {}
     for ax in (ax_bw, ax_lat):
         setup_x(ax, sub[x].tolist(), x, log2=True)
-    for name, s in sub.groupby(SERIES, sort=True):
+    # colour: the backend; line style: the page size (contiguous solid, then -- : -.)
+    pages = sorted(sub.page_size.unique())
+    styles = {p: LINE_STYLES[i % len(LINE_STYLES)] for i, p in enumerate(pages)}
+    for (backend, page), s in sub.groupby(["backend", "page_size"], sort=True):
+        name = f"{backend} p{int(page)}"
         agg = s.groupby(x).agg(gbps=("fwd_gbps", "median"), ms=("fwd_median_ms", "median"))
-        color = ctx.color(str(name).split(" ")[0])
-        style = "-" if str(name).endswith(" p0") else "--"  # contiguous solid, paged dashed
+        color, style = ctx.color(str(backend)), styles[page]
         (line,) = ax_bw.plot(agg.index, agg.gbps, marker="o", ms=3.5, lw=1.6, ls=style,
                              color=color)
         ax_lat.plot(agg.index, agg.ms, marker="o", ms=3.5, lw=1.6, ls=style, color=color)
@@ -73,8 +74,9 @@ def _figure(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context) -> Figure
     ax_lat.set_ylabel("ms (median)")
     ax_lat.set_yscale("log")
     caption = (f"{title}: decode, median GB/s (against the minimal traffic: cache read once, "
-               "q, out, block table) and median latency per cache length; solid: contiguous "
-               "cache (p0), dashed: paged (pN: N tokens per page)")
+               "q, out, block table) and median latency per cache length; colour: backend, "
+               "line style: page size (pN: N tokens per page; p0, solid when present: a "
+               "contiguous cache)")
     return finish_figure(fig, ctx, f"{panel.slug}-{slug(title)}", caption, title=title,
                          legend=handles)
 
