@@ -167,7 +167,7 @@ class Case:
         if self.inputs != "normal":
             parts.append(self.inputs)
         if self.is_packed:
-            parts.append(f"packed{len(self.seqlens_q)}")
+            parts.append("packed")  # not the count: packs of several totals form one series
         return " ".join(parts)
 
     @property

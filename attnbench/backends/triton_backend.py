@@ -2,7 +2,9 @@
 
 Everything of :mod:`attnbench.problem` is native: MHA/GQA/MQA without repeating K/V, causal
 (bottom-right) and sliding-window masks, ALiBi, softcap, dropout, any lengths, Sq != Sk, global
-offsets of a context/tensor-parallel slice. The backward is deterministic (no atomics).
+offsets of a context/tensor-parallel slice, and packed variable-length batches (``cu_seqlens``:
+one launch per kernel for the whole pack, no padding). The backward is deterministic (no
+atomics).
 
 Dropout draws Philox numbers keyed by global (batch, query head, query, key) positions;
 :attr:`TritonBackend.keep_mask` materializes that exact mask (the same device function the
@@ -48,6 +50,8 @@ def flash_params(spec: AttnSpec) -> FlashParams:
         kv_start=spec.kv_start,
         head_start=spec.head_start,
         batch_start=spec.batch_start,
+        cu_seqlens_q=spec.cu_seqlens_q,
+        cu_seqlens_kv=spec.cu_seqlens_kv,
     )
 
 
@@ -76,6 +80,7 @@ class TritonBackend:
     # No atomics: dK/dV per key block, dQ in its own pass, fixed loop orders. The harness
     # holds us to it (three backward calls must agree bit for bit).
     deterministic = True
+    supports_packed = True  # one launch per kernel for the whole pack, with cu_seqlens
 
     def supports(self, case, device) -> str | None:
         interpreted = is_interpreted(_attn_fwd)
