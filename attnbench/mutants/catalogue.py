@@ -17,8 +17,8 @@ class Mutant:
     ref: str
     """``module:object`` of the backend."""
     number: str
-    """Catalogue number (issue 7's list 1-12, issue 12's 13-16), or "extra" for classes added
-    from public reports."""
+    """Catalogue number (issue 7's list 1-12, issue 12's 13-16, issue 15's 17-18), or "extra"
+    for classes added from public reports."""
     bug: str
     """The bug class in one line."""
     report: str
@@ -119,6 +119,14 @@ CATALOGUE: tuple[Mutant, ...] = (
            number="16", bug="dQ summed across key blocks in bf16/fp16 (dK/dV right)",
            report="seed 001 (TE #1615: dQ error growing with length)",
            exposed_by="long sequences; the error trend", long=True),
+    Mutant(name="mutant.cu_seqlens_off_by_one", ref=f"{M}.packed:CuSeqlensOffByOne",
+           number="17", bug="packed batch: every boundary inside cu_seqlens one token late",
+           report="Dao-AILab/flash-attention#880; zhuzilin/ring-flash-attention#78",
+           exposed_by="packed (seqlens_q) cases"),
+    Mutant(name="mutant.cross_document_leak", ref=f"{M}.packed:CrossDocumentLeak",
+           number="18", bug="packed batch attended as one sequence: queries see other documents",
+           report="alex-hh/profam#495; huggingface/nanoVLM#204; mosaicml/llm-foundry#1464",
+           exposed_by="packed (seqlens_q) cases"),
 )
 
 CONTROL = "mutant.base"
