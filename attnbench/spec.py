@@ -31,9 +31,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
-from attnbench.validation import MAX_SWEEP_BYTES  # noqa: F401  (documented with the limits)
 from attnbench.length_mix import expand as expand_lengths
 from attnbench.packed_fields import MAX_SEQUENCES, check_stored_lengths, resolve_packing
+from attnbench.validation import MAX_SWEEP_BYTES  # noqa: F401  (documented with the limits)
 from attnbench.validation import Choice, Flag, Int, Lengths, Name, Real
 from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int
