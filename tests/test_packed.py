@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnbench.accuracy import identity_bounds
 from attnbench.backends import get_backend
 from attnbench.dropout import hash_keep_mask
 from attnbench.execution.case_runner import run_case
 from attnbench.flops import case_bytes, case_flops, visible_pairs
 from attnbench.fused_baseline import fused_backward, fused_forward
 from attnbench.inputs import make_inputs
+from attnbench.invariants import identity_residuals
 from attnbench.packing import packed_support, segments, sequence_spec
 from attnbench.problem import AttnSpec
 from attnbench.reference import reference_backward, reference_forward
@@ -110,3 +112,29 @@ def test_report_columns_of_a_packed_record():
     assert row["seqlens_q"] == (5, 17, 1, 33)
     dense = flatten({"case": make_case("t", {"backend": "naive", "batch": 3}).to_dict()})
     assert dense["packed"] is False and dense["tokens"] == 3 * 128
+
+
+@pytest.mark.parametrize("mutant", ["mutant.cross_document_leak", "mutant.cu_seqlens_off_by_one"])
+def test_identities_per_sequence_see_a_leak_without_a_reference(mutant):
+    """A forward that attends across documents, with a backward consistent with it, satisfies
+    every identity over the whole pack; per sequence it cannot (a document's output then
+    depends on another document's V and K)."""
+    case = packed(heads_kv=2, mask="causal", dtype="fp32")
+    spec = AttnSpec.from_case(case)
+    q, k, v, dout = make_inputs(case)
+    backend = get_backend(mutant)
+    fwd = backend.forward(q, k, v, spec)
+    grads = backend.backward(fwd.ctx, dout)
+    whole = identity_residuals(q, k, v, fwd.out, dout, *grads)
+    per_sequence = identity_residuals(q, k, v, fwd.out, dout, *grads,
+                                      cu_seqlens_q=spec.cu_seqlens_q,
+                                      cu_seqlens_kv=spec.cu_seqlens_kv)
+    bounds = identity_bounds("fp32", None)
+    assert all(whole[name] < bounds[name] for name in whole), whole
+    assert max(per_sequence[n] / bounds[n] for n in per_sequence) > 100, per_sequence
+    naive = get_backend("naive")
+    fwd = naive.forward(q, k, v, spec)
+    correct = identity_residuals(q, k, v, fwd.out, dout, *naive.backward(fwd.ctx, dout),
+                                 cu_seqlens_q=spec.cu_seqlens_q,
+                                 cu_seqlens_kv=spec.cu_seqlens_kv)
+    assert all(correct[name] < bounds[name] / 4 for name in correct), correct

@@ -16,10 +16,12 @@ from attnbench.inputs import make_inputs
 from attnbench.packing import segments, sequence_spec
 from attnbench.problem import AttnSpec
 from attnbench.reference import reference_backward, reference_forward
-from attnbench.spec import make_case
+from attnbench.execution.case_runner import run_case
+from attnbench.spec import RunOptions, TimingOptions, make_case
 from kernels.configs import BlockConfig
 from kernels.flash_bwd import flash_backward
-from kernels.flash_fwd import flash_forward
+from kernels.flash_fwd import _attn_fwd, flash_forward
+from kernels.params import is_interpreted
 
 TILE = BlockConfig(block_m=16, block_n=16)
 LENGTHS = dict(seqlens_q=[5, 40, 1, 19], seqlens_kv=[9, 17, 3, 19])
@@ -57,3 +59,25 @@ def test_packed_kernels_equal_each_sequence_alone_and_match_fp64(fields):
     seen = torch.isfinite(lse)
     assert torch.equal(seen, torch.isfinite(packed[1]))  # the same rows see no key
     assert (packed[1].double()[seen] - lse[seen]).abs().max() < 1e-4
+
+
+# -- on a GPU ------------------------------------------------------------------------------------
+HAS_GPU = torch.cuda.is_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU or is_interpreted(_attn_fwd),
+                    reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET unset or 0)")
+@pytest.mark.parametrize("backend", ["triton", "flash_attn", "sdpa"])
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_gpu_packed_bf16_passes_harness(backend, mask):
+    """The issue's mix on a GPU: every backend passes, or says why it cannot (flash_attn
+    absent, sdpa's jagged tensors without causal)."""
+    case = make_case("t", {"backend": backend, "seqlens_q": [4096, 1024, 77, 2999],
+                           "heads_q": 8, "heads_kv": 8, "head_dim": 128, "mask": mask,
+                           "dtype": "bf16"})
+    record = run_case(case, RunOptions(timing=TimingOptions(max_seconds=0.5)),
+                      device=torch.device("cuda"))
+    assert record["verdict"] in ("pass", "unsupported"), record["reason"]
+    if backend == "triton":
+        assert record["verdict"] == "pass"
