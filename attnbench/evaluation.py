@@ -147,8 +147,9 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     baseline = {t: e for t, (_, e) in judged_by.items() if e is not None} or None
     kinds = {t: kind for t, (kind, _) in judged_by.items()}
     scale = acc.conditioning(errors if case.backend == "naive" else _naive_scale(judged_by))
-    identities = {} if grads is None else identity_residuals(q, k, v, out, dout, *grads,
-                                                             softcap=spec.softcap)
+    identities = {} if grads is None else identity_residuals(
+        q, k, v, out, dout, *grads, softcap=spec.softcap, cu_seqlens_q=spec.cu_seqlens_q,
+        cu_seqlens_kv=spec.cu_seqlens_kv)
     zero = {t for t, e in (errors or {}).items() if e.get("degenerate")}
     if zero & {"dq", "dk"}:
         # dQ = dK = 0 exactly (every query sees one key): <dQ,Q> = <dK,K> and sum dK = 0 read

@@ -50,7 +50,7 @@ def expand(where: str, value: Any, max_count: int, max_total: int) -> tuple[int,
         f"{where}.total", value["total"])
     low = Int(1, total, f"an integer in [1, total={total}]").check(
         f"{where}.min", value.get("min", 1))
-    high = Int(low, total, f"an integer in [min={low}, total={total}]").check(
+    high = Int(low, max_total, f"an integer in [min={low}, {max_total}]").check(
         f"{where}.max", value.get("max", total))
     seed = Int(0, 2**63 - 1).check(f"{where}.seed", value.get("seed", 0))
     rng = random.Random(seed)

@@ -22,7 +22,8 @@ documents is 4096."""
 def resolve_packing(where: str, v: dict[str, Any], default_seqlen_q: int,
                     max_tokens: int) -> None:
     """A packed case's lengths against the fields they imply: batch = the number of sequences,
-    seqlen_q / seqlen_kv = their sums (a value given for them must agree). Given only
+    seqlen_q / seqlen_kv = their sums (a value given for them must agree; batch 1, one pack,
+    is accepted too). Given only
     seqlens_kv (a KV cache per sequence), every sequence has seqlen_q queries: seqlens_q is
     seqlen_q repeated and seqlen_q becomes the total. Given only seqlens_q, keys = queries."""
     lens_q, lens_kv = v.get("seqlens_q", ()), v.get("seqlens_kv", ())
@@ -36,6 +37,8 @@ def resolve_packing(where: str, v: dict[str, Any], default_seqlen_q: int,
         raise SweepError(f"{where}: seqlen_kv: got {v['seqlen_kv']} with seqlens_q and no "
                          "seqlens_kv; give seqlens_kv (one key length per sequence)")
     lens_kv = lens_kv or lens_q
+    if v.get("batch") == 1:  # one pack: what a sweep's defaults often spell out
+        v.pop("batch")
     for name, total in (("batch", len(lens_q)), ("seqlen_q", sum(lens_q)),
                         ("seqlen_kv", sum(lens_kv))):
         if v.get(name, total) != total:

@@ -181,7 +181,7 @@ class Case:
         if self.inputs != "normal":
             parts.append(self.inputs)
         if self.is_packed:
-            parts.append(f"packed{len(self.seqlens_q)}")
+            parts.append("packed")  # not the count: packs of several totals form one series
         if self.decode:
             parts.append(f"decode-paged{self.page_size}" if self.page_size else "decode")
         elif not self.backward:

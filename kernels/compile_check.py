@@ -71,9 +71,13 @@ _ALL_FEATURES = dict(window_left=256, window_right=0, softcap=30.0,
                      alibi_slopes=tuple(2.0 ** -(i + 1) for i in range(8)), dropout_p=0.1,
                      dropout_seed=1234)
 
+_PACK = (0, 4096, 5120, 5197, 8196)  # the mix: 4096, 1024, 77, 2999 tokens
+
 QUICK = (
     Variant("bf16 d128 plain (the performance target)", torch.bfloat16, 128),
     Variant("bf16 d64 GQA every feature", torch.bfloat16, 64, heads_kv=2, features=_ALL_FEATURES),
+    Variant("bf16 d128 packed (cu_seqlens), causal", torch.bfloat16, 128, seqlen=_PACK[-1],
+            features=dict(window_right=0, cu_seqlens_q=_PACK, cu_seqlens_kv=_PACK)),
 )
 FULL = QUICK + (
     Variant("fp16 d64 causal", torch.float16, 64, features=dict(window_right=0)),
@@ -149,9 +153,10 @@ def _resource_usage(cubin: bytes) -> dict:
 
 def check_variant(variant: Variant, target: GPUTarget) -> list[dict]:
     meta = torch.device("meta")
-    q = torch.empty(2, variant.heads_q, variant.seqlen, variant.head_dim, dtype=variant.dtype,
+    batch = 1 if "cu_seqlens_q" in variant.features else 2  # a pack is one buffer
+    q = torch.empty(batch, variant.heads_q, variant.seqlen, variant.head_dim, dtype=variant.dtype,
                     device=meta)
-    k = torch.empty(2, variant.heads_kv, variant.seqlen, variant.head_dim, dtype=variant.dtype,
+    k = torch.empty(batch, variant.heads_kv, variant.seqlen, variant.head_dim, dtype=variant.dtype,
                     device=meta)
     params = FlashParams(sm_scale=variant.head_dim ** -0.5, **variant.features)
     out, lse, fwd_args = forward_args(q, k, k, params, interpreted=False)

@@ -67,6 +67,10 @@ EXPOSE = {
     # accumulators in the input dtype: a bug in half precision only, visible at long lengths
     "mutant.pv_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
     "mutant.dq_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
+    # packed batches (seqlen_q of BASE split into documents, one shorter than any tile)
+    "mutant.cu_seqlens_off_by_one": (dict(seqlens_q=[50, 1, 77], mask="causal"), REFERENCE,
+                                     None),
+    "mutant.cross_document_leak": (dict(seqlens_q=[50, 1, 77], mask="causal"), REFERENCE, None),
     # decode (forward only): a paged cache read wrongly; the split-KV merge overflowing fp16
     "mutant.paged_wrong_sequence": (PAGED, REFERENCE, None),
     "mutant.page_boundary_off_by_one": (PAGED, REFERENCE, None),
@@ -106,6 +110,8 @@ def control_of(name: str) -> str:
         return "sdpa"
     if by_name(name).decode:
         return "triton" if name == "mutant.split_merge_no_max" else "naive"
+    if name in ("mutant.cu_seqlens_off_by_one", "mutant.cross_document_leak"):
+        return "naive"  # the packed path they edit is naive's own
     if name in ("mutant.dropout_keep_p", "mutant.dropout_renormalised"):
         return HIDDEN_DROPOUT_CONTROL
     if by_name(name).long:
@@ -120,7 +126,7 @@ def control_of(name: str) -> str:
 
 def test_catalogue_covers_issue_7_and_every_mutant_loads_and_is_registered():
     numbers = {m.number.rstrip("ab") for m in CATALOGUE}
-    assert {str(i) for i in range(1, 20)} <= numbers  # issue 7's 1-12, 12's 13-16, 15's 17-19
+    assert {str(i) for i in range(1, 22)} <= numbers  # issues 7 (1-12), 12 (13-16), 15 (17-21)
     assert set(EXPOSE) == {m.name for m in CATALOGUE}
     for mutant in CATALOGUE:
         assert BUILTIN[mutant.name] == mutant.ref

@@ -5,7 +5,9 @@ on a contiguous or paged cache (forward only).
 
 Everything of :mod:`attnbench.problem` is native: MHA/GQA/MQA without repeating K/V, causal
 (bottom-right) and sliding-window masks, ALiBi, softcap, dropout, any lengths, Sq != Sk, global
-offsets of a context/tensor-parallel slice. The backward is deterministic (no atomics).
+offsets of a context/tensor-parallel slice, and packed variable-length batches (``cu_seqlens``:
+one launch per kernel for the whole pack, no padding). The backward is deterministic (no
+atomics).
 
 Dropout draws Philox numbers keyed by global (batch, query head, query, key) positions;
 :attr:`TritonBackend.keep_mask` materializes that exact mask (the same device function the
@@ -54,6 +56,8 @@ def flash_params(spec: AttnSpec) -> FlashParams:
         kv_start=spec.kv_start,
         head_start=spec.head_start,
         batch_start=spec.batch_start,
+        cu_seqlens_q=spec.cu_seqlens_q,
+        cu_seqlens_kv=spec.cu_seqlens_kv,
     )
 
 
@@ -79,11 +83,13 @@ class _Context:
 class TritonBackend(PreparesOnce):
     name = "triton"
     paged_kv = True  # decode cases: the split-KV kernel reads pages through the block table
-    supports_packed = True  # decode cases with one cache length per sequence (seqlens_kv)
     keep_mask = staticmethod(triton_keep_mask)
     # No atomics: dK/dV per key block, dQ in its own pass, fixed loop orders. The harness
     # holds us to it (three backward calls must agree bit for bit).
     deterministic = True
+    # one launch per kernel for the whole pack, with cu_seqlens; decode: one cache length per
+    # sequence (seqlens_kv)
+    supports_packed = True
 
     def supports(self, case, device) -> str | None:
         interpreted = is_interpreted(_attn_fwd)
@@ -94,8 +100,6 @@ class TritonBackend(PreparesOnce):
             return f"head_dim {max(case.head_dim, case.head_dim_v)} > {MAX_HEAD_DIM}"
         if max(case.seqlen_q, case.seqlen_kv) > MAX_SEQLEN:
             return f"sequence longer than {MAX_SEQLEN}"
-        if case.is_packed and not case.decode:
-            return "packed (variable-length) cases: only decode (seqlens_kv) in these kernels"
         return None
 
     def input_precision(self, case, device):

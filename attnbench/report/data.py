@@ -45,7 +45,7 @@ from attnbench.spec import CASE_FIELDS
 EXTRA_COLUMNS: tuple[str, ...] = (
     "id", "label", "features", "verdict", "reason", "world_size", "attention_kind", "gpu_kind",
     "gpu_family", "host", "device_name", "env_torch", "env_triton", "env_attnbench", "clock",
-    "timing_mode", "run_id",
+    "timing_mode", "run_id", "packed", "sequences", "tokens",
 )
 FILTER_COLUMNS: tuple[str, ...] = tuple(CASE_FIELDS) + EXTRA_COLUMNS
 TIMING_STATS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops", "pct_peak",
@@ -142,6 +142,10 @@ def _num(x: Any) -> float:
 def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
     case = rec.get("case") or {}
     row: dict[str, Any] = {name: case.get(name) for name in CASE_FIELDS}
+    lengths = case.get("seqlens_q")
+    packed = isinstance(lengths, list) and bool(lengths)
+    for name in ("seqlens_q", "seqlens_kv"):  # hashable cells (groupby, filters)
+        row[name] = tuple(row[name]) if isinstance(row[name], list) else row[name]
     cp, tp = case.get("cp") or 1, case.get("tp") or 1
     hq, hkv = case.get("heads_q"), case.get("heads_kv")
     row.update(
@@ -153,6 +157,10 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
         world_size=int(cp) * int(tp),
         attention_kind=("MHA" if hq == hkv else "MQA" if hkv == 1 else "GQA"),
         run_id=run_id,
+        packed=packed,
+        # query tokens of one call: a packed case's seqlen_q is already the pack's total
+        sequences=len(lengths) if packed else case.get("batch"),
+        tokens=_num(case.get("seqlen_q")) * (1 if packed else _num(case.get("batch"))),
     )
     env = rec.get("env") or {}
     row.update(gpu_kind=env.get("gpu_kind"), gpu_family=env.get("gpu_family"),
