@@ -163,8 +163,9 @@ def tensor_errors(x: torch.Tensor, ref: torch.Tensor, scale: Optional[float] = N
 
 
 def problem_scale(reference: dict) -> float:
-    """RMS magnitude of the problem: of the reference output or dV, whichever is larger."""
-    return max(_rms(reference["out"]), _rms(reference["dv"]))
+    """RMS magnitude of the problem: of the reference output or dV (when there is one: not in
+    a forward-only case), whichever is larger."""
+    return max(_rms(t) for t in (reference["out"], reference.get("dv")) if t is not None)
 
 
 def _rms(t: torch.Tensor) -> float:
@@ -241,7 +242,7 @@ def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optiona
     checks: list[Check] = []
     table: dict[str, dict] = {}
     if errors is not None:
-        for name in TENSORS:
+        for name in (t for t in TENSORS if t in errors):  # forward only: "out" alone
             e = errors[name]
             row = dict(e)
             if e["nonfinite"]:

@@ -22,18 +22,25 @@ def _number(x) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
 
 
-def direction_text(name: str, stats: dict) -> str:
-    """``fwd 0.212 ms 41.2 TFLOP/s 4.2% peak`` (and why it cannot be compared, if so)."""
+def direction_text(name: str, stats: dict, memory_bound: bool = False) -> str:
+    """``fwd 0.212 ms 41.2 TFLOP/s 4.2% peak`` (and why it cannot be compared, if so);
+    ``fwd 0.05 ms 812 GB/s 17.0% bandwidth`` for a memory-bound (forward-only, decode) case."""
     median = _number(stats.get("median_ms"))
     if not math.isfinite(median):
         return ""
+    doubt = timing_doubt(stats)
+    if memory_bound:
+        gbps, pct = _number(stats.get("gbps")), _number(stats.get("pct_peak_bandwidth"))
+        parts = [f"{name} {median:.3g} ms",
+                 f"{gbps:.3g} GB/s" if math.isfinite(gbps) else "? GB/s",
+                 f"{pct:.1f}% bandwidth" if math.isfinite(pct) else "?% bandwidth"]
+        return " ".join(parts) + (f" [{doubt}]" if doubt else "")
     tflops = _number(stats.get("tflops"))
     parts = [f"{name} {median:.3g} ms",
              f"{tflops:.3g} TFLOP/s" if math.isfinite(tflops) else "? TFLOP/s"]
     peak, measured = _number(stats.get("pct_peak")), _number(stats.get("pct_measured_peak"))
     parts.append(f"{peak:.1f}% peak" if math.isfinite(peak) else
                  f"{measured:.1f}% measured" if math.isfinite(measured) else "?% peak")
-    doubt = timing_doubt(stats)
     return " ".join(parts) + (f" [{doubt}]" if doubt else "")
 
 
@@ -41,7 +48,8 @@ def case_lines(records: Iterable[dict]) -> Iterator[str]:
     """One line per case, sorted by label: verdict, id, label, times, reason."""
     for r in sorted(records, key=lambda r: str(r.get("label", ""))):
         timing = r.get("timing") or {}
-        times = " | ".join(t for t in (direction_text(d, timing.get(d) or {})
+        forward_only = (r.get("case") or {}).get("backward") is False
+        times = " | ".join(t for t in (direction_text(d, timing.get(d) or {}, forward_only)
                                        for d in ("fwd", "bwd")) if t)
         reason = f"  {r['reason']}" if r.get("reason") else ""
         yield f"  {r['verdict']:<11} {str(r['id'])[:10]}  {r.get('label', '')}  {times}{reason}"

@@ -18,27 +18,31 @@ from attnbench.timing import L2_FLUSH_BYTES, Coordinator, TimingStats, graph_rep
     measure
 
 
-def time_case(case: Case, device, forward: Callable[[], object], backward: Callable[[], object],
+def time_case(case: Case, device, forward: Callable[[], object],
+              backward: Optional[Callable[[], object]],
               options: TimingOptions, *, peaks: Optional[dict[str, Any]] = None,
               ranks: Optional[Coordinator] = None, world_size: int = 1,
               note: str = "") -> dict[str, Any]:
-    """``peaks``: {"datasheet": TFLOP/s or None, "measured": TFLOP/s or None} of one device in
-    the case's dtype. ``note``: why the times say nothing about throughput (CPU ranks, shared
-    GPUs): FLOP/s and percentages are then null."""
+    """``peaks``: {"datasheet": TFLOP/s, "measured": TFLOP/s, "bandwidth_gbs": GB/s, each or
+    None} of one device in the case's dtype. ``backward`` None: a forward-only case (decode),
+    whose ``bwd`` section and backward figures are null. ``note``: why the times say nothing
+    about throughput (CPU ranks, shared GPUs): FLOP/s and percentages are then null."""
     clock = make_clock(device)
     notes = [note] if note else []
     memory = {}
-    for name, fn in (("fwd", forward), ("bwd", backward)):
+    directions = (("fwd", forward),) + ((("bwd", backward),) if backward else ())
+    for name, fn in directions:
         used = peak_memory(device, fn)
         memory[name] = ranks.slowest(used) if (ranks and used is not None) else used
     if options.mode == "graph":
-        forward, fwd_note = graph_replay(forward, device)
-        backward, bwd_note = graph_replay(backward, device)
-        notes += sorted({n for n in (fwd_note, bwd_note) if n})
-    stats = {"fwd": measure(forward, clock, options, ranks),
-             "bwd": measure(backward, clock, options, ranks)}
+        replayed = {name: graph_replay(fn, device) for name, fn in directions}
+        directions = tuple((name, fn) for name, (fn, _) in replayed.items())
+        notes += sorted({n for _, n in replayed.values() if n})
+    stats = {name: measure(fn, clock, options, ranks) for name, fn in directions}
     flops = dict(zip(("fwd", "bwd"), case_flops(case)))
     traffic = dict(zip(("fwd", "bwd"), case_bytes(case)))
+    if backward is None:
+        flops["bwd"] = traffic["bwd"] = None
     peaks = peaks or {}
     timing: dict[str, Any] = {
         "clock": clock.name, "mode": options.mode, "world_size": world_size,
@@ -46,10 +50,11 @@ def time_case(case: Case, device, forward: Callable[[], object], backward: Calla
         "flops_fwd": flops["fwd"], "flops_bwd": flops["bwd"],
         "bytes_fwd": traffic["fwd"], "bytes_bwd": traffic["bwd"],
         "peak_tflops": peaks.get("datasheet"), "measured_peak_tflops": peaks.get("measured"),
+        "peak_bandwidth_gbs": peaks.get("bandwidth_gbs"),
     }
     for name in ("fwd", "bwd"):
         timing[name] = _direction(stats[name], flops[name], traffic[name], memory[name], peaks,
-                                  world_size, throughput=not note)
+                                  world_size, throughput=not note) if name in stats else None
     if notes:
         timing["note"] = "; ".join(notes)
     return timing
@@ -59,11 +64,13 @@ def _direction(stats: TimingStats, flops: float, traffic: float, memory: Optiona
                peaks: dict, world_size: int, throughput: bool) -> dict[str, Any]:
     seconds = stats.median_ms * 1e-3
     tflops = flops / seconds / 1e12 if throughput and seconds > 0 else None
+    gbps = traffic / seconds / 1e9 if throughput and seconds > 0 else None
 
-    def pct(peak: Optional[float]) -> Optional[float]:
-        return 100.0 * tflops / (peak * world_size) if tflops and peak else None
+    def pct(value: Optional[float], peak: Optional[float]) -> Optional[float]:
+        return 100.0 * value / (peak * world_size) if value and peak else None
 
-    return {**stats.to_dict(), "tflops": tflops, "pct_peak": pct(peaks.get("datasheet")),
-            "pct_measured_peak": pct(peaks.get("measured")),
-            "gbps": traffic / seconds / 1e9 if throughput and seconds > 0 else None,
+    return {**stats.to_dict(), "tflops": tflops, "pct_peak": pct(tflops, peaks.get("datasheet")),
+            "pct_measured_peak": pct(tflops, peaks.get("measured")), "gbps": gbps,
+            # Memory-bound calls (decode): achieved GB/s over the datasheet bandwidth.
+            "pct_peak_bandwidth": pct(gbps, peaks.get("bandwidth_gbs")),
             "peak_memory_bytes": memory}

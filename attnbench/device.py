@@ -95,17 +95,19 @@ def device_name(device: torch.device) -> str:
 
 
 def device_peaks(device: torch.device, dtype: str) -> dict[str, Optional[float]]:
-    """{"datasheet": TFLOP/s, "measured": TFLOP/s} of one device in ``dtype`` (None unknown).
+    """{"datasheet": TFLOP/s, "measured": TFLOP/s, "bandwidth_gbs": datasheet memory GB/s} of
+    one device in ``dtype`` (None unknown).
     The matmul peak is measured once per rank process, on its first timed GPU case (a few
     seconds); the CPU has none."""
-    from attnbench.hardware import measure_matmul_peak, peak_tflops
+    from attnbench.hardware import measure_matmul_peak, peak_bandwidth_gbs, peak_tflops
 
     env = device_env(device)
     key = str(device)
     if device.type == "cuda" and key not in _measured:
         _measured[key] = measure_matmul_peak(device, seconds=0.3)
     return {"datasheet": peak_tflops(env["gpu_kind"], dtype),
-            "measured": _measured.get(key, {}).get(dtype)}
+            "measured": _measured.get(key, {}).get(dtype),
+            "bandwidth_gbs": peak_bandwidth_gbs(env["gpu_kind"])}
 
 
 _fingerprints: dict[str, dict[str, Any]] = {}

@@ -64,10 +64,10 @@ class Judgement:
         return {"checks": [c.to_dict() for c in self.checks], "accuracy": self.accuracy}
 
 
-def timed_only(out: torch.Tensor, grads: Sequence[torch.Tensor]) -> Judgement:
+def timed_only(out: torch.Tensor, grads: Optional[Sequence[torch.Tensor]]) -> Judgement:
     """``accuracy: false``: no reference, no baseline -- but a NaN or Inf is still a failure."""
     checks = []
-    for name, tensor in zip(TENSORS, (out, *grads)):
+    for name, tensor in zip(TENSORS, (out, *(grads or ()))):
         count = int((~torch.isfinite(tensor)).sum().item())
         checks.append(acc.Check("nonfinite", name, "count", float(count), 0.0, count == 0))
     return Judgement("timed", "accuracy not checked (accuracy: false)").merged(checks)
@@ -82,12 +82,17 @@ def input_precision(backend, case, device) -> frozenset[str]:
     return frozenset(declared(case, device)) if callable(declared) else frozenset()
 
 
+BACKWARD_NOT_APPLICABLE = "not applicable: forward only (decode, or backward: false)"
+"""The record's ``accuracy.backward`` of a forward-only case: no gradient was asked for, so
+none is judged or timed -- not ``unsupported`` (nothing was refused), not a failure."""
+
+
 class References:
     """fp64 references of one case's inputs, one per dropout mask (one in all without dropout),
-    each computed once."""
+    each computed once; ``tensors``: ("out",) for a forward-only case."""
 
-    def __init__(self, q, k, v, dout, spec):
-        self.inputs, self.spec = (q, k, v, dout), spec
+    def __init__(self, q, k, v, dout, spec, tensors: Sequence[str] = TENSORS):
+        self.inputs, self.spec, self.tensors = (q, k, v, dout), spec, tuple(tensors)
         self._cache: dict[Any, dict] = {}
 
     def get(self, keep_mask) -> dict:
@@ -95,15 +100,17 @@ class References:
         if key not in self._cache:
             q, k, v, dout = self.inputs
             out, lse = reference_forward(q, k, v, self.spec, keep_mask=keep_mask)
-            dq, dk, dv = reference_backward(q, k, v, out, lse, dout, self.spec,
-                                            keep_mask=keep_mask)
-            self._cache[key] = {"out": out, "dq": dq, "dk": dk, "dv": dv, "lse": lse}
+            self._cache[key] = {"out": out, "lse": lse}
+            if "dq" in self.tensors:
+                dq, dk, dv = reference_backward(q, k, v, out, lse, dout, self.spec,
+                                                keep_mask=keep_mask)
+                self._cache[key].update(dq=dq, dk=dk, dv=dv)
         return self._cache[key]
 
     def errors(self, results: dict, keep_mask) -> dict:
         ref = self.get(keep_mask)
         scale = acc.problem_scale(ref)
-        return {t: acc.tensor_errors(results[t], ref[t], scale) for t in TENSORS}
+        return {t: acc.tensor_errors(results[t], ref[t], scale) for t in self.tensors}
 
     def logit_scale(self) -> float:
         """Largest finite |lse| of the fp64 reference (any entry: dropout does not change it)."""
@@ -121,9 +128,10 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     before the judged forward (:mod:`attnbench.dropout_probe`); with it the mask is recovered
     and the exact reference applies, without it statistics judge the forward's dropout."""
     device = device or q.device
-    results = dict(zip(TENSORS, (out, *grads)))
+    tensors = TENSORS if grads is not None else ("out",)  # grads None: forward only
+    results = dict(zip(tensors, (out, *(grads or ()))))
     keep_mask = getattr(backend, "keep_mask", None)
-    refs = References(q, k, v, dout, spec)
+    refs = References(q, k, v, dout, spec, tensors)
     errors, dropout = None, None
     if spec.dropout_p > 0 and keep_mask is None:
         dropout = judge_dropout(backend, q, k, v, spec, out, rng)
@@ -139,7 +147,9 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     baseline = {t: e for t, (_, e) in judged_by.items() if e is not None} or None
     kinds = {t: kind for t, (kind, _) in judged_by.items()}
     scale = acc.conditioning(errors if case.backend == "naive" else _naive_scale(judged_by))
-    identities = identity_residuals(q, k, v, out, dout, *grads, softcap=spec.softcap)
+    identities = {} if grads is None else identity_residuals(
+        q, k, v, out, dout, *grads, softcap=spec.softcap, cu_seqlens_q=spec.cu_seqlens_q,
+        cu_seqlens_kv=spec.cu_seqlens_kv)
     zero = {t for t, e in (errors or {}).items() if e.get("degenerate")}
     if zero & {"dq", "dk"}:
         # dQ = dK = 0 exactly (every query sees one key): <dQ,Q> = <dK,K> and sum dK = 0 read
@@ -156,6 +166,8 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
         "identities": {name: {"value": acc._finite_or_none(value), "bound": bounds[name]}
                        for name, value in identities.items()},
     }
+    if grads is None:
+        accuracy["backward"] = BACKWARD_NOT_APPLICABLE
     judgement = Judgement(verdict, reason, tuple(checks), accuracy)
     if dropout is not None:
         judgement = judgement.merged(dropout.checks, "dropout: ", dropout=dropout.to_dict())
@@ -167,11 +179,11 @@ def _baselines(case, backend, spec, q, k, v, dout, refs: References,
     """tensor -> (baseline kind, its errors on these inputs against its own fp64 reference)."""
     if case.backend in ("naive", "reference"):
         return {}
-    low = input_precision(backend, case, device)
+    low = set(input_precision(backend, case, device)) & set(refs.tensors)
     naive = _naive_errors(q, k, v, dout, spec, refs) if low else None
-    fused = _fused_errors(q, k, v, dout, spec, refs) if len(low) < len(TENSORS) else None
+    fused = _fused_errors(q, k, v, dout, spec, refs) if len(low) < len(refs.tensors) else None
     return {t: ("naive", naive and naive[t]) if t in low else ("fused", fused[t])
-            for t in TENSORS}
+            for t in refs.tensors}
 
 
 def _naive_scale(judged_by: dict) -> Optional[dict]:
@@ -197,22 +209,23 @@ def _naive_errors(q, k, v, dout, spec, refs: References) -> Optional[dict]:
     naive = get_backend("naive")
     try:
         fwd = naive.forward(q, k, v, spec)
-        grads = naive.backward(fwd.ctx, dout)
+        grads = naive.backward(fwd.ctx, dout) if "dq" in refs.tensors else ()
     except Exception as exc:
         if is_oom(exc):
             return None
         raise
     finally:
         release_prepared(naive)
-    return refs.errors(dict(zip(TENSORS, (fwd.out, *grads))), naive.keep_mask)
+    return refs.errors(dict(zip(refs.tensors, (fwd.out, *grads))), naive.keep_mask)
 
 
 def _fused_errors(q, k, v, dout, spec, refs: References) -> dict:
     """Errors of the fused-precision baseline on the same inputs (its dropout mask: the hash
     mask of :mod:`attnbench.dropout`), against its own exact reference."""
     out, lse = fused_forward(q, k, v, spec, keep_mask=hash_keep_mask)
-    grads = fused_backward(q, k, v, out, lse, dout, spec, keep_mask=hash_keep_mask)
-    return refs.errors(dict(zip(TENSORS, (out, *grads))), hash_keep_mask)
+    grads = (fused_backward(q, k, v, out, lse, dout, spec, keep_mask=hash_keep_mask)
+             if "dq" in refs.tensors else ())
+    return refs.errors(dict(zip(refs.tensors, (out, *grads))), hash_keep_mask)
 
 
 def check_determinism(judgement: Judgement, backend, ctx, dout, grads) -> Judgement:

@@ -54,6 +54,7 @@ from typing import Optional
 
 import torch
 
+from attnbench.packing import backward_per_sequence, forward_per_sequence
 from attnbench.problem import AttnSpec, KeepMaskFn
 
 F32 = torch.float32
@@ -223,7 +224,10 @@ class FusedBaseline:
                 keep_mask: Optional[KeepMaskFn] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) in one dtype. Returns
         out (B, Hq, Sq, Dv) in that dtype and lse (B, Hq, Sq) float32 (natural log; rows that see
-        no key: out 0, lse -inf)."""
+        no key: out 0, lse -inf). A packed ``spec``: each sequence alone, as a fused varlen
+        kernel tiles it (:mod:`attnbench.packing`)."""
+        if spec.is_packed:
+            return forward_per_sequence(self.forward, q, k, v, spec, keep_mask)
         tiles = _Tiles(q, k, v, spec, keep_mask)
         sq, sk, dv = tiles.seqlen_q, tiles.seqlen_k, v.shape[-1]
         lead = (tiles.batch, tiles.heads_kv, tiles.group)
@@ -279,6 +283,9 @@ class FusedBaseline:
         (B, Hq, Sq, Dv) in the dtype; lse (B, Hq, Sq) (any float dtype, used in fp32; -inf for
         rows that see no key). Returns dq (B, Hq, Sq, D), dk (B, Hkv, Sk, D), dv (B, Hkv, Sk,
         Dv) in the inputs' dtype."""
+        if spec.is_packed:
+            return backward_per_sequence(self.backward, q, k, v, out, lse, dout, spec,
+                                         keep_mask)
         tiles = _Tiles(q, k, v, spec, keep_mask)
         sq, sk, d = tiles.seqlen_q, tiles.seqlen_k, q.shape[-1]
         lead = (tiles.batch, tiles.heads_kv, tiles.group)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from attnbench.packing import tensor_batch
 from attnbench.spec import Case
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -27,13 +28,15 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def make_inputs(case: Case, device: torch.device | str = "cpu"):
-    """Return (q, k, v, dout) in the case's dtype on ``device``; shapes (B, H, S, D)."""
+    """Return (q, k, v, dout) in the case's dtype on ``device``; shapes (B, H, S, D), for a
+    packed case (1, H, total tokens, D) (:mod:`attnbench.packing`)."""
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
+    batch = tensor_batch(case)  # a packed case is one buffer of seqlen_q tokens
     shapes = {
-        "q": (case.batch, case.heads_q, case.seqlen_q, case.head_dim),
-        "k": (case.batch, case.heads_kv, case.seqlen_kv, case.head_dim),
-        "v": (case.batch, case.heads_kv, case.seqlen_kv, case.head_dim_v),
-        "dout": (case.batch, case.heads_q, case.seqlen_q, case.head_dim_v),
+        "q": (batch, case.heads_q, case.seqlen_q, case.head_dim),
+        "k": (batch, case.heads_kv, case.seqlen_kv, case.head_dim),
+        "v": (batch, case.heads_kv, case.seqlen_kv, case.head_dim_v),
+        "dout": (batch, case.heads_q, case.seqlen_q, case.head_dim_v),
     }
     tensors = {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
     if case.inputs == "large_logits":

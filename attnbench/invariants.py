@@ -20,6 +20,7 @@ error itself, so it is divided by |dK|_F.
 from __future__ import annotations
 
 import math
+from typing import Optional, Sequence
 
 import torch
 
@@ -32,28 +33,63 @@ def _grouped(x: torch.Tensor, heads_kv: int) -> torch.Tensor:
     return x.to(F64).reshape(b, heads_kv, -1)
 
 
-def _inner_residual(a1, b1, a2, b2) -> torch.Tensor:
-    """|<a1, b1> - <a2, b2>| / (|a1||b1|/sqrt(n1) + |a2||b2|/sqrt(n2)) per group."""
-    lhs = (a1 * b1).sum(-1)
-    rhs = (a2 * b2).sum(-1)
-    scale = (a1.norm(dim=-1) * b1.norm(dim=-1) / math.sqrt(a1.shape[-1])
-             + a2.norm(dim=-1) * b2.norm(dim=-1) / math.sqrt(a2.shape[-1]))
-    return (lhs - rhs).abs() / scale.clamp_min(1e-300)
+def _inner_scale(a1, b1, a2, b2) -> torch.Tensor:
+    """|a1||b1|/sqrt(n1) + |a2||b2|/sqrt(n2) per group: the size of rounding noise in
+    <a1, b1> - <a2, b2>."""
+    return (a1.norm(dim=-1) * b1.norm(dim=-1) / math.sqrt(a1.shape[-1])
+            + a2.norm(dim=-1) * b2.norm(dim=-1) / math.sqrt(a2.shape[-1]))
 
 
-def identity_residuals(q, k, v, out, dout, dq, dk, dv, softcap: float = 0.0) -> dict[str, float]:
+def identity_residuals(q, k, v, out, dout, dq, dk, dv, softcap: float = 0.0,
+                       cu_seqlens_q: Sequence[int] = (), cu_seqlens_kv: Sequence[int] = ()
+                       ) -> dict[str, float]:
     """Worst-group residual of each identity (see module docstring). NaN if inputs are not
-    finite (the caller reports NaN/Inf separately)."""
+    finite (the caller reports NaN/Inf separately).
+
+    A packed call (``cu_seqlens_*``, tensors (1, H, T, D)): every identity holds for each
+    sequence alone (its output depends on its own keys only), so each is checked per sequence,
+    against the noise scale of the whole pack (a one-token document's dK is rounding noise
+    only). Checked per sequence they see attention across documents without a reference."""
+    if not cu_seqlens_q:
+        return _residuals(q, k, v, out, dout, dq, dk, dv, softcap)
+    worst: dict[str, float] = {}
+    scale = _scales(q, k, v, out, dout, dq, dk, dv)
+    for b in range(len(cu_seqlens_q) - 1):
+        rows = slice(cu_seqlens_q[b], cu_seqlens_q[b + 1])
+        keys = slice(cu_seqlens_kv[b], cu_seqlens_kv[b + 1])
+        part = _residuals(q[:, :, rows], k[:, :, keys], v[:, :, keys], out[:, :, rows],
+                          dout[:, :, rows], dq[:, :, rows], dk[:, :, keys], dv[:, :, keys],
+                          softcap, scale)
+        for name, value in part.items():
+            worst[name] = max(worst.get(name, 0.0), value) if value == value else value
+    return worst
+
+
+def _scales(q, k, v, out, dout, dq, dk, dv) -> dict[str, torch.Tensor]:
+    """Per-group noise scales of the three identities over the whole call."""
     heads_kv = k.shape[1]
     g = {name: _grouped(t, heads_kv) for name, t in
          dict(q=q, k=k, v=v, out=out, dout=dout, dq=dq, dk=dk, dv=dv).items()}
-    result = {
-        "dv_v": _inner_residual(g["dv"], g["v"], g["dout"], g["out"]).max().item(),
-        "dq_q": _inner_residual(g["dq"], g["q"], g["dk"], g["k"]).max().item(),
-    }
+    return {"dv_v": _inner_scale(g["dv"], g["v"], g["dout"], g["out"]),
+            "dq_q": _inner_scale(g["dq"], g["q"], g["dk"], g["k"]),
+            "dk_sum": dk.to(F64).flatten(2).norm(dim=-1)}
+
+
+def _residuals(q, k, v, out, dout, dq, dk, dv, softcap: float,
+               scale: Optional[dict[str, torch.Tensor]] = None) -> dict[str, float]:
+    heads_kv = k.shape[1]
+    g = {name: _grouped(t, heads_kv) for name, t in
+         dict(q=q, k=k, v=v, out=out, dout=dout, dq=dq, dk=dk, dv=dv).items()}
+    scale = scale or _scales(q, k, v, out, dout, dq, dk, dv)
+
+    def inner(a1, b1, a2, b2, name):
+        gap = ((a1 * b1).sum(-1) - (a2 * b2).sum(-1)).abs()
+        return (gap / scale[name].clamp_min(1e-300)).max().item()
+
+    result = {"dv_v": inner(g["dv"], g["v"], g["dout"], g["out"], "dv_v"),
+              "dq_q": inner(g["dq"], g["q"], g["dk"], g["k"], "dq_q")}
     if not softcap:
-        dk64 = dk.to(F64)
-        key_sum = dk64.sum(dim=2)  # (B, Hkv, D)
+        key_sum = dk.to(F64).sum(dim=2)  # (B, Hkv, D)
         result["dk_sum"] = (key_sum.norm(dim=-1)
-                            / dk64.flatten(2).norm(dim=-1).clamp_min(1e-300)).max().item()
+                            / scale["dk_sum"].clamp_min(1e-300)).max().item()
     return result

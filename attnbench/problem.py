@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
+from attnbench.packing import cu_seqlens
+
 if TYPE_CHECKING:  # torch is imported lazily: the Dask worker process never needs it
     import torch
 
@@ -77,6 +79,15 @@ class AttnSpec:
     head_start: int = 0
     """Global index of this call's first query head (tensor parallelism)."""
     batch_start: int = 0
+    cu_seqlens_q: tuple[int, ...] = ()
+    """Packed case (:mod:`attnbench.packing`): where each sequence's queries start in the one
+    buffer of Sq tokens, and Sq at the end; empty for a dense call. Every rule above then
+    applies per sequence, with its own lengths as the totals and its number as batch index."""
+    cu_seqlens_kv: tuple[int, ...] = ()
+    decode: bool = False
+    """A decode call: forward only (no autograd state is kept), K/V are a cache."""
+    page_size: int = 0
+    """Decode: the cache a backend reads is paged (:mod:`attnbench.paged`); 0 = contiguous."""
 
     @classmethod
     def from_case(cls, case: "Case") -> "AttnSpec":
@@ -92,10 +103,18 @@ class AttnSpec:
             dropout_seed=(case.seed * 1_000_003 + 12345) & 0x7FFFFFFF,
             seqlen_q_total=case.seqlen_q,
             seqlen_kv_total=case.seqlen_kv,
+            cu_seqlens_q=cu_seqlens(case.seqlens_q) if case.is_packed else (),
+            cu_seqlens_kv=cu_seqlens(case.seqlens_kv) if case.is_packed else (),
+            decode=case.decode,
+            page_size=case.page_size,
         )
 
     def replace(self, **changes) -> "AttnSpec":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def is_packed(self) -> bool:
+        return bool(self.cu_seqlens_q)
 
     @property
     def is_masked(self) -> bool:

@@ -34,13 +34,14 @@ _KINDS = {TEXT: lambda v: isinstance(v, str), NUMBER: _number, FLAG: lambda v: i
           SCALAR: lambda v: isinstance(v, _SCALAR),
           NUMBERS: lambda v: isinstance(v, list) and all(map(_number, v))}
 _STATS = {**{k: NUMBER for k in ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops",
-                                 "pct_peak", "pct_measured_peak", "gbps", "peak_memory_bytes",
+                                 "pct_peak", "pct_measured_peak", "gbps", "pct_peak_bandwidth",
+                                 "peak_memory_bytes",
                                  "calls_per_sample", "warmup_calls", "warmup_ms")},
           "samples_ms": NUMBERS, "noisy": FLAG}
 _TIMING = {"clock": TEXT, "mode": TEXT, "note": TEXT,
            **{k: NUMBER for k in ("world_size", "l2_flush_bytes", "flops_fwd", "flops_bwd",
                                   "bytes_fwd", "bytes_bwd", "peak_tflops",
-                                  "measured_peak_tflops")}}
+                                  "measured_peak_tflops", "peak_bandwidth_gbs")}}
 _METRICS = {k: SCALAR for k in ("rel_l2", "max_abs", "cosine", "nonfinite", "baseline_rel_l2",
                                 "ratio", "bound", "value", "baseline")}
 _CRASH = {"signal": TEXT, "stderr_tail": TEXT, "traceback": TEXT, "exit_code": NUMBER,

@@ -16,8 +16,9 @@ Everything downstream (``attnbench show``, reports, compare, pandas) reads these
         "reference": "exact" | "exact-mask" | "none: <why>",
         "tensors": {"out": {"rel_l2", "max_abs", "cosine", "nonfinite",
                             "baseline_rel_l2", "ratio", "bound"}, "dq": ..., "dk": ..., "dv": ...},
-        "identities": {"dv_v": {"value", "bound"}, "dq_q": {...}, "dk_sum": {...}}
-      },
+        "identities": {"dv_v": {"value", "bound"}, "dq_q": {...}, "dk_sum": {...}},
+        "backward": "not applicable: ..."  # forward-only cases (case.backward false: decode):
+      },                                   # tensors holds "out" only, identities are {}
       "timing": {                          # null when timing was off or the case never ran
         "clock": "cuda_events" | "perf_counter", "mode": "eager" | "graph", "world_size": 1,
         "l2_flush_bytes": 268435456,       # flushed before every timed call (0 on CPU)
@@ -25,12 +26,15 @@ Everything downstream (``attnbench show``, reports, compare, pandas) reads these
         "bytes_fwd": 2.1e6, "bytes_bwd": 4.2e6,   # minimal traffic (each tensor once)
         "peak_tflops": 989.4,              # datasheet, one device, the case's dtype
         "measured_peak_tflops": 781.0,     # this worker's own matmul peak
+        "peak_bandwidth_gbs": 4800.0,      # datasheet memory bandwidth (null: unknown, CPU)
         "note": "...",                     # present when FLOP/s are not meaningful
         "fwd": {"median_ms", "q1_ms", "q3_ms", "min_ms", "n", "samples_ms": [...],
                 "calls_per_sample", "warmup_calls", "warmup_ms",
                 "noisy",                   # the spread never settled: compare says AMBIGUOUS
-                "tflops", "pct_peak", "pct_measured_peak", "gbps", "peak_memory_bytes"},
-        "bwd": {...same...}
+                "tflops", "pct_peak", "pct_measured_peak", "gbps",
+                "pct_peak_bandwidth",      # gbps over the datasheet bandwidth (decode's figure)
+                "peak_memory_bytes"},
+        "bwd": {...same...} | null         # null for a forward-only case (flops/bytes_bwd too)
       },
       "crash": null | {"signal": "SIGSEGV", "exit_code": -11, "rank": 0,
                        "stderr_tail": "...", "traceback": "..."},

@@ -19,6 +19,7 @@ from typing import Optional
 
 import torch
 
+from attnbench.packing import backward_per_sequence, forward_per_sequence
 from attnbench.problem import AttnSpec, KeepMaskFn
 
 # Scores in one block: 2^22 doubles = 32 MiB; with a handful of same-sized temporaries the
@@ -90,7 +91,10 @@ def grouped_f64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
 @torch.no_grad()
 def reference_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttnSpec,
                       keep_mask: Optional[KeepMaskFn] = None):
-    """fp64 attention. Returns (out (B, Hq, Sq, Dv), lse (B, Hq, Sq)), both float64."""
+    """fp64 attention. Returns (out (B, Hq, Sq, Dv), lse (B, Hq, Sq)), both float64. A packed
+    ``spec``: each sequence on its own (:mod:`attnbench.packing`)."""
+    if spec.is_packed:
+        return forward_per_sequence(reference_forward, q, k, v, spec, keep_mask=keep_mask)
     q5, k5, v5, batch, heads_kv, group = grouped_f64(q, k, v)
     sq, sk, dv = q5.shape[3], k5.shape[3], v5.shape[-1]
     blocks = ScoreBlocks(spec, batch, heads_kv, group, q.device, keep_mask)
@@ -137,6 +141,9 @@ def reference_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     dS = P * (dP - rowsum(dO * O)) where dP = (dO @ V^T) * keep / (1 - p); with softcap,
     dS_raw = dS * (1 - tanh^2). GQA: dK/dV of a kv head sum over its query-head group.
     """
+    if spec.is_packed:
+        return backward_per_sequence(reference_backward, q, k, v, out, lse, dout, spec,
+                                     keep_mask=keep_mask)
     q5, k5, v5, batch, heads_kv, group = grouped_f64(q, k, v)
     sq, sk, d = q5.shape[3], k5.shape[3], q5.shape[-1]
     dout5 = dout.to(F64).view(batch, heads_kv, group, sq, -1)

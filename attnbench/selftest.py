@@ -41,7 +41,9 @@ from attnbench.resources import ENV_DEVICE, ENV_THREADS
 from attnbench.spec import Case, RunOptions, Sweep, TimingOptions, load_sweep
 from attnbench.trends import SLOPE_BOUND, findings, trends
 
-DEFAULT_SWEEP = Path(__file__).resolve().parent.parent / "sweeps" / "standard.yaml"
+SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
+DEFAULT_SWEEPS = (SWEEPS_DIR / "standard.yaml", SWEEPS_DIR / "decode.yaml")
+"""The standard sweep, and the decode sweep for the decode bug classes (17-19)."""
 TEMPLATE = "naive"
 """The backend whose cases the mutants take over (most mutants edit naive's code)."""
 WEAK_MARGIN = 2.0
@@ -88,13 +90,21 @@ def make_plan(sweep: Sweep, *, seeds: int = 1, mutants: Sequence[Mutant] = CATAL
     for mutant in mutants:
         # A mutant that edits only the CP/TP code is the correct backend on one device; the
         # long cases (seconds each) go only to mutants whose error grows with length.
-        if mutant.parallel:
-            pool = [c for c in base if c.world_size > 1]
+        if mutant.decode or mutant.parallel:
+            # Decode mutants take the decode cases, CP/TP mutants the CP/TP cases.
+            pool = [c for c in base if (c.decode if mutant.decode else c.world_size > 1)]
         else:
-            pool = [c for c in (base if mutant.long else short)
-                    if c.world_size == 1 or not (mutant.long or mutant.single)]
+            pool = [c for c in (base if mutant.long else short) if not c.decode
+                    and (c.world_size == 1 or not (mutant.long or mutant.single))]
         chosen[mutant.name] = tuple(c.replace(backend=mutant.name) for c in pool)
     return Plan(controls=tuple(control_cases), mutants=chosen)
+
+
+def combined(sweeps: Sequence[Sweep]) -> Sweep:
+    """One sweep of the cases of several (each case once), with the first one's options."""
+    cases = {c.id: c for sweep in sweeps for c in sweep.cases}
+    return dataclasses.replace(sweeps[0], cases=tuple(cases.values()),
+                               path=", ".join(s.path for s in sweeps))
 
 
 def is_long(case: Case) -> bool:
@@ -321,7 +331,7 @@ def judge_controls(records: Sequence[dict]) -> dict[str, ControlResult]:
 
 def render(results: Sequence[MutantResult], controls: dict[str, ControlResult]) -> str:
     lines = ["Mutants (each must be caught):",
-             f"{'#':<6}{'mutant':<24}{'caught':<8}{'strongest check':<22}{'margin':>11}"
+             f"{'#':<6}{'mutant':<26}{'caught':<8}{'strongest check':<22}{'margin':>11}"
              + "".join(f"{d:>12}" for d in DTYPE_ORDER) + f"{'failed/run':>12}  bug class"]
     for res in results:
         m = res.mutant
@@ -329,7 +339,7 @@ def render(results: Sequence[MutantResult], controls: dict[str, ControlResult]) 
         best = res.best
         cells = "".join(f"{(res.by_dtype[d].margin_text() if d in res.by_dtype else '-'):>12}"
                         for d in DTYPE_ORDER)
-        lines.append(f"{m.number:<6}{m.name.removeprefix('mutant.'):<24}{caught:<8}"
+        lines.append(f"{m.number:<6}{m.name.removeprefix('mutant.'):<26}{caught:<8}"
                      f"{(best.label if best else '-'):<22}"
                      f"{(best.margin_text() if best else '-'):>11}{cells}"
                      f"{res.failed:>7}/{res.run:<4}  {m.bug}")
@@ -378,8 +388,9 @@ def add_selftest_command(subparsers) -> None:
     p = subparsers.add_parser(
         "selftest", help="run the catalogue of known attention bugs through the standard "
                          "sweep's checks: every bug must be caught, every correct backend pass")
-    p.add_argument("--sweep", default=str(DEFAULT_SWEEP),
-                   help="the sweep whose checks are tested (default: sweeps/standard.yaml)")
+    p.add_argument("--sweep", action="append", metavar="SWEEP",
+                   help="a sweep whose checks are tested (repeatable; default: "
+                        "sweeps/standard.yaml and sweeps/decode.yaml)")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="run every case with seeds 0..N-1 (default 1)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -430,7 +441,8 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     if problem:
         print(f"attnbench: error: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    sweep = load_sweep(args.sweep, check_backend_name)
+    sweep = combined([load_sweep(path, check_backend_name)
+                      for path in (args.sweep or [str(p) for p in DEFAULT_SWEEPS])])
     try:
         plan = make_plan(sweep, seeds=args.seeds, mutants=mutants,
                          controls=not args.no_controls)

@@ -25,15 +25,21 @@ import functools
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attnbench.sweep_axes as axes
+from attnbench.decode_rules import MAX_PAGE_SIZE, check_capacity, check_decode
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
+from attnbench.length_mix import expand as expand_lengths
+from attnbench.options import RunOptions, TimingOptions, check_options_dict  # noqa: F401
+from attnbench.options import parse_options as _parse_options
+from attnbench.packed_fields import MAX_SEQUENCES, check_stored_lengths, resolve_packing
 from attnbench.validation import MAX_SWEEP_BYTES  # noqa: F401  (documented with the limits)
-from attnbench.validation import Choice, Flag, Int, Name, Problems, Real, unknown_name
+from attnbench.validation import Choice, Flag, Int, Lengths, Name, PowerOfTwo, Problems, Real
+from attnbench.validation import unknown_name
 from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int
 from attnbench.validation import load_yaml, read_input_file
@@ -64,7 +70,10 @@ MAX_TEXT = 200
 
 @functools.lru_cache(maxsize=1 << 17)  # a sweep's cases (<= 100,000): the driver asks often
 def _case_id(case: "Case") -> str:
-    payload = json.dumps(case.to_dict(), sort_keys=True, separators=(",", ":"))
+    # Fields added later are left out at their default: every stored id stays valid.
+    content = {k: v for k, v in case.to_dict().items()
+               if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
+    payload = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -78,6 +87,12 @@ class Case:
     seqlen_q: int = 128
     seqlen_kv: int = 0
     """0 means "same as seqlen_q" (resolved by :func:`make_case`)."""
+    seqlens_q: tuple[int, ...] = ()
+    """Packed case: each sequence's query length, one after another in one buffer
+    (:mod:`attnbench.packing`); batch = its length, seqlen_q = its sum. Empty: dense."""
+    seqlens_kv: tuple[int, ...] = ()
+    """Packed case: each sequence's key length; seqlen_kv = its sum. How a sweep's values
+    become these: :func:`attnbench.packed_fields.resolve_packing`."""
     heads_q: int = 8
     heads_kv: int = 0
     """0 means "same as heads_q". heads_kv == heads_q is MHA, 1 is MQA, between is GQA."""
@@ -106,8 +121,24 @@ class Case:
     inputs: str = "normal"
     seed: int = 0
     """0 <= seed <= MAX_SEED (what torch.Generator.manual_seed accepts, kept int64)."""
+    decode: bool = False
+    """Decode against a KV cache: the seqlen_q (1..MAX_DECODE_Q) new tokens are the cache's
+    last positions (bottom-right alignment), forward only (``backward`` is false)."""
+    page_size: int = 0
+    """Decode only: the cache is stored in pages of this many tokens (a power of two) reached
+    through a shuffled block table (flash-attn's ``block_table``); 0 = one contiguous cache."""
+    backward: bool = True
+    """Whether the backward is run, judged and timed; false for decode (forward only)."""
+
+    def __post_init__(self):  # lists from JSON: keep the case hashable
+        for name in ("seqlens_q", "seqlens_kv"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     # -- derived ----------------------------------------------------------------------------
+    @property
+    def is_packed(self) -> bool:
+        return bool(self.seqlens_q)
+
     @property
     def id(self) -> str:
         return _case_id(self)
@@ -156,6 +187,12 @@ class Case:
             parts.append(f"tp{self.tp}")
         if self.inputs != "normal":
             parts.append(self.inputs)
+        if self.is_packed:
+            parts.append("packed")  # not the count: packs of several totals form one series
+        if self.decode:
+            parts.append(f"decode-paged{self.page_size}" if self.page_size else "decode")
+        elif not self.backward:
+            parts.append("fwd-only")
         return " ".join(parts)
 
     @property
@@ -168,7 +205,11 @@ class Case:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field; a dense case leaves out the empty ``seqlens_*`` (its id stays the one
+        it had before packed cases existed)."""
+        return {f.name: list(value) if isinstance(value, tuple) else value
+                for f in fields(self)
+                if (value := getattr(self, f.name)) != () or f.name not in _PACKED_FIELDS}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Case":
@@ -180,7 +221,11 @@ class Case:
 
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
+_PACKED_FIELDS = ("seqlens_q", "seqlens_kv")
+SWEEP_ONLY_FIELDS = ("varlen",)  # a length generator, expanded into seqlens_q (length_mix)
 _CASE_DEFAULTS = {f.name: f.default for f in fields(Case)}
+_LATER_FIELDS = {name: _CASE_DEFAULTS[name] for name in ("decode", "page_size", "backward")}
+"""Fields added after ids were first stored (left out of :attr:`Case.id` at their default)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -191,7 +236,9 @@ _RANKS = Int(1, MAX_RANKS, f"a positive integer <= {MAX_RANKS} (ranks of one cas
 _PRINTABLE = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+"
 CASE_RULES: dict[str, Any] = {
     "backend": Name(_PRINTABLE, "a backend name", MAX_TEXT),
-    "batch": _SIZE, "seqlen_q": _SIZE, "seqlen_kv": _SIZE, "heads_q": _SIZE, "heads_kv": _SIZE,
+    "batch": _SIZE, "seqlen_q": _SIZE, "seqlen_kv": _SIZE,
+    "seqlens_q": Lengths(MAX_SEQUENCES, MAX_SIZE, MAX_SIZE),
+    "seqlens_kv": Lengths(MAX_SEQUENCES, MAX_SIZE, MAX_SIZE), "heads_q": _SIZE, "heads_kv": _SIZE,
     "head_dim": _SIZE, "head_dim_v": _SIZE,
     "mask": Choice(MASKS),  # as stored; a sweep spells it none | causal | {window: ...}
     "window_left": Int(-1, MAX_SIZE), "window_right": Int(-1, MAX_SIZE),
@@ -203,6 +250,9 @@ CASE_RULES: dict[str, Any] = {
     "gpu": Name(r"[A-Za-z0-9_.+-]+", "a GPU kind such as H100, A100, cpu, or any", MAX_TEXT),
     "inputs": Choice(INPUTS),
     "seed": Int(0, MAX_SEED),
+    "decode": Flag(),
+    "page_size": PowerOfTwo(MAX_PAGE_SIZE),
+    "backward": Flag(),
 }
 """The rule of every Case field; a sweep's values (:func:`_norm_value`) and a stored record's
 case (:func:`check_case_dict`) go through it."""
@@ -222,57 +272,10 @@ def check_case_dict(where: str, data: Any) -> Case:
     if "backend" not in values:
         raise SweepError(f"{where}.backend: missing")
     case = Case(**values)
+    check_stored_lengths(where, case)
     if case.cp * case.tp > MAX_RANKS:
         raise _fail(f"{where}.cp", case.cp, f"cp * tp <= {MAX_RANKS} (tp={case.tp})")
     return case
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TimingOptions:
-    """How each case is timed (see :mod:`attnbench.timing`)."""
-
-    enabled: bool = field(default=True, metadata={"rule": Flag()})
-    warmup: int = field(default=2, metadata={"rule": Int(0, 10_000)})
-    """Untimed calls before sampling, at least (compilation, allocator, caches). The warm-up
-    loop stops at 10,000 calls whatever ``warmup_ms`` says (timing.measure)."""
-    warmup_ms: float = field(default=25.0, metadata={"rule": Real(0.0, 60_000.0)})
-    """...and at least this much measured time in those calls (GPU clocks ramp up; do_bench's
-    default). CPU correctness sweeps set 0."""
-    min_sample_ms: float = field(default=0.1, metadata={"rule": Real(0.0, 10_000.0)})
-    """A call shorter than this is repeated within one sample (``calls_per_sample``), so a
-    sample is not mostly event resolution and launch latency. 0 = always one call."""
-    mode: str = field(default="eager", metadata={"rule": Choice(("eager", "graph"))})
-    """eager: the backend's calls as a user makes them; graph: captured once into a CUDA graph
-    and replayed (no host launch overhead; falls back to eager, with a note, when a backend
-    cannot be captured)."""
-    min_samples: int = field(default=5, metadata={"rule": Int(0, 10_000)})
-    max_samples: int = field(default=100, metadata={"rule": Int(1, 10_000)})
-    """At most 10,000: every sample is kept in the record (``samples_ms``)."""
-    target_rel_iqr: float = field(default=0.05, metadata={"rule": Real(0.0, 100.0,
-                                                                        lo_open=True)})
-    """Stop sampling once (q3 - q1) / median falls under this."""
-    max_seconds: float = field(default=1.0, metadata={"rule": Real(0.0, 3600.0, lo_open=True)})
-    """Time cap per direction (forward, backward) per case."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunOptions:
-    """Harness options from a sweep's ``options:`` section; not part of any case id."""
-
-    timeout_s: float = field(default=300.0, metadata={"rule": Real(
-        0.0, 7 * 86400.0, lo_open=True, expected=f"a positive number <= {7 * 86400} (a week)")})
-    """A case that has not answered after this many seconds is recorded as ``timeout``."""
-    accuracy: bool = field(default=True, metadata={"rule": Flag()})
-    timing: TimingOptions = field(default_factory=TimingOptions)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunOptions":
-        data = dict(data)
-        timing = TimingOptions(**data.pop("timing", {}))
-        return cls(timing=timing, **data)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -326,6 +329,8 @@ def _norm_value(where: str, name: str, value: Any, backend_check) -> dict[str, A
     """Validate one field value; return the case fields it sets (mask sets three)."""
     if name == "mask":
         return _norm_mask(where, value)
+    if name == "varlen":
+        return {"seqlens_q": expand_lengths(where, value, MAX_SEQUENCES, MAX_SIZE)}
     if name == "dtype" and isinstance(value, str):
         value = DTYPE_ALIASES.get(value, value)
     value = CASE_RULES[name].check(where, value)
@@ -336,8 +341,10 @@ def _norm_value(where: str, name: str, value: Any, backend_check) -> dict[str, A
     return {name: value}
 
 
-PUBLIC_FIELDS = tuple(f for f in CASE_FIELDS if f not in ("window_left", "window_right"))
-"""The fields a sweep names (``mask`` sets the window bounds)."""
+PUBLIC_FIELDS = tuple(f for f in CASE_FIELDS
+                      if f not in ("window_left", "window_right")) + SWEEP_ONLY_FIELDS
+"""The fields a sweep names (``mask`` sets the window bounds; ``varlen`` expands into
+``seqlens_q``)."""
 
 
 def _check_field_name(where: str, name: Any) -> None:
@@ -359,11 +366,17 @@ def make_case(where: str, values: Mapping[str, Any]) -> Case:
     v = dict(values)
     if "backend" not in v:
         raise SweepError(f"{where}: backend: missing; give it in defaults or axes")
+    check_capacity(where, v)
+    if v.get("seqlens_q") or v.get("seqlens_kv"):
+        resolve_packing(where, v, _CASE_DEFAULTS["seqlen_q"], MAX_SIZE)
     for name, same_as in (("seqlen_kv", "seqlen_q"), ("heads_kv", "heads_q"),
                           ("head_dim_v", "head_dim")):
         if not v.get(name):
             v[name] = v.get(same_as, _CASE_DEFAULTS[same_as])
+    if v.get("decode") and "backward" not in v:
+        v["backward"] = False  # decode is forward only; asking for backward is an error below
     case = Case(**v)
+    check_decode(where, case)
     if case.heads_q % case.heads_kv:
         raise SweepError(f"{where}: heads_kv: got {case.heads_kv}, expected a divisor of "
                          f"heads_q={case.heads_q} (GQA groups must be whole)")
@@ -468,7 +481,9 @@ def _show(values: Mapping[str, Any], name: str) -> str:
     if name == "mask":
         return Case(backend="x", **{k: values[k] for k in ("mask", "window_left", "window_right")
                                     if k in values}).mask_label
-    return str(values.get(name))
+    if name == "varlen":
+        return short_repr(list(values.get("seqlens_q", ())))
+    return short_repr(values.get(name)) if name in _PACKED_FIELDS else str(values.get(name))
 
 
 def _parse_partial(where: str, entry: Any, norm) -> dict[str, Any]:
@@ -481,49 +496,6 @@ def _parse_partial(where: str, entry: Any, norm) -> dict[str, Any]:
     return out
 
 
-def _parse_options(filename: str, raw: Mapping[str, Any],
-                   problems: Optional[Problems] = None) -> RunOptions:
-    """Every option through its field's rule (``metadata["rule"]``); each mistake into
-    ``problems`` (or raised at once, ``FILE: options...``, without it)."""
-    own = problems is None
-    problems = Problems(filename) if own else problems
-    clean: dict[str, Any] = {}
-    for key, value in raw.items():
-        with problems.check():
-            clean.update(_check_options("options", key, value, RunOptions, problems))
-    if own:
-        problems.raise_any()
-    options = RunOptions()
-    with problems.check():
-        options = RunOptions.from_dict(clean)
-        if options.timing.min_samples > options.timing.max_samples:
-            raise _fail("options.timing.min_samples", options.timing.min_samples,
-                        f"at most max_samples={options.timing.max_samples}")
-    if own:
-        problems.raise_any()
-    return options
-
-
-def _check_options(where: str, key: Any, value: Any, kind: type, problems: Problems) -> dict:
-    known = {f.name: f for f in fields(kind)}
-    if key not in known:
-        raise unknown_name(f"{where}.{_key(key)}", key, list(known), "option")
-    if known[key].metadata.get("rule") is not None:
-        return {key: known[key].metadata["rule"].check(f"{where}.{key}", value)}
-    if not isinstance(value, Mapping):  # a nested section (timing)
-        raise _fail(f"{where}.{key}", value, "a mapping")
-    nested: dict[str, Any] = {}
-    for k, v in value.items():
-        with problems.check():
-            nested.update(_check_options(f"{where}.{key}", k, v, TimingOptions, problems))
-    return {key: nested}
-
-
-def check_options_dict(where: str, data: Any) -> RunOptions:
-    """Options as stored (a manifest's ``options``), through the same rules as a sweep's."""
-    if not isinstance(data, Mapping):
-        raise _fail(where, data, "a JSON object of options")
-    return _parse_options(where, data)
 
 
 def single_case_sweep(sweep: Sweep, case_ids: Iterable[str]) -> Sweep:

@@ -157,6 +157,18 @@ class Real:
 
 
 @dataclass(frozen=True, slots=True)
+class PowerOfTwo:
+    """0, or a power of two <= hi."""
+
+    hi: int
+
+    def check(self, where: str, value: Any) -> int:
+        if not is_int(value) or value < 0 or value > self.hi or value & (value - 1):
+            raise fail(where, value, f"0 or a power of two <= {self.hi}")
+        return value
+
+
+@dataclass(frozen=True, slots=True)
 class Choice:
     choices: tuple[str, ...]
 
@@ -280,3 +292,27 @@ def _int64(text: str) -> int:
     if not -2**63 <= value < 2**63:
         raise ValueError(f"{text[:40]}... is beyond int64")
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """A non-empty list of sequence lengths (a packed case's ``seqlens_q`` / ``seqlens_kv``):
+    at most ``max_count`` integers in [1, ``max_each``] whose sum is at most ``max_total``.
+    Returned as a tuple (cases are hashable)."""
+
+    max_count: int
+    max_each: int
+    max_total: int
+
+    def check(self, where: str, value: Any) -> tuple[int, ...]:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise fail(where, value, "a non-empty list of sequence lengths")
+        if len(value) > self.max_count:
+            raise SweepError(f"{where}: got {len(value)} sequences, expected at most "
+                             f"{self.max_count}")
+        for i, x in enumerate(value):
+            if not is_int(x) or not 1 <= x <= self.max_each:
+                raise fail(f"{where}[{i}]", x, f"a positive integer <= {self.max_each}")
+        if sum(value) > self.max_total:
+            raise fail(where, f"sum {sum(value)}", f"a total of at most {self.max_total} tokens")
+        return tuple(int(x) for x in value)

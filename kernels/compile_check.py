@@ -5,9 +5,10 @@ so errors only the compiler sees would first show on a GPU: a Python global that
 ``tl.constexpr``, branches yielding different types, a tile needing more shared memory than the
 chip has. Triton's wheel ships ptxas, so every kernel can be lowered to a cubin for a target GPU
 right here. This module does that for representative variants (dtypes, head dims, every feature
-flag) and prints one JSON line per kernel: shared memory, registers and stack bytes (spills, read
-with the cuobjdump Triton also ships), whether the PTX uses wgmma (Hopper tensor cores) and
-cp.async (pipelined loads), and compile time. Exit status 1 if a kernel does not fit in shared
+flag; the split-KV decode kernels, contiguous and paged) and prints one JSON line per kernel:
+shared memory, registers and stack bytes (spills, read with the cuobjdump Triton also ships),
+whether the PTX uses wgmma (Hopper tensor cores) and cp.async (pipelined loads), and compile
+time. Exit status 1 if a kernel does not fit in shared
 memory.
 
     TRITON_INTERPRET=0 python -m attnbench.kernels.compile_check [--all | --variant TEXT] [--arch 90]
@@ -35,6 +36,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from attnbench.kernels import configs
+from attnbench.kernels.decode import _decode_split, _merge_splits, decode_args
 from attnbench.kernels.dropout import _keep_mask_kernel
 from attnbench.kernels.flash_bwd import _bwd_dkdv, _bwd_dq, _bwd_preprocess, backward_args
 from attnbench.kernels.flash_fwd import _attn_fwd, forward_args
@@ -69,9 +71,13 @@ _ALL_FEATURES = dict(window_left=256, window_right=0, softcap=30.0,
                      alibi_slopes=tuple(2.0 ** -(i + 1) for i in range(8)), dropout_p=0.1,
                      dropout_seed=1234)
 
+_PACK = (0, 4096, 5120, 5197, 8196)  # the issue's mix: 4096, 1024, 77, 2999 tokens
+
 QUICK = (
     Variant("bf16 d128 plain (the performance target)", torch.bfloat16, 128),
     Variant("bf16 d64 GQA every feature", torch.bfloat16, 64, heads_kv=2, features=_ALL_FEATURES),
+    Variant("bf16 d128 packed (cu_seqlens), causal", torch.bfloat16, 128, seqlen=_PACK[-1],
+            features=dict(window_right=0, cu_seqlens_q=_PACK, cu_seqlens_kv=_PACK)),
 )
 FULL = QUICK + (
     Variant("fp16 d64 causal", torch.float16, 64, features=dict(window_right=0)),
@@ -147,9 +153,10 @@ def _resource_usage(cubin: bytes) -> dict:
 
 def check_variant(variant: Variant, target: GPUTarget) -> list[dict]:
     meta = torch.device("meta")
-    q = torch.empty(2, variant.heads_q, variant.seqlen, variant.head_dim, dtype=variant.dtype,
+    batch = 1 if "cu_seqlens_q" in variant.features else 2  # a pack is one buffer
+    q = torch.empty(batch, variant.heads_q, variant.seqlen, variant.head_dim, dtype=variant.dtype,
                     device=meta)
-    k = torch.empty(2, variant.heads_kv, variant.seqlen, variant.head_dim, dtype=variant.dtype,
+    k = torch.empty(batch, variant.heads_kv, variant.seqlen, variant.head_dim, dtype=variant.dtype,
                     device=meta)
     params = FlashParams(sm_scale=variant.head_dim ** -0.5, **variant.features)
     out, lse, fwd_args = forward_args(q, k, k, params, interpreted=False)
@@ -175,6 +182,37 @@ def check_keep_mask(target: GPUTarget) -> dict:
     return report
 
 
+DECODE_VARIANTS = (
+    # (name, page size, q tokens, kv heads, FlashParams features): a Llama-3-8B layer, bf16 d128
+    ("decode bf16 d128 GQA 32/8 contiguous", 0, 1, 8, {}),
+    ("decode bf16 d128 GQA 32/8 paged 16, 4 tokens, causal", 16, 4, 8, dict(window_right=0)),
+    ("decode bf16 d128 MQA paged 256, every feature", 256, 1, 1,
+     dict(window_left=4096, window_right=0, softcap=30.0,
+          alibi_slopes=tuple(2.0 ** -(i + 1) for i in range(32)))),
+)
+
+
+def check_decode(target: GPUTarget) -> list[dict]:
+    """The split-KV decode kernel and its merge (kernels.decode), contiguous and paged."""
+    meta = torch.device("meta")
+    reports = []
+    for name, page, seqlen_q, heads_kv, features in DECODE_VARIANTS:
+        q = torch.empty(2, 32, seqlen_q, 128, dtype=torch.bfloat16, device=meta)
+        cache = ((2 * 4096 // page, page, heads_kv, 128) if page else (2, heads_kv, 65536, 128))
+        k = torch.empty(cache, dtype=torch.bfloat16, device=meta)
+        table = torch.empty(2, 4096 // max(page, 1), dtype=torch.int32, device=meta)
+        launch = decode_args(q, k, k, FlashParams(sm_scale=128 ** -0.5, **features),
+                             seqlens_k=torch.empty(2, dtype=torch.int32, device=meta),
+                             max_seqlen_k=65536, heads_kv=heads_kv,
+                             block_table=table if page else None, page_size=page,
+                             interpreted=False)
+        for kernel, args in ((_decode_split, launch["split"]), (_merge_splits, launch["merge"])):
+            report = compile_kernel(kernel, args, None, target)
+            report["variant"] = name
+            reports.append(report)
+    return reports
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true",
@@ -196,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     for variant in variants:
         for report in check_variant(variant, target):
+            report["fits"] = report["shared_bytes"] <= budget
+            failed |= not report["fits"]
+            print(json.dumps(report), flush=True)
+    if args.all or not args.variant:
+        for report in check_decode(target):
             report["fits"] = report["shared_bytes"] <= budget
             failed |= not report["fits"]
             print(json.dumps(report), flush=True)

@@ -18,6 +18,10 @@ Three kernels, no atomics, so results are deterministic by construction:
 With S = scale*qk (then softcap t = tanh(S/c), S' = c*t), P = softmax(S' + bias, masked),
 Z = keep / (1 - p): dV = (P*Z)^T dO, dP = dO V^T * Z, dS' = P * (dP - delta),
 dS = dS' * (1 - t^2) under softcap, dQ = scale * dS K, dK = scale * dS^T Q.
+
+Packed calls (``VARLEN``, see :mod:`attnbench.kernels.flash_fwd`): the delta pass is row-wise and runs on
+the whole (1, Hq, T) buffer unchanged; the dK/dV and dQ programs read their sequence's offsets
+and work on it alone, as the forward does.
 """
 
 import torch
@@ -103,6 +107,7 @@ def _dkdv_query_range(dk, dv, k, v, k_idx, q_base, do_base, lse_base, delta_base
 
 @triton.jit
 def _bwd_dkdv(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, slopes_ptr,
+              cu_q_ptr, cu_k_ptr,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
@@ -115,19 +120,34 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-              DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              VARLEN: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    batch = pid_bh // heads_kv
+    batch = pid_bh // heads_kv  # packed: the sequence
     head_kv = pid_bh % heads_kv
     batch_g = batch_start + batch
+    total_q = seqlen_q
+    if VARLEN:  # this sequence's rows of the (1, H, T, D) buffers, its own lengths and diagonal
+        q_off = tl.load(cu_q_ptr + batch)
+        k_off = tl.load(cu_k_ptr + batch)
+        seqlen_q = tl.load(cu_q_ptr + batch + 1) - q_off
+        seqlen_k = tl.load(cu_k_ptr + batch + 1) - k_off
+        diag = seqlen_k - seqlen_q
+        tensor_b = batch * 0
+    else:
+        q_off = batch * 0
+        k_off = batch * 0
+        tensor_b = batch
 
     n_lo = pid_n * BLOCK_N
     k_idx = n_lo + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    k_base = k_ptr + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+    k_base = (k_ptr + tensor_b.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
+              + k_off.to(tl.int64) * stride_kn)
+    v_base = (v_ptr + tensor_b.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+              + k_off.to(tl.int64) * stride_vn)
     k = load_tile(k_base + k_idx[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                   k_idx, seqlen_k, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM, UPCAST)
     v = load_tile(v_base + k_idx[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
@@ -137,12 +157,20 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
 
     start, full_start, full_end, end = query_ranges(
         n_lo, n_lo + BLOCK_N, diag, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, WINDOW)
+    if VARLEN:  # a key block past this sequence's end: no queries to visit
+        live = n_lo < seqlen_k
+        full_start = tl.where(live, full_start, start)
+        full_end = tl.where(live, full_end, start)
+        end = tl.where(live, end, start)
     for g in range(0, group_size):  # the query heads that read this kv head, in a fixed order
         head = head_kv * group_size + g
         head_g = head_start + head
-        q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-        do_base = dout_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-        row = (batch * heads_q + head).to(tl.int64) * seqlen_q
+        q_base = (q_ptr + tensor_b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+                  + q_off.to(tl.int64) * stride_qm)
+        do_base = (dout_ptr + tensor_b.to(tl.int64) * stride_dob
+                   + head.to(tl.int64) * stride_doh + q_off.to(tl.int64) * stride_dom)
+        # lse / delta rows: (B, Hq, Sq) contiguous; packed (1, Hq, T) from this sequence's start
+        row = (tensor_b * heads_q + head).to(tl.int64) * total_q + q_off
         slope2 = 0.0
         if ALIBI:
             slope2 = tl.load(slopes_ptr + head)
@@ -167,8 +195,10 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
 
     dk = dk * sm_scale
     store_rows = k_idx[:, None] < seqlen_k
-    dk_base = dk_ptr + batch.to(tl.int64) * stride_dkb + head_kv.to(tl.int64) * stride_dkh
-    dv_base = dv_ptr + batch.to(tl.int64) * stride_dvb + head_kv.to(tl.int64) * stride_dvh
+    dk_base = (dk_ptr + tensor_b.to(tl.int64) * stride_dkb + head_kv.to(tl.int64) * stride_dkh
+               + k_off.to(tl.int64) * stride_dkn)
+    dv_base = (dv_ptr + tensor_b.to(tl.int64) * stride_dvb + head_kv.to(tl.int64) * stride_dvh
+               + k_off.to(tl.int64) * stride_dvn)
     tl.store(dk_base + k_idx[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(dk_ptr.dtype.element_ty), mask=store_rows & (offs_d[None, :] < HEAD_DIM))
     tl.store(dv_base + k_idx[:, None] * stride_dvn + offs_dv[None, :] * stride_dvd,
@@ -211,7 +241,8 @@ def _dq_key_range(dq, q, do, lse2, delta, q_idx, k_base, v_base, stride_kn, stri
 
 
 @triton.jit
-def _bwd_dq(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, slopes_ptr,
+def _bwd_dq(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, slopes_ptr, cu_q_ptr,
+            cu_k_ptr,
             stride_qb, stride_qh, stride_qm, stride_qd,
             stride_kb, stride_kh, stride_kn, stride_kd,
             stride_vb, stride_vh, stride_vn, stride_vd,
@@ -223,28 +254,45 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, slopes_pt
             HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
             BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-            DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+            DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            VARLEN: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest (causal: last) blocks first
     pid_bh = tl.program_id(1)
-    batch = pid_bh // heads_q
+    batch = pid_bh // heads_q  # packed: the sequence
     head = pid_bh % heads_q
     head_kv = head // group_size
     batch_g = batch_start + batch
     head_g = head_start + head
+    row = pid_bh.to(tl.int64) * seqlen_q
+    if VARLEN:  # this sequence's rows of the (1, H, T, D) buffers, its own lengths and diagonal
+        q_off = tl.load(cu_q_ptr + batch)
+        k_off = tl.load(cu_k_ptr + batch)
+        row = head.to(tl.int64) * seqlen_q + q_off  # seqlen_q is still the total here
+        seqlen_q = tl.load(cu_q_ptr + batch + 1) - q_off
+        seqlen_k = tl.load(cu_k_ptr + batch + 1) - k_off
+        diag = seqlen_k - seqlen_q
+        tensor_b = batch * 0
+    else:
+        q_off = batch * 0
+        k_off = batch * 0
+        tensor_b = batch
 
     m_lo = pid_m * BLOCK_M
     q_idx = m_lo + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    do_base = dout_ptr + batch.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
-    k_base = k_ptr + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+    q_base = (q_ptr + tensor_b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+              + q_off.to(tl.int64) * stride_qm)
+    do_base = (dout_ptr + tensor_b.to(tl.int64) * stride_dob + head.to(tl.int64) * stride_doh
+               + q_off.to(tl.int64) * stride_dom)
+    k_base = (k_ptr + tensor_b.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
+              + k_off.to(tl.int64) * stride_kn)
+    v_base = (v_ptr + tensor_b.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+              + k_off.to(tl.int64) * stride_vn)
     q = load_tile(q_base + q_idx[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                   q_idx, seqlen_q, offs_d, HEAD_DIM, True, BLOCK_D != HEAD_DIM, UPCAST)
     do = load_tile(do_base + q_idx[:, None] * stride_dom + offs_dv[None, :] * stride_dod,
                    q_idx, seqlen_q, offs_dv, HEAD_DIM_V, True, BLOCK_DV != HEAD_DIM_V, UPCAST)
-    row = pid_bh.to(tl.int64) * seqlen_q
     lse = tl.load(lse_ptr + row + q_idx, mask=q_idx < seqlen_q, other=float("inf"))
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * LOG2E  # no key seen: P = 0
     delta = tl.load(delta_ptr + row + q_idx, mask=q_idx < seqlen_q, other=0.0)
@@ -256,6 +304,11 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, slopes_pt
     start, full_start, full_end, end = key_ranges(
         m_lo, tl.minimum(m_lo + BLOCK_M, seqlen_q), diag, seqlen_k, window_left, window_right,
         BLOCK_N, WINDOW)
+    if VARLEN:  # a query block past this sequence's end: no keys to visit
+        live = m_lo < seqlen_q
+        full_start = tl.where(live, full_start, start)
+        full_end = tl.where(live, full_end, start)
+        end = tl.where(live, end, start)
     dq = _dq_key_range(dq, q, do, lse2, delta, q_idx, k_base, v_base, stride_kn, stride_kd,
                        stride_vn, stride_vd, start, full_start, seqlen_k, diag, sm_scale, softcap,
                        slope2, window_left, window_right, seed, batch_g, head_g, q_start,
@@ -276,14 +329,15 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, slopes_pt
                        DOT_PRECISION)
 
     dq = dq * sm_scale
-    dq_base = dq_ptr + batch.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
+    dq_base = (dq_ptr + tensor_b.to(tl.int64) * stride_dqb + head.to(tl.int64) * stride_dqh
+               + q_off.to(tl.int64) * stride_dqm)
     tl.store(dq_base + q_idx[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(dq_ptr.dtype.element_ty),
              mask=(q_idx[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM))
 
 
 _AUTOTUNE_KEY = ["seqlen_q", "seqlen_k", "HEAD_DIM", "HEAD_DIM_V", "WINDOW", "SOFTCAP", "ALIBI",
-                 "DROPOUT"]
+                 "DROPOUT", "VARLEN"]
 _bwd_dkdv_tuned = triton.autotune(configs=configs.BWD_DKDV_CONFIGS, key=_AUTOTUNE_KEY,
                                   prune_configs_by={"early_config_prune": configs.prune_bwd_dkdv},
                                   cache_results=True)(_bwd_dkdv)
@@ -310,7 +364,7 @@ def backward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
         UPCAST=interpreted)
     common = dict(
         q_ptr=q, k_ptr=k, v_ptr=v, dout_ptr=dout, lse_ptr=lse.contiguous(), delta_ptr=delta,
-        slopes_ptr=params.slopes_log2(q.device, heads_q),
+        slopes_ptr=params.slopes_log2(q.device, heads_q), **params.cu_tensors(q.device),
         **strides("q", q, "m"), **strides("k", k, "n"), **strides("v", v, "n"),
         **strides("do", dout, "m"), heads_q=heads_q, group_size=heads_q // heads_kv,
         seqlen_q=seqlen_q, seqlen_k=seqlen_k, **params.kernel_scalars(), **flags)
@@ -333,21 +387,24 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     interpreted = is_interpreted(_bwd_dkdv)
     grads, args = backward_args(q, k, v, out, lse, dout, params, interpreted=interpreted)
     _bwd_preprocess[(triton.cdiv(seqlen_q, PREPROCESS_BLOCK_M), batch * heads_q)](
-        **args["preprocess"])
+        **args["preprocess"])  # row-wise: a pack is one buffer of rows like any other
+    # Packed: one program row per (sequence, head), blocks for the longest sequence.
+    seqlen_q, q_rows = params.grid_rows(batch, seqlen_q, heads_q)
+    seqlen_k, kv_rows = params.grid_rows(batch, seqlen_k, heads_kv, keys=True)
     if dkdv_config is None and not interpreted:
-        _bwd_dkdv_tuned[lambda meta: (triton.cdiv(seqlen_k, meta["BLOCK_N"]), batch * heads_kv)](
+        _bwd_dkdv_tuned[lambda meta: (triton.cdiv(seqlen_k, meta["BLOCK_N"]), kv_rows)](
             **args["dkdv"])
     else:
         c = dkdv_config or configs.INTERPRETER_BWD_DKDV
-        _bwd_dkdv[(triton.cdiv(seqlen_k, c.block_n), batch * heads_kv)](
+        _bwd_dkdv[(triton.cdiv(seqlen_k, c.block_n), kv_rows)](
             **args["dkdv"], BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
             num_stages=c.num_stages)
     if dq_config is None and not interpreted:
-        _bwd_dq_tuned[lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), batch * heads_q)](
+        _bwd_dq_tuned[lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), q_rows)](
             **args["dq"])
     else:
         c = dq_config or configs.INTERPRETER_BWD_DQ
-        _bwd_dq[(triton.cdiv(seqlen_q, c.block_m), batch * heads_q)](
+        _bwd_dq[(triton.cdiv(seqlen_q, c.block_m), q_rows)](
             **args["dq"], BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
             num_stages=c.num_stages)
     return grads

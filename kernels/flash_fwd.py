@@ -9,6 +9,13 @@ see (online softmax, fp32 statistics and accumulator). Query head h reads key/va
 h // (Hq / Hkv) in place: K/V are never repeated. Key blocks are visited in three ranges
 (see :func:`attnbench.kernels.common.key_ranges`): only the ones that straddle a mask boundary or the end
 of the sequence pay for masking.
+
+Packed (variable-length) calls, ``VARLEN``: the tensors are (1, H, T, D) and ``cu_q`` / ``cu_k``
+(N + 1 int32 offsets) say where each sequence starts. The grid's second axis runs over
+(sequence, head); a program reads its sequence's offsets and lengths and from there works on
+that sequence alone with local indices, as on a dense batch element: no query sees another
+sequence's keys, causal alignment is per sequence, and dropout is keyed by (sequence, local
+positions). Query blocks past a short sequence's end visit no keys and store nothing.
 """
 
 import torch
@@ -60,7 +67,7 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
 
 
 @triton.jit
-def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr,
+def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_ptr,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
@@ -71,19 +78,36 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr,
               HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
               BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-              DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              VARLEN: tl.constexpr):
     # Heaviest query blocks first (causal: the last rows see the most keys) to shorten the tail.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
-    batch = pid_bh // heads_q
+    batch = pid_bh // heads_q  # packed: the sequence
     head = pid_bh % heads_q
     head_kv = head // group_size
     batch_g = batch_start + batch
     head_g = head_start + head
+    lse_row = pid_bh.to(tl.int64) * seqlen_q
+    if VARLEN:  # this sequence's rows of the (1, H, T, D) buffers, its own lengths and diagonal
+        q_off = tl.load(cu_q_ptr + batch)
+        k_off = tl.load(cu_k_ptr + batch)
+        lse_row = head.to(tl.int64) * seqlen_q + q_off  # seqlen_q is still the total here
+        seqlen_q = tl.load(cu_q_ptr + batch + 1) - q_off
+        seqlen_k = tl.load(cu_k_ptr + batch + 1) - k_off
+        diag = seqlen_k - seqlen_q
+        tensor_b = batch * 0
+    else:
+        q_off = batch * 0
+        k_off = batch * 0
+        tensor_b = batch
 
-    q_base = q_ptr + batch.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
-    k_base = k_ptr + batch.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
-    v_base = v_ptr + batch.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+    q_base = (q_ptr + tensor_b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
+              + q_off.to(tl.int64) * stride_qm)
+    k_base = (k_ptr + tensor_b.to(tl.int64) * stride_kb + head_kv.to(tl.int64) * stride_kh
+              + k_off.to(tl.int64) * stride_kn)
+    v_base = (v_ptr + tensor_b.to(tl.int64) * stride_vb + head_kv.to(tl.int64) * stride_vh
+              + k_off.to(tl.int64) * stride_vn)
 
     m_lo = pid_m * BLOCK_M
     q_idx = m_lo + tl.arange(0, BLOCK_M)
@@ -102,6 +126,11 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr,
     start, full_start, full_end, end = key_ranges(
         m_lo, tl.minimum(m_lo + BLOCK_M, seqlen_q), diag, seqlen_k, window_left, window_right,
         BLOCK_N, WINDOW)
+    if VARLEN:  # a query block past this sequence's end: no keys to visit
+        live = m_lo < seqlen_q
+        full_start = tl.where(live, full_start, start)
+        full_end = tl.where(live, full_end, start)
+        end = tl.where(live, end, start)
     acc, l_i, m_i = _fwd_key_range(
         acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         start, full_start, seqlen_k, diag, sm_scale, softcap, slope2, window_left, window_right,
@@ -127,16 +156,18 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr,
     out = acc * (drop_scale / l_safe)[:, None]  # drop_scale = 1 / (1 - p) for kept values
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
 
-    o_base = out_ptr + batch.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+    o_base = (out_ptr + tensor_b.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
+              + q_off.to(tl.int64) * stride_om)
     o_ptrs = o_base + q_idx[:, None] * stride_om + offs_dv[None, :] * stride_od
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty),
              mask=(q_idx[:, None] < seqlen_q) & (offs_dv[None, :] < HEAD_DIM_V))
-    tl.store(lse_ptr + pid_bh.to(tl.int64) * seqlen_q + q_idx, lse, mask=q_idx < seqlen_q)
+    tl.store(lse_ptr + lse_row + q_idx, lse, mask=q_idx < seqlen_q)
 
 
 _attn_fwd_tuned = triton.autotune(
     configs=configs.FWD_CONFIGS,
-    key=["seqlen_q", "seqlen_k", "HEAD_DIM", "HEAD_DIM_V", "WINDOW", "SOFTCAP", "ALIBI", "DROPOUT"],
+    key=["seqlen_q", "seqlen_k", "HEAD_DIM", "HEAD_DIM_V", "WINDOW", "SOFTCAP", "ALIBI", "DROPOUT",
+         "VARLEN"],
     prune_configs_by={"early_config_prune": configs.prune_fwd},
     cache_results=True,
 )(_attn_fwd)
@@ -152,7 +183,7 @@ def forward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Flas
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
     args = dict(
         q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out, lse_ptr=lse,
-        slopes_ptr=params.slopes_log2(q.device, heads_q),
+        slopes_ptr=params.slopes_log2(q.device, heads_q), **params.cu_tensors(q.device),
         **strides("q", q, "m"), **strides("k", k, "n"), **strides("v", v, "n"),
         **strides("o", out, "m"),
         heads_q=heads_q, group_size=heads_q // heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
@@ -173,7 +204,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Fla
     """
     interpreted = is_interpreted(_attn_fwd)
     out, lse, args = forward_args(q, k, v, params, interpreted=interpreted)
-    seqlen_q, rows = q.shape[2], q.shape[0] * q.shape[1]
+    # Packed: one program row per (sequence, head), as many query blocks as the longest has.
+    seqlen_q, rows = params.grid_rows(q.shape[0], q.shape[2], q.shape[1])
     if config is None and not interpreted:
         _attn_fwd_tuned[lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), rows)](**args)
     else:

@@ -36,6 +36,30 @@ class FlashParams:
     kv_start: int = 0
     head_start: int = 0
     batch_start: int = 0
+    cu_seqlens_q: tuple[int, ...] = ()
+    """Packed call (tensors (1, H, T, D)): offsets of each sequence's queries, N + 1 entries;
+    empty for a dense call."""
+    cu_seqlens_kv: tuple[int, ...] = ()
+
+    @property
+    def varlen(self) -> bool:
+        return bool(self.cu_seqlens_q)
+
+    def grid_rows(self, batch: int, seqlen: int, heads: int, keys: bool = False
+                  ) -> tuple[int, int]:
+        """(length the grid's block axis must cover, programs along its (batch, head) axis)
+        for tensors of ``batch`` x ``seqlen`` with ``heads``; packed: the longest sequence
+        (of the keys when ``keys``) and one row per (sequence, head)."""
+        if not self.varlen:
+            return seqlen, batch * heads
+        cu = self.cu_seqlens_kv if keys else self.cu_seqlens_q
+        return max(b - a for a, b in zip(cu, cu[1:])), (len(cu) - 1) * heads
+
+    def cu_tensors(self, device: torch.device) -> dict:
+        """The kernels' ``cu_q_ptr`` / ``cu_k_ptr``: int32 offsets, built once per pack and
+        device (not inside a timed call); 1-element placeholders for a dense call."""
+        return {"cu_q_ptr": _int32_tensor(self.cu_seqlens_q or (0,), str(device)),
+                "cu_k_ptr": _int32_tensor(self.cu_seqlens_kv or (0,), str(device))}
 
     @property
     def has_window(self) -> bool:
@@ -78,6 +102,7 @@ class FlashParams:
             SOFTCAP=self.softcap > 0,
             ALIBI=self.alibi_slopes is not None,
             DROPOUT=self.dropout_p > 0,
+            VARLEN=self.varlen,
             # The interpreter does bf16/fp16 arithmetic on raw bits: give it fp32 tiles. On the
             # GPU, 16-bit operands stay 16-bit so tl.dot runs on tensor cores.
             UPCAST=interpreted,
@@ -111,6 +136,11 @@ def _slopes_tensor(slopes: Optional[tuple[float, ...]], head_start: int, heads_q
         raise ValueError(f"{len(slopes)} ALiBi slopes cannot cover heads "
                          f"[{head_start}, {head_start + heads_q})")
     return torch.tensor(local, dtype=torch.float32, device=device)
+
+
+@functools.lru_cache(maxsize=16)
+def _int32_tensor(values: tuple[int, ...], device: str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 def is_interpreted(kernel) -> bool:

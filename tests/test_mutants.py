@@ -30,6 +30,8 @@ CASE_FUNC = "attnbench.execution.case_runner:run_payload"
 BASE = dict(seqlen_q=128, heads_q=4, heads_kv=2, head_dim=32)
 
 LONG = dict(seqlen_q=2048, heads_q=1, heads_kv=1, head_dim=64)
+DECODE = dict(batch=2, seqlen_q=2, seqlen_kv=45, decode=True, mask="causal")
+PAGED = dict(DECODE, page_size=16)
 
 # name -> (fields of a case that exposes the bug, checks that must catch it, dtypes where the
 # bug is a bug: cp_lse_no_max merges in the activations' dtype and overflows only in fp16;
@@ -65,8 +67,17 @@ EXPOSE = {
     # accumulators in the input dtype: a bug in half precision only, visible at long lengths
     "mutant.pv_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
     "mutant.dq_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
+    # packed batches (seqlen_q of BASE split into documents, one shorter than any tile)
+    "mutant.cu_seqlens_off_by_one": (dict(seqlens_q=[50, 1, 77], mask="causal"), REFERENCE,
+                                     None),
+    "mutant.cross_document_leak": (dict(seqlens_q=[50, 1, 77], mask="causal"), REFERENCE, None),
+    # decode (forward only): a paged cache read wrongly; the split-KV merge overflowing fp16
+    "mutant.paged_wrong_sequence": (PAGED, REFERENCE, None),
+    "mutant.page_boundary_off_by_one": (PAGED, REFERENCE, None),
+    "mutant.split_merge_no_max": (dict(DECODE, inputs="large_logits"), {"nonfinite"}, ("fp16",)),
 }
-DEFAULT_DTYPE = {"mutant.nondeterministic_dq": "fp32", "mutant.cp_lse_no_max": "fp16"}
+DEFAULT_DTYPE = {"mutant.nondeterministic_dq": "fp32", "mutant.cp_lse_no_max": "fp16",
+                 "mutant.split_merge_no_max": "fp16"}
 
 
 def case_of(backend: str, dtype: str, seed: int = 0, **fields) -> Case:
@@ -97,6 +108,10 @@ def control_of(name: str) -> str:
     """The correct backend the mutant edits."""
     if name == "mutant.top_left_causal":
         return "sdpa"
+    if by_name(name).decode:
+        return "triton" if name == "mutant.split_merge_no_max" else "naive"
+    if name in ("mutant.cu_seqlens_off_by_one", "mutant.cross_document_leak"):
+        return "naive"  # the packed path they edit is naive's own
     if name in ("mutant.dropout_keep_p", "mutant.dropout_renormalised"):
         return HIDDEN_DROPOUT_CONTROL
     if by_name(name).long:
@@ -111,7 +126,7 @@ def control_of(name: str) -> str:
 
 def test_catalogue_covers_issue_7_and_every_mutant_loads_and_is_registered():
     numbers = {m.number.rstrip("ab") for m in CATALOGUE}
-    assert {str(i) for i in range(1, 17)} <= numbers  # issue 7's 1-12, issue 12's 13-16
+    assert {str(i) for i in range(1, 22)} <= numbers  # issues 7 (1-12), 12 (13-16), 15 (17-21)
     assert set(EXPOSE) == {m.name for m in CATALOGUE}
     for mutant in CATALOGUE:
         assert BUILTIN[mutant.name] == mutant.ref

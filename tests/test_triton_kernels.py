@@ -431,7 +431,9 @@ def test_kernels_compile_for_hopper():
     that the performance-target variant uses wgmma, pipelines its loads and does not spill."""
     reports = _compile_check()
     matmul_kernels = {"_attn_fwd", "_bwd_dkdv", "_bwd_dq"}
-    assert {r["kernel"] for r in reports} >= matmul_kernels
+    assert {r["kernel"] for r in reports} >= matmul_kernels | {"_decode_split", "_merge_splits"}
+    decode = [r for r in reports if r["kernel"] == "_decode_split"]
+    assert all(r["mma"] > 0 and r["cp_async"] > 0 and r["stack_bytes"] == 0 for r in decode)
     for r in reports:
         assert r["fits"], r
         if r["kernel"] in matmul_kernels:

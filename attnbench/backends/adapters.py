@@ -15,6 +15,7 @@ packages' documented APIs.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Optional
 
@@ -22,6 +23,8 @@ import torch
 
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
+from attnbench.packing import cu_tensor, from_thd, to_thd
+from attnbench.paged import decode_cache, decode_queries, packed_like
 
 
 def _missing(module: str) -> Optional[str]:
@@ -66,20 +69,62 @@ def _autograd_backward(ctx, dout):
     return torch.autograd.grad(out, (q_in, k_in, v_in), dout, retain_graph=True)
 
 
+FA2_PAGE_MULTIPLE = 256
+"""flash-attn 2's paged cache: ``page_block_size must be a multiple of 256`` (flash_api.cpp)."""
+
+
 class FlashAttnBackend(PreparesOnce):
-    """flash-attn 2 (``flash_attn.flash_attn_func``)."""
+    """flash-attn 2 (``flash_attn.flash_attn_func``; packed cases ``flash_attn_varlen_func``
+    with the pack's ``cu_seqlens``, whose masks, ALiBi and bottom-right alignment are per
+    sequence as in :mod:`attnbench.packing`; decode cases ``flash_attn_with_kvcache``,
+    contiguous or paged through ``block_table``, one cache length per sequence)."""
 
     name = "flash_attn"
     keep_mask = None
+    supports_packed = True
+    paged_kv = True
 
     def supports(self, case, device):
         if device.type != "cuda":
             return "flash_attn runs only on CUDA devices"
         if case.dtype == "fp32":
             return "flash_attn supports fp16 and bf16 only"
+        if case.is_packed and case.dropout:
+            return ("packed case with dropout: flash_attn hides its mask and the probe that "
+                    "reads it back is for dense calls only")
+        if case.page_size % FA2_PAGE_MULTIPLE:
+            return (f"flash_attn_with_kvcache (flash-attn 2) takes pages of a multiple of "
+                    f"{FA2_PAGE_MULTIPLE} tokens, not page_size {case.page_size}")
         return _missing("flash_attn")
 
+    def decode(self, q, k, v, spec):
+        """``flash_attn_with_kvcache`` on the cache of :func:`attnbench.paged.decode_cache`:
+        the pool (P, T, Hkv, D) with ``block_table``, or the contiguous cache as (B, Sk, Hkv, D)
+        (made contiguous once, before timing); ``cache_seqlens`` gives each sequence's length,
+        so flash-attn aligns the queries bottom-right at the end of it, as attnbench does."""
+        from flash_attn import flash_attn_with_kvcache
+
+        def build():
+            cache = decode_cache(spec, k, v)
+            if cache.block_table is None:
+                cache = dataclasses.replace(cache, k=cache.k.transpose(1, 2).contiguous(),
+                                            v=cache.v.transpose(1, 2).contiguous())
+            return cache, _alibi_slopes(spec, q)
+
+        cache, slopes = self.prepared.get(call_key(spec, q, k, "kvcache"), build)
+        out, lse = flash_attn_with_kvcache(
+            decode_queries(q, spec).transpose(1, 2), cache.k, cache.v,
+            cache_seqlens=cache.seqlens, block_table=cache.block_table, softmax_scale=spec.scale,
+            causal=False, window_size=(spec.window_left, spec.window_right),
+            softcap=spec.softcap, alibi_slopes=slopes, return_softmax_lse=True)
+        out, lse = packed_like(out.transpose(1, 2), lse.float(), spec)
+        return Forward(out=out, lse=lse, ctx=None)
+
     def forward(self, q, k, v, spec):
+        if spec.decode:
+            return self.decode(q, k, v, spec)
+        if spec.is_packed:
+            return self._varlen_forward(q, k, v, spec)
         from flash_attn import flash_attn_func
 
         q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
@@ -97,6 +142,32 @@ class FlashAttnBackend(PreparesOnce):
                 return_attn_probs=with_lse)
             out, lse = (result[0], result[1].float()) if with_lse else (result, None)
             out = out.transpose(1, 2)
+        return Forward(out=out.detach(), lse=lse, ctx=(out, q_in, k_in, v_in))
+
+    def _varlen_forward(self, q, k, v, spec):
+        """One ``flash_attn_varlen_func`` call on the pack: (1, H, T, D) -> (T, H, D). The
+        offsets (int32 on the device) and the longest lengths are built once per case."""
+        from flash_attn import flash_attn_varlen_func
+
+        cu_q, cu_k, max_q, max_k = self.prepared.get(
+            ("varlen", spec.cu_seqlens_q, spec.cu_seqlens_kv, str(q.device)),
+            lambda: (cu_tensor(spec.cu_seqlens_q, q.device),
+                     cu_tensor(spec.cu_seqlens_kv, q.device),
+                     max(b - a for a, b in zip(spec.cu_seqlens_q, spec.cu_seqlens_q[1:])),
+                     max(b - a for a, b in zip(spec.cu_seqlens_kv, spec.cu_seqlens_kv[1:]))))
+        q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
+        with torch.enable_grad():
+            result = flash_attn_varlen_func(
+                to_thd(q_in), to_thd(k_in), to_thd(v_in), cu_q, cu_k, max_q, max_k,
+                dropout_p=spec.dropout_p, softmax_scale=spec.scale, causal=False,
+                window_size=(spec.window_left, spec.window_right), softcap=spec.softcap,
+                alibi_slopes=self.prepared.get(call_key(spec, q, k),
+                                               lambda: _alibi_slopes(spec, q)),
+                return_attn_probs=True)
+            out = from_thd(result[0])
+        lse = result[1].float()
+        # FA2 >= 2.4 returns lse as (H, Tq); older ones padded per sequence: not comparable.
+        lse = lse.unsqueeze(0) if lse.shape == (q.shape[1], q.shape[2]) else None
         return Forward(out=out.detach(), lse=lse, ctx=(out, q_in, k_in, v_in))
 
     backward = staticmethod(_autograd_backward)

@@ -13,6 +13,8 @@ import torch
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 from attnbench.dropout import hash_keep_mask
+from attnbench.paged import build_paged_cache, gather_kv
+from attnbench.packing import per_sequence
 from attnbench.records import TENSORS
 
 
@@ -20,6 +22,8 @@ class NaiveBackend(PreparesOnce):
     name = "naive"
     keep_mask = staticmethod(hash_keep_mask)
     deterministic = True  # checked: repeated backward calls must agree bit for bit
+    paged_kv = True  # decode: the cache is gathered from its pages through the block table
+    supports_packed = True  # each sequence of a pack alone (attnbench.packing)
 
     def supports(self, case, device):
         return None
@@ -35,41 +39,70 @@ class NaiveBackend(PreparesOnce):
 
     def build_masks(self, spec, q, k):
         batch, heads_q, sq, _ = q.shape
+        if spec.is_packed:  # one set per sequence, all built once for the pack
+            return [dense_masks(sub, 1, heads_q, seg.len_q, seg.len_k, q.dtype, q.device)
+                    for seg, sub in per_sequence(spec)]
         return dense_masks(spec, batch, heads_q, sq, k.shape[2], q.dtype, q.device)
 
+    def cache_kv(self, spec, k, v):
+        """(k, v) as the call reads them: a paged cache (decode, ``page_size``) gathered back
+        into (B, Hkv, Sk, *) through its block table inside the call, as a plain paged
+        implementation would."""
+        if not spec.page_size:
+            return k, v
+        paged = self.prepared.get(call_key(spec, k, v, "paged"),
+                                  lambda: build_paged_cache(k, v, spec.page_size,
+                                                            seed=spec.dropout_seed,
+                                                            cu_seqlens=spec.cu_seqlens_kv))
+        return gather_kv(paged)
+
     def forward(self, q, k, v, spec):
-        heads_q = q.shape[1]
-        group = heads_q // k.shape[1]
-        q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
-        bias, visible, keep = self.masks(spec, q, k)
-        with torch.enable_grad():
-            k_rep = k_in.repeat_interleave(group, dim=1)
-            v_rep = v_in.repeat_interleave(group, dim=1)
-            scores = torch.matmul(q_in, k_rep.transpose(-1, -2)) * spec.scale
-            if spec.softcap > 0:
-                scores = spec.softcap * torch.tanh(scores / spec.softcap)
-            if bias is not None:
-                scores = scores + bias
-            row_seen = None
-            if visible is not None:
-                scores = scores.masked_fill(~visible, float("-inf"))
-                row_seen = visible.any(-1, keepdim=True)
-                # A row that sees no key would softmax to NaN (and NaN gradients); give it
-                # finite scores here and zero its probabilities below.
-                scores = scores.masked_fill(~row_seen, 0.0)
-            # fp32 softmax for half types (Megatron's --attention-softmax-in-fp32); fp64 stays.
-            probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)),
-                                  dim=-1).to(q.dtype)
-            if row_seen is not None:
-                probs = probs * row_seen
-            if keep is not None:
-                probs = probs * (keep.to(q.dtype) / (1.0 - spec.dropout_p)).to(q.dtype)
-            out = torch.matmul(probs, v_rep)
+        masks = self.masks(spec, q, k)
+        k, v = self.cache_kv(spec, k, v)
+        # Decode is forward only: no autograd state (it would be timed, and kept).
+        q_in, k_in, v_in = (t.detach().requires_grad_(not spec.decode) for t in (q, k, v))
+        with torch.set_grad_enabled(not spec.decode):
+            if spec.is_packed:  # each sequence alone, then packed again (autograd follows)
+                parts = [self.attend(q_in[:, :, seg.q0:seg.q1], k_in[:, :, seg.k0:seg.k1],
+                                     v_in[:, :, seg.k0:seg.k1], sub, seq_masks)
+                         for (seg, sub), seq_masks in zip(per_sequence(spec), masks)]
+                out = torch.cat([o for o, _ in parts], 2)
+                lse = torch.cat([lse for _, lse in parts], 2)
+            else:
+                out, lse = self.attend(q_in, k_in, v_in, spec, masks)
+        return Forward(out=out.detach(), lse=lse, ctx=(out, q_in, k_in, v_in))
+
+    def attend(self, q_in, k_in, v_in, spec, masks):
+        """(out with its autograd graph, lse float32) of one dense call."""
+        group = q_in.shape[1] // k_in.shape[1]
+        bias, visible, keep = masks
+        k_rep = k_in.repeat_interleave(group, dim=1)
+        v_rep = v_in.repeat_interleave(group, dim=1)
+        scores = torch.matmul(q_in, k_rep.transpose(-1, -2)) * spec.scale
+        if spec.softcap > 0:
+            scores = spec.softcap * torch.tanh(scores / spec.softcap)
+        if bias is not None:
+            scores = scores + bias
+        row_seen = None
+        if visible is not None:
+            scores = scores.masked_fill(~visible, float("-inf"))
+            row_seen = visible.any(-1, keepdim=True)
+            # A row that sees no key would softmax to NaN (and NaN gradients); give it
+            # finite scores here and zero its probabilities below.
+            scores = scores.masked_fill(~row_seen, 0.0)
+        # fp32 softmax for half types (Megatron's --attention-softmax-in-fp32); fp64 stays.
+        probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)),
+                              dim=-1).to(q_in.dtype)
+        if row_seen is not None:
+            probs = probs * row_seen
+        if keep is not None:
+            probs = probs * (keep.to(q_in.dtype) / (1.0 - spec.dropout_p)).to(q_in.dtype)
+        out = torch.matmul(probs, v_rep)
         with torch.no_grad():
             lse = torch.logsumexp(scores.detach().float(), dim=-1)
             if row_seen is not None:
                 lse = lse.masked_fill(~row_seen.squeeze(-1), float("-inf"))
-        return Forward(out=out.detach(), lse=lse, ctx=(out, q_in, k_in, v_in))
+        return out, lse
 
     def backward(self, ctx, dout):
         out, q_in, k_in, v_in = ctx

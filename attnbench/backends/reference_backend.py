@@ -11,6 +11,7 @@ class ReferenceBackend:
     name = "reference"
     keep_mask = staticmethod(hash_keep_mask)
     deterministic = True  # checked: repeated backward calls must agree bit for bit
+    supports_packed = True  # reference_forward/backward take packed specs
 
     def supports(self, case, device):
         return None

@@ -11,6 +11,12 @@ causal aligned top-left for this call (Sq == Sk, or a CP slice on the diagonal) 
 them); ALiBi and sliding windows need an explicit dense mask. Dense masks are built once per
 case (:class:`attnbench.backends.masks.Prepared`), never inside a timed call, and no dropout
 keep-mask is ever built: SDPA draws its own.
+
+Packed (variable-length) cases go through PyTorch's jagged nested tensors
+(``nested_tensor_from_jagged`` with the pack's ``cu_seqlens`` as offsets), one SDPA call for the
+whole pack. PyTorch supports there neither ``is_causal`` nor an ``attn_mask`` (so no causal, window
+or ALiBi: torch/nested/_internal/sdpa.py) nor K/V heads shared by GQA groups, and a packed case's hidden dropout mask cannot be read
+back by the probe (:mod:`attnbench.dropout_probe` is dense): those cases are ``unsupported``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
+from attnbench.packing import from_thd, to_thd
 from attnbench.records import TENSORS
 
 
@@ -55,11 +62,15 @@ class _Sdpa(PreparesOnce):
     pinned: Optional[SDPBackend] = None
     needs_cuda = False
 
+    supports_packed = True  # through jagged nested tensors, where PyTorch has the features
+
     def supports(self, case, device):
         if case.softcap:
             return "scaled_dot_product_attention has no softcap"
         if self.needs_cuda and device.type != "cuda":
             return f"{self.name} runs only on CUDA devices"
+        if case.is_packed:
+            return packed_limits(case)
         return None
 
     def input_precision(self, case, device):
@@ -68,6 +79,8 @@ class _Sdpa(PreparesOnce):
         return TENSORS if self.pinned in (None, SDPBackend.MATH) else ()
 
     def _call(self, q, k, v, spec):
+        if spec.is_packed:
+            return _jagged_call(q, k, v, spec)
         mask, is_causal = self.prepared.get(call_key(spec, q, k),
                                             lambda: attention_mask(spec, q, k))
         return F.scaled_dot_product_attention(
@@ -75,9 +88,10 @@ class _Sdpa(PreparesOnce):
             scale=spec.scale, enable_gqa=k.shape[1] != q.shape[1])
 
     def forward(self, q, k, v, spec):
-        q_in, k_in, v_in = (t.detach().requires_grad_(True) for t in (q, k, v))
+        # Decode is forward only: no autograd state (it would be timed, and kept).
+        q_in, k_in, v_in = (t.detach().requires_grad_(not spec.decode) for t in (q, k, v))
         try:
-            with torch.enable_grad(), self._pin():
+            with torch.set_grad_enabled(not spec.decode), self._pin():
                 out = self._call(q_in, k_in, v_in, spec)
         except RuntimeError as exc:
             text = str(exc)
@@ -96,6 +110,35 @@ class _Sdpa(PreparesOnce):
         if self.pinned is None:
             return contextlib.nullcontext()
         return sdpa_kernel([self.pinned])
+
+
+def packed_limits(case) -> Optional[str]:
+    """Why SDPA on jagged nested tensors cannot run packed ``case`` (None: it can)."""
+    if case.mask != "none" or case.bias != "none":
+        return ("PyTorch's SDPA on jagged nested tensors (packed cases) supports neither "
+                "is_causal nor attn_mask: no causal, window or ALiBi")
+    if case.heads_kv != case.heads_q:
+        return ("PyTorch's SDPA on jagged nested tensors (packed cases) does not broadcast K/V "
+                "heads (enable_gqa): MHA only")
+    if case.dropout:
+        return ("packed case with dropout: SDPA hides its mask and the probe that reads it back "
+                "is for dense calls only")
+    return None
+
+
+def _jagged_call(q, k, v, spec):
+    """One SDPA call on the whole pack: (1, H, T, D) -> jagged (N, H, j, D) by cu_seqlens, and
+    the output back to (1, Hq, Tq, Dv). The (T, H, D) copies are part of the timed call, as
+    they would not be for a user whose tensors are already (T, H, D)."""
+    def jagged(x, cu):
+        offsets = torch.tensor(cu, dtype=torch.int64, device=x.device)
+        return torch.nested.nested_tensor_from_jagged(to_thd(x), offsets).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(
+        jagged(q, spec.cu_seqlens_q), jagged(k, spec.cu_seqlens_kv),
+        jagged(v, spec.cu_seqlens_kv), dropout_p=spec.dropout_p, scale=spec.scale,
+        enable_gqa=k.shape[1] != q.shape[1])
+    return from_thd(out.transpose(1, 2).values())
 
 
 class SdpaDefault(_Sdpa):

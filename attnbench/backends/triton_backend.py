@@ -1,8 +1,13 @@
 """``triton``: attnbench's own flash attention (:mod:`attnbench.kernels`), forward and backward.
 
+Decode cases (``decode: true``) run the split-KV kernel of :mod:`attnbench.kernels.decode` instead,
+on a contiguous or paged cache (forward only).
+
 Everything of :mod:`attnbench.problem` is native: MHA/GQA/MQA without repeating K/V, causal
 (bottom-right) and sliding-window masks, ALiBi, softcap, dropout, any lengths, Sq != Sk, global
-offsets of a context/tensor-parallel slice. The backward is deterministic (no atomics).
+offsets of a context/tensor-parallel slice, and packed variable-length batches (``cu_seqlens``:
+one launch per kernel for the whole pack, no padding). The backward is deterministic (no
+atomics).
 
 Dropout draws Philox numbers keyed by global (batch, query head, query, key) positions;
 :attr:`TritonBackend.keep_mask` materializes that exact mask (the same device function the
@@ -20,12 +25,15 @@ from dataclasses import dataclass
 
 import attnbench.kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU, before any @triton.jit)
 import torch
+from attnbench.kernels.decode import decode_forward
 from attnbench.kernels.dropout import keep_mask as _kernel_keep_mask
 from attnbench.kernels.flash_bwd import flash_backward
 from attnbench.kernels.flash_fwd import _attn_fwd, flash_forward
 from attnbench.kernels.params import FlashParams, dropout_threshold, is_interpreted
 
 from attnbench.backends.base import Forward, Unsupported
+from attnbench.backends.masks import PreparesOnce, call_key
+from attnbench.paged import decode_cache, decode_queries, packed_like
 from attnbench.problem import AttnSpec
 from attnbench.records import TENSORS
 
@@ -48,6 +56,8 @@ def flash_params(spec: AttnSpec) -> FlashParams:
         kv_start=spec.kv_start,
         head_start=spec.head_start,
         batch_start=spec.batch_start,
+        cu_seqlens_q=spec.cu_seqlens_q,
+        cu_seqlens_kv=spec.cu_seqlens_kv,
     )
 
 
@@ -70,12 +80,16 @@ class _Context:
     params: FlashParams
 
 
-class TritonBackend:
+class TritonBackend(PreparesOnce):
     name = "triton"
+    paged_kv = True  # decode cases: the split-KV kernel reads pages through the block table
     keep_mask = staticmethod(triton_keep_mask)
     # No atomics: dK/dV per key block, dQ in its own pass, fixed loop orders. The harness
     # holds us to it (three backward calls must agree bit for bit).
     deterministic = True
+    # one launch per kernel for the whole pack, with cu_seqlens; decode: one cache length per
+    # sequence (seqlens_kv)
+    supports_packed = True
 
     def supports(self, case, device) -> str | None:
         interpreted = is_interpreted(_attn_fwd)
@@ -101,8 +115,21 @@ class TritonBackend:
         if q.shape[1] % k.shape[1]:
             raise Unsupported(f"heads_q={q.shape[1]} is not a multiple of heads_kv={k.shape[1]}")
         params = flash_params(spec)
+        if spec.decode:
+            return self.decode(q, k, v, spec, params)
         out, lse = flash_forward(q, k, v, params)
         return Forward(out=out, lse=lse, ctx=_Context(q, k, v, out, lse, params))
+
+    def decode(self, q, k, v, spec: AttnSpec, params: FlashParams, merge=None) -> Forward:
+        """Decode cases: the split-KV kernel (:mod:`attnbench.kernels.decode`) over the cache as
+        :func:`attnbench.paged.decode_cache` lays it out (built once per case)."""
+        cache = self.prepared.get(call_key(spec, q, k, "cache"), lambda: decode_cache(spec, k, v))
+        out, lse = decode_forward(decode_queries(q, spec), cache.k, cache.v, params,
+                                  seqlens_k=cache.seqlens, max_seqlen_k=cache.max_seqlen,
+                                  heads_kv=k.shape[1], block_table=cache.block_table,
+                                  page_size=cache.page_size, merge=merge)
+        out, lse = packed_like(out, lse, spec)
+        return Forward(out=out, lse=lse, ctx=None)
 
     def backward(self, ctx: _Context, dout):
         return flash_backward(ctx.q, ctx.k, ctx.v, ctx.out, ctx.lse, dout, ctx.params)

@@ -20,6 +20,7 @@ from attnbench.device import (backend_env, device_env, device_peaks, interpreter
                               pick_device, release_memory, sync)
 from attnbench.dropout_probe import RngState
 from attnbench.inputs import make_inputs
+from attnbench.packing import packed_support
 from attnbench.problem import AttnSpec
 from attnbench.records import RecordMaker
 from attnbench.spec import Case, RunOptions
@@ -37,7 +38,8 @@ def run_single_case(case: Case, options: RunOptions,
     except Exception as exc:
         return record.exception("error", exc, f"cannot load backend {case.backend!r}: ")
     record.env["backend"] = backend_env(case.backend, backend)
-    reason = backend.supports(case, device)
+    reason = (packed_support(backend, case) or backend.supports(case, device)
+              or paged_refusal(case, backend))
     if reason:
         return record("unsupported", reason)
     try:
@@ -58,6 +60,15 @@ def run_single_case(case: Case, options: RunOptions,
         release_memory(device)
 
 
+def paged_refusal(case: Case, backend) -> Optional[str]:
+    """Why ``backend`` cannot run a paged case: only a backend that says it reads the cache
+    through the block table (``paged_kv = True``, see :mod:`attnbench.paged`) may, or its
+    times would be a contiguous cache's under a paged case's name."""
+    if case.page_size and not getattr(backend, "paged_kv", False):
+        return f"{case.backend} reads a contiguous KV cache only (no paged_kv)"
+    return None
+
+
 def _run(case: Case, options: RunOptions, device: torch.device, backend,
          record: RecordMaker) -> dict:
     spec = AttnSpec.from_case(case)
@@ -66,12 +77,13 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
     # lets the judge replay this very forward's mask (attnbench.dropout_probe).
     rng = RngState.capture(device) if spec.dropout_p > 0 and backend.keep_mask is None else None
     fwd = backend.forward(q, k, v, spec)
-    grads = backend.backward(fwd.ctx, dout)
+    # A forward-only case (decode) asks for no gradient: none is computed, judged or timed.
+    grads = backend.backward(fwd.ctx, dout) if case.backward else None
     sync(device)
     if options.accuracy:
         judgement = evaluation.evaluate(case, backend, spec, q, k, v, dout, fwd.out, grads,
                                         device, rng)
-        if getattr(backend, "deterministic", False):
+        if getattr(backend, "deterministic", False) and grads is not None:
             judgement = evaluation.check_determinism(judgement, backend, fwd.ctx, dout, grads)
     else:
         judgement = evaluation.timed_only(fwd.out, grads)
@@ -80,7 +92,8 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
         # What forward derived from the case (masks, bias) is prepared by now: the timed
         # callables hold the backend's calls only.
         timing = time_case(case, device, lambda: backend.forward(q, k, v, spec),
-                           lambda: backend.backward(fwd.ctx, dout), options.timing,
+                           (lambda: backend.backward(fwd.ctx, dout)) if case.backward else None,
+                           options.timing,
                            peaks=device_peaks(device, case.dtype))
     return record(judgement.verdict, judgement.reason, timing=timing,
                   **judgement.record_fields())

@@ -17,6 +17,7 @@ class RecomputingNaive(NaiveBackend):
     """naive forward; backward recomputed from (out, lse) like a flash-attention kernel."""
 
     name = "mutant.base"
+    supports_packed = False  # backward_from_stats is a dense (one-sequence) recomputation
 
     def forward(self, q, k, v, spec):
         fwd = super().forward(q, k, v, spec)

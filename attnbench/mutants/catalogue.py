@@ -17,8 +17,8 @@ class Mutant:
     ref: str
     """``module:object`` of the backend."""
     number: str
-    """Catalogue number (issue 7's list 1-12, issue 12's 13-16), or "extra" for classes added
-    from public reports."""
+    """Catalogue number (issue 7's list 1-12, issue 12's 13-16, issue 15's 17-21: packed
+    batches 17-18, decode 19-21), or "extra" for classes added from public reports."""
     bug: str
     """The bug class in one line."""
     report: str
@@ -30,6 +30,9 @@ class Mutant:
     single: bool = False
     """Takes only single-device cases: its control draws a fresh dropout mask per call from
     torch's RNG, which a CP ring (one call per step, backward recomputing) cannot replay."""
+    decode: bool = False
+    """Takes the decode cases (forward only, ``decode: true``) and only those; other mutants
+    skip them (a backward bug has nothing to show there)."""
     long: bool = False
     """Needs the long cases of the sweep (seqlen >= LONG_SEQLEN): an error that grows with
     length. Other mutants skip those cases (they cost seconds each on a CPU)."""
@@ -119,6 +122,28 @@ CATALOGUE: tuple[Mutant, ...] = (
            number="16", bug="dQ summed across key blocks in bf16/fp16 (dK/dV right)",
            report="seed 001 (TE #1615: dQ error growing with length)",
            exposed_by="long sequences; the error trend", long=True),
+    Mutant(name="mutant.cu_seqlens_off_by_one", ref=f"{M}.packed:CuSeqlensOffByOne",
+           number="17", bug="packed batch: every boundary inside cu_seqlens one token late",
+           report="Dao-AILab/flash-attention#880; zhuzilin/ring-flash-attention#78",
+           exposed_by="packed (seqlens_q) cases"),
+    Mutant(name="mutant.cross_document_leak", ref=f"{M}.packed:CrossDocumentLeak",
+           number="18", bug="packed batch attended as one sequence: queries see other documents",
+           report="alex-hh/profam#495; huggingface/nanoVLM#204; mosaicml/llm-foundry#1464",
+           exposed_by="packed (seqlens_q) cases"),
+    Mutant(name="mutant.paged_wrong_sequence", ref=f"{M}.decode:PagedWrongSequence",
+           number="19", bug="paged cache: block table row found by pages used, not the row "
+           "stride (sequences read each other's pages)",
+           report="tenstorrent/tt-metal#45193; Dao-AILab/flash-attention#785",
+           exposed_by="paged decode, batch >= 2", decode=True),
+    Mutant(name="mutant.page_boundary_off_by_one", ref=f"{M}.decode:PageBoundaryOffByOne",
+           number="20", bug="paged cache: page of token t from (t + 1) // page_size (the "
+           "last slot of each page read from the next page)",
+           report="pegainfer-project/pegainfer#291; EricLBuehler/mistral.rs#552",
+           exposed_by="paged decode", decode=True),
+    Mutant(name="mutant.split_merge_no_max", ref=f"{M}.decode:SplitMergeNoMax", number="21",
+           bug="split-KV decode merge: exp(lse) of each split without the max, in fp16/bf16",
+           report="SHI-Labs/NATTEN#202; HKUSTDial/flash-sparse-attention#265",
+           exposed_by="decode, fp16, large logits", decode=True),
 )
 
 CONTROL = "mutant.base"

@@ -28,6 +28,7 @@ class HiddenTorchRngDropout(NaiveBackend):
 
     name = "mutant.hidden_rng_dropout"
     keep_mask = None
+    supports_packed = False  # draws one (B, Hq, Sq, Sk) mask for the whole call
 
     def build_masks(self, spec, q, k):
         batch, heads_q, sq, _ = q.shape
@@ -69,8 +70,8 @@ class DropoutRenormalised(HiddenTorchRngDropout):
     by a few percent."""
 
     name = "mutant.dropout_renormalised"
-    forward = mutated(
-        NaiveBackend.forward,
-        "probs = probs * (keep.to(q.dtype) / (1.0 - spec.dropout_p)).to(q.dtype)",
+    attend = mutated(
+        NaiveBackend.attend,
+        "probs = probs * (keep.to(q_in.dtype) / (1.0 - spec.dropout_p)).to(q_in.dtype)",
         "kept = probs.float() * keep  # BUG: renormalised over the kept keys, not / (1 - p)\n"
-        "                probs = (kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)).to(q.dtype)")
+        "            probs = (kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)).to(q_in.dtype)")

@@ -28,6 +28,7 @@ class MqaAlibiOrder(NaiveBackend):
     rather than [b, np * sq, sk]"). Only MQA + ALiBi takes the faulty path."""
 
     name = "mutant.mqa_alibi_order"
+    supports_packed = False  # its faulty mask builder is dense
 
     def build_masks(self, spec, q, k):
         if k.shape[1] == 1 and spec.alibi_slopes is not None:
@@ -70,5 +71,5 @@ class MaskedRowNan(NaiveBackend):
     convention, and this suite's, is an output of zeros."""
 
     name = "mutant.masked_row_nan"
-    forward = mutated(NaiveBackend.forward, "scores = scores.masked_fill(~row_seen, 0.0)",
-                      "pass  # BUG: fully masked rows keep their -inf scores")
+    attend = mutated(NaiveBackend.attend, "scores = scores.masked_fill(~row_seen, 0.0)",
+                     "pass  # BUG: fully masked rows keep their -inf scores")

@@ -46,6 +46,8 @@ PANEL_OPTIONS: dict[str, dict[str, Any]] = {
     "parallel": {"series": "backend", "directions": list(DIRECTIONS)},
     "architecture": {"x": "seqlen_q", "series": "backend", "baseline": None,
                      "directions": list(DIRECTIONS)},
+    "decode": {"x": "seqlen_kv", "facets": ["gpu_kind", "dtype", "attention_kind", "seqlen_q"],
+               "max_figures": 12},
 }
 PANEL_KINDS = tuple(PANEL_OPTIONS)
 COMMON_OPTIONS = ("kind", "title", "description", "filter", "exclude")
@@ -57,6 +59,7 @@ DEFAULT_TITLES = {
     "error_trend": "Error trend: growth with length against the fused baseline",
     "parallel": "Context / tensor parallel scaling",
     "architecture": "Architecture comparison",
+    "decode": "Decode: bandwidth and latency vs cache length",
 }
 # Options whose values must be one of a fixed set (besides column names).
 _CHOICES: dict[str, tuple[str, ...]] = {

@@ -10,7 +10,8 @@ Columns of :func:`frame` (one row per record)::
     flops_fwd, flops_bwd, clock, timing_mode,     # from record.timing
     peak_tflops, measured_peak_tflops
     fwd_median_ms, fwd_q1_ms, fwd_q3_ms, fwd_min_ms, fwd_n, fwd_tflops, fwd_pct_peak,
-    fwd_pct_measured_peak, fwd_gbps, fwd_peak_memory_bytes, fwd_noisy (bwd_ too)
+    fwd_pct_measured_peak, fwd_gbps, fwd_pct_peak_bandwidth, fwd_peak_memory_bytes,
+    fwd_noisy (bwd_ too: NaN for a forward-only case, decode)
     <t>_rel_l2, <t>_bound, <t>_ratio, <t>_nonfinite, <t>_over  for t in out, dq, dk, dv
     worst_over                                    # max over tensors of rel_l2 / bound
     crash_signal, crash_exit_code
@@ -44,11 +45,11 @@ from attnbench.spec import CASE_FIELDS
 EXTRA_COLUMNS: tuple[str, ...] = (
     "id", "label", "features", "verdict", "reason", "world_size", "attention_kind", "gpu_kind",
     "gpu_family", "host", "device_name", "env_torch", "env_triton", "env_attnbench", "clock",
-    "timing_mode", "run_id",
+    "timing_mode", "run_id", "packed", "sequences", "tokens",
 )
 FILTER_COLUMNS: tuple[str, ...] = tuple(CASE_FIELDS) + EXTRA_COLUMNS
 TIMING_STATS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops", "pct_peak",
-                "pct_measured_peak", "gbps", "peak_memory_bytes")
+                "pct_measured_peak", "gbps", "pct_peak_bandwidth", "peak_memory_bytes")
 DIRECTIONS = ("fwd", "bwd")
 
 
@@ -141,6 +142,10 @@ def _num(x: Any) -> float:
 def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
     case = rec.get("case") or {}
     row: dict[str, Any] = {name: case.get(name) for name in CASE_FIELDS}
+    lengths = case.get("seqlens_q")
+    packed = isinstance(lengths, list) and bool(lengths)
+    for name in ("seqlens_q", "seqlens_kv"):  # hashable cells (groupby, filters)
+        row[name] = tuple(row[name]) if isinstance(row[name], list) else row[name]
     cp, tp = case.get("cp") or 1, case.get("tp") or 1
     hq, hkv = case.get("heads_q"), case.get("heads_kv")
     row.update(
@@ -152,6 +157,10 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
         world_size=int(cp) * int(tp),
         attention_kind=("MHA" if hq == hkv else "MQA" if hkv == 1 else "GQA"),
         run_id=run_id,
+        packed=packed,
+        # query tokens of one call: a packed case's seqlen_q is already the pack's total
+        sequences=len(lengths) if packed else case.get("batch"),
+        tokens=_num(case.get("seqlen_q")) * (1 if packed else _num(case.get("batch"))),
     )
     env = rec.get("env") or {}
     row.update(gpu_kind=env.get("gpu_kind"), gpu_family=env.get("gpu_family"),

@@ -18,8 +18,8 @@ import matplotlib
 from attnbench.report.dashboard import PANEL_KINDS, Panel
 from attnbench.report.data import Run
 from attnbench.report.figures import Context, PanelOutput
-from attnbench.report.panels import (accuracy_heatmap, architecture, error_trend, error_vs_seqlen,
-                                     parallel, throughput, verdict_matrix)
+from attnbench.report.panels import (accuracy_heatmap, architecture, decode, error_trend,
+                                     error_vs_seqlen, parallel, throughput, verdict_matrix)
 from attnbench.report.style import RC
 
 DRAW: dict[str, Callable[[Panel, Run, Context], PanelOutput]] = {
@@ -30,6 +30,7 @@ DRAW: dict[str, Callable[[Panel, Run, Context], PanelOutput]] = {
     "error_trend": error_trend.draw_error_trend,
     "parallel": parallel.draw_parallel,
     "architecture": architecture.draw_architecture,
+    "decode": decode.draw_decode,
 }
 assert set(DRAW) == set(PANEL_KINDS), "every panel kind of the dashboard needs a drawing"
 

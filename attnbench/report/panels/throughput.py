@@ -48,7 +48,9 @@ def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     x, facets, dirs = panel["x"], panel["facets"], panel["directions"]
     every, df = _throughput_frame(panel, run)
     if df.empty:
-        out.notes.append("No timed cases: timing was off, or no case ran to the end.")
+        out.notes.append(
+            "No case of this run matches this panel's filter." if panel.include and every.empty
+            else "No timed cases: timing was off, or no case ran to the end.")
         return out
     unit_scale, unit = (1.0, "TFLOP/s")
     top = np.nanmax(df[[f"{d}_tflops" for d in dirs]].to_numpy(dtype=float))
