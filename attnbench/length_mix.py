@@ -44,8 +44,8 @@ def expand(where: str, value: Any, max_count: int, max_total: int) -> tuple[int,
                              f"one of {', '.join(_KEYS[kind])}")
     for key in ("total",) + (("mean",) if kind == "lognormal" else ("min", "max")):
         if key not in value:
-            raise SweepError(f"{where}.{key}: missing (lengths: {kind} needs "
-                             f"{'total and mean' if kind == 'lognormal' else 'min, max and total'})")
+            needs = "total and mean" if kind == "lognormal" else "min, max and total"
+            raise SweepError(f"{where}.{key}: missing (lengths: {kind} needs {needs})")
     total = Int(1, max_total, f"a positive integer <= {max_total} (tokens in the pack)").check(
         f"{where}.total", value["total"])
     low = Int(1, total, f"an integer in [1, total={total}]").check(

@@ -14,9 +14,10 @@ keep-mask is ever built: SDPA draws its own.
 
 Packed (variable-length) cases go through PyTorch's jagged nested tensors
 (``nested_tensor_from_jagged`` with the pack's ``cu_seqlens`` as offsets), one SDPA call for the
-whole pack. PyTorch supports there neither ``is_causal`` nor an ``attn_mask`` (so no causal, window
-or ALiBi: torch/nested/_internal/sdpa.py) nor K/V heads shared by GQA groups, and a packed case's hidden dropout mask cannot be read
-back by the probe (:mod:`attnbench.dropout_probe` is dense): those cases are ``unsupported``.
+whole pack. PyTorch supports there neither ``is_causal`` nor an ``attn_mask`` (so no causal,
+window or ALiBi: torch/nested/_internal/sdpa.py) nor K/V heads shared by GQA groups, and a
+packed case's hidden dropout mask cannot be read back by the probe
+(:mod:`attnbench.dropout_probe` is dense): those cases are ``unsupported``.
 """
 
 from __future__ import annotations
