@@ -1,0 +1,27 @@
+"""fp8 quantization inside a kernel, in fp32 arithmetic (see :mod:`attnbench.fp8` for the model).
+
+Triton 3.9's interpreter casts fp32 -> fp8 wrongly when the rounding carries into the exponent
+(-1.965 becomes -1.0, not -2.0); a compiled kernel's ``cvt`` rounds correctly. Rounding to the
+grid first, then casting a value that is already on the grid, is right on both, so CI checks the
+numbers the GPU computes.
+"""
+
+import triton
+import triton.language as tl
+
+# Adding then subtracting 1.5 * 2^23 rounds an fp32 |y| < 2^22 to an integer, ties to even
+# (IEEE round-to-nearest addition); the quotients below are at most 2^(mantissa_bits + 1).
+_RINT_MAGIC = tl.constexpr(12582912.0)
+
+
+@triton.jit
+def round_to_fp8_grid(x, MANTISSA_BITS: tl.constexpr, MIN_NORMAL_EXP: tl.constexpr,
+                      MAX_FINITE: tl.constexpr):
+    """fp32 ``x`` rounded to the fp8 grid (nearest, ties to even, saturating), still fp32."""
+    bits = x.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 0xFF) - 127  # zero and fp32 subnormals give -127: clamped below
+    exp = tl.maximum(exp, MIN_NORMAL_EXP)
+    spacing = ((exp - MANTISSA_BITS + 127) << 23).to(tl.float32, bitcast=True)
+    y = x / spacing  # exact: a power of two
+    y = (y + _RINT_MAGIC) - _RINT_MAGIC
+    return tl.minimum(tl.maximum(y * spacing, -MAX_FINITE), MAX_FINITE)
