@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-import kernels  # noqa: F401  (sets TRITON_INTERPRET when there is no GPU, before triton loads)
+import attnbench.kernels  # noqa: F401  (sets TRITON_INTERPRET when there is no GPU, before triton loads)
 import triton
 import triton.language as tl
 
 from attnbench.fp8 import FORMATS, quantize, round_to_fp8
-from kernels.fp8 import round_to_fp8_grid
+from attnbench.kernels.fp8 import round_to_fp8_grid
 
 
 @triton.jit
