@@ -26,7 +26,7 @@ DISTRIBUTIONS = ("lognormal", "uniform")
 MAX_SIGMA = 4.0
 """Log-space spread of lognormal lengths: sigma 4 already puts 1 in 20 draws at 700x the
 median; a larger one only produces lengths clipped to ``min`` or ``max``."""
-_KEYS = {"lognormal": ("lengths", "mean", "sigma", "min", "max", "total", "seed"),
+PARAMETERS = {"lognormal": ("lengths", "mean", "sigma", "min", "max", "total", "seed"),
          "uniform": ("lengths", "min", "max", "total", "seed")}
 
 
@@ -39,9 +39,9 @@ def expand(where: str, value: Any, max_count: int, max_total: int) -> tuple[int,
                    "max: 16384, total: 65536, seed: 0}")
     kind = Choice(DISTRIBUTIONS).check(f"{where}.lengths", value["lengths"])
     for key in value:
-        if key not in _KEYS[kind]:
+        if key not in PARAMETERS[kind]:
             raise SweepError(f"{where}.{key}: unknown parameter for lengths: {kind}, expected "
-                             f"one of {', '.join(_KEYS[kind])}")
+                             f"one of {', '.join(PARAMETERS[kind])}")
     for key in ("total",) + (("mean",) if kind == "lognormal" else ("min", "max")):
         if key not in value:
             needs = "total and mean" if kind == "lognormal" else "min, max and total"

@@ -23,9 +23,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from attnbench import spec
+from attnbench import length_mix, spec
 from attnbench.sweep_axes import ZIP
-from attnbench.validation import Choice, Flag, Int, Name, Real
+from attnbench.validation import Choice, Flag, Int, Lengths, Name, PowerOfTwo, Real
 
 SCHEMA_ID = "https://attnbench.invalid/sweep.schema.json"
 """A name, not an address: the schema travels in the repository and is never fetched."""
@@ -50,6 +50,11 @@ def rule_schema(rule: Any) -> dict[str, Any]:
     if isinstance(rule, Name):
         return {"type": "string", "minLength": 1, "maxLength": rule.limit,
                 "pattern": f"^(?:{rule.pattern})$"}
+    if isinstance(rule, PowerOfTwo):
+        return {"enum": [0] + [1 << i for i in range(rule.hi.bit_length())]}
+    if isinstance(rule, Lengths):  # the total is checked by attnbench, not the editor
+        return {"type": "array", "minItems": 1, "maxItems": rule.max_count,
+                "items": {"type": "integer", "minimum": 1, "maximum": rule.max_each}}
     return {}
 
 
@@ -75,8 +80,24 @@ def _backend_schema() -> dict[str, Any]:
                        "description": "a third-party backend as module:object"}]}
 
 
+def _varlen_schema() -> dict[str, Any]:
+    """A length generator (:mod:`attnbench.length_mix`), one alternative per distribution."""
+    def one(kind: str, params: tuple[str, ...]) -> dict[str, Any]:
+        props = {p: {"type": "integer", "minimum": 0} for p in params if p != "lengths"}
+        if "sigma" in props:
+            props["sigma"] = {"type": "number", "exclusiveMinimum": 0}
+        return {"type": "object", "additionalProperties": False,
+                "required": ["lengths", "total"], "properties": {"lengths": {"const": kind},
+                                                                 **props}}
+    return {"anyOf": [one(kind, params) for kind, params in length_mix.PARAMETERS.items()],
+            "description": "document lengths drawn reproducibly, e.g. {lengths: lognormal, "
+                           "mean: 2048, max: 16384, total: 65536, seed: 0}"}
+
+
 def value_schema(name: str) -> dict[str, Any]:
     """How a sweep spells one value of field ``name``."""
+    if name == "varlen":
+        return _varlen_schema()
     if name == "mask":
         return _mask_schema()
     if name == "backend":
