@@ -220,7 +220,12 @@ def test_a_second_run_on_a_held_directory_exits_2_naming_the_holder(sweep_file, 
       "--tls-key", "/nope/k.pem"], "TLS: /nope/ca.pem: no such file"),
     (["--tls-cert", "x.pem"], "TLS needs --tls-ca-file, --tls-cert and --tls-key; missing "
                               "--tls-ca-file, --tls-key"),
-    (["--scheduler", "tcp://h:1", "--cluster", "slurm"], "give either --scheduler or --cluster"),
+    (["--scheduler", "tcp://h:1", "--cluster", "slurm"],
+     "give one of --scheduler, --scheduler-file and --cluster, not --scheduler and --cluster"),
+    (["--scheduler-file", "/nope/s.json", "--cluster", "local"],
+     "not --scheduler-file and --cluster"),
+    (["--scheduler-file", "/nope/s.json", "--worker-wait", "0"],
+     "/nope/s.json: no such scheduler file"),
 ])
 def test_bad_connection_arguments_create_nothing(sweep_file, tmp_path, capsys, args, expected):
     out = tmp_path / "run"
