@@ -56,10 +56,11 @@ def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
     from attnbench.simulation import simulate_case, simulated_seconds
     from attnbench.worker import worker_leases
 
-    if simulated_seconds():  # `attnbench worker --simulate-gpus`: scale tests of orchestration
-        return simulate_case(case_dict, options_dict, attempt, devices, simulated_seconds())
-    case = Case.from_dict(case_dict)
     options = RunOptions.from_dict(options_dict)
+    if simulated_seconds():  # `attnbench worker --simulate-gpus`: scale tests of orchestration
+        return simulate_case(case_dict, attempt, devices, simulated_seconds(),
+                             lease_wait_s=options.timeout_s + LEASE_GRACE_S)
+    case = Case.from_dict(case_dict)
     t0 = time.perf_counter()
     leases = worker_leases()
     most = len(leases.ids) * (1 if leases.gpu else CPU_RANKS_PER_SLOT)

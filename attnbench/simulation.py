@@ -19,7 +19,7 @@ import time
 from attnbench.flops import case_flops
 from attnbench.records import make_record
 from attnbench.resources import ENV_SIMULATE
-from attnbench.spec import Case, RunOptions
+from attnbench.spec import Case
 
 SIMULATED_TFLOPS = 400.0
 """Throughput the simulated records report: about half an H100's dense bf16 peak."""
@@ -30,20 +30,17 @@ def simulated_seconds() -> float:
     return float(os.environ.get(ENV_SIMULATE) or 0)
 
 
-def simulate_case(case_dict: dict, options_dict: dict, attempt: int, devices: int,
-                  seconds: float) -> dict:
-    """Lease ``devices`` of this worker's simulated GPUs, hold them ``seconds``, return a
-    record."""
+def simulate_case(case_dict: dict, attempt: int, devices: int, seconds: float, *,
+                  lease_wait_s: float) -> dict:
+    """Lease ``devices`` of this worker's simulated GPUs (waiting at most ``lease_wait_s``),
+    hold them ``seconds``, return a record."""
     from distributed import get_worker
 
-    from attnbench.cluster import LEASE_GRACE_S
     from attnbench.worker import worker_leases
 
     case = Case.from_dict(case_dict)
-    options = RunOptions.from_dict(options_dict)
     leases = worker_leases()
-    with leases.lease(devices or case.world_size, timeout=options.timeout_s + LEASE_GRACE_S) \
-            as lease:
+    with leases.lease(devices or case.world_size, timeout=lease_wait_s) as lease:
         start = time.time()
         time.sleep(seconds)
         end = time.time()

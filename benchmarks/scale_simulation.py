@@ -195,6 +195,8 @@ def main() -> int:
     parser.add_argument("--case-seconds", type=float, default=1.0)
     parser.add_argument("--tp", default="1", help="tensor-parallel sizes, e.g. 1,2")
     parser.add_argument("--no-churn", action="store_true")
+    parser.add_argument("--window", type=float, default=2.0,
+                        help="cases in flight per device (the driver's default: 2)")
     parser.add_argument("--profile", action="store_true", help="cProfile the driver loop")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
     args = parser.parse_args()
@@ -241,6 +243,7 @@ def main() -> int:
         with open(tmp / "progress.log", "w") as progress_log:
             run = SweepRun(store, conn, Progress(0, 0, progress_log))
             total = len(run.cases)
+            run.limit = lambda: max(2, int(args.window * sum(w.devices for w in run.workers)))
             if churn is not None:
                 run.on_tick = lambda r: churn(r.progress.done / total)
             profiler = None
