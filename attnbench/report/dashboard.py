@@ -106,6 +106,7 @@ def default_dashboard() -> Dashboard:
             p["exclude"] = {"verdict": ["unsupported", "skipped"]}
         if p["kind"] == "throughput":
             p["filter"] = {"world_size": 1}  # multi-rank cases have their own panel
+            p["exclude"] = {"decode": [True]}  # memory-bound: GB/s in the decode panel
     return parse_dashboard({"title": "attnbench report", "panels": panels}, "<built-in>")
 
 
