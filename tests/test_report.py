@@ -313,8 +313,10 @@ def test_default_heatmap_puts_the_worst_verdicts_first(synthetic):
 def test_default_dashboard_file_matches_the_built_in_panels():
     spec = load_dashboard(runs.ROOT / "dashboards" / "default.yaml")
     assert [p.kind for p in spec.panels] == [p.kind for p in default_dashboard().panels]
-    throughput = next(p for p in spec.panels if p.kind == "throughput")
-    assert throughput.include == {"world_size": [1]}
+    throughput = [p for p in spec.panels if p.kind == "throughput"]
+    assert throughput[0].include == {"world_size": [1]}
+    assert throughput[1].include == {"packed": [True], "world_size": [1]}
+    assert throughput[1]["x"] == "tokens"
 
 
 @pytest.mark.parametrize("text, where", [
