@@ -98,6 +98,13 @@ class Dashboard:
     description: str = ""
 
 
+PACKED_THROUGHPUT: dict[str, Any] = {
+    "kind": "throughput", "title": "Packed batches: throughput vs total tokens",
+    "filter": {"packed": True, "world_size": 1}, "exclude": {"decode": [True]}, "x": "tokens",
+    "facets": ["gpu_kind", "dtype", "head_dim", "features"], "max_figures": 6}
+"""Packed (variable-length) cases against the tokens of the whole pack."""
+
+
 def default_dashboard() -> Dashboard:
     """Every panel kind with its defaults (used when no dashboards/default.yaml is found)."""
     panels: list[dict[str, Any]] = [{"kind": k} for k in PANEL_KINDS]
@@ -107,6 +114,8 @@ def default_dashboard() -> Dashboard:
         if p["kind"] == "throughput":
             p["filter"] = {"world_size": 1}  # multi-rank cases have their own panel
             p["exclude"] = {"decode": [True]}  # memory-bound: GB/s in the decode panel
+    at = next(i for i, p in enumerate(panels) if p["kind"] == "throughput") + 1
+    panels.insert(at, PACKED_THROUGHPUT)
     return parse_dashboard({"title": "attnbench report", "panels": panels}, "<built-in>")
 
 
