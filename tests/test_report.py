@@ -317,7 +317,8 @@ def test_default_heatmap_puts_the_worst_verdicts_first(synthetic):
 
 def test_default_dashboard_file_matches_the_built_in_panels():
     spec = load_dashboard(runs.ROOT / "dashboards" / "default.yaml")
-    assert [p.kind for p in spec.panels] == [p.kind for p in default_dashboard().panels]
+    # the same panels (the file orders them for reading)
+    assert sorted(p.kind for p in spec.panels) == sorted(p.kind for p in default_dashboard().panels)
     throughput = [p for p in spec.panels if p.kind == "throughput"]
     built_in = [p for p in default_dashboard().panels if p.kind == "throughput"]
     assert throughput[0].include == {"world_size": [1]}
