@@ -25,10 +25,10 @@ BASE = "name: t\ndefaults: {backend: naive, seqlen_q: 32, heads_q: 2, head_dim: 
 
 
 def _refused(text: str, *expected: str, limit_s: float = 2.0) -> str:
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: a loaded machine must not fail it, a blow-up must
     with pytest.raises(SweepError) as info:
         parse_sweep(text, "bad.yaml", check_backend_name)
-    assert time.perf_counter() - t0 < limit_s
+    assert time.process_time() - t0 < limit_s
     message = str(info.value)
     # every mistake in one pass, one short line each, and a bounded number of lines
     lines = message.split("\n")
@@ -177,7 +177,7 @@ def test_sweep_files_that_are_not_small_text_are_refused_unread(tmp_path, make, 
             fh.write(b"name: \xff\xfe\n")
     t0 = time.perf_counter()
     assert cli.main(["validate", path]) == 2
-    assert time.perf_counter() - t0 < 2
+    assert time.perf_counter() - t0 < 5  # a blocking read would never return; 5 s leaves room for a loaded machine
     err = capsys.readouterr().err
     assert err.startswith(f"attnbench: error: {path}: ") and err.count("\n") == 1, err
 
