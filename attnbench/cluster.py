@@ -220,6 +220,11 @@ class Connection:
     def close(self) -> None:
         try:
             self.client.close(timeout=10)
+        except Exception:  # noqa: BLE001
+            # A client whose scheduler died can fail to close (over TLS: "IOStream is not idle;
+            # cannot convert to SSL" from its reconnect attempt): the run's own error, already
+            # reported, is the one the user needs, not this one.
+            pass
         finally:
             if self.cluster is not None:
                 self.cluster.close()
