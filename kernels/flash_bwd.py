@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from attnbench.kernels import configs
-from attnbench.kernels.common import LOG2E, dropout_keep, key_ranges, load_tile, query_ranges, score_tile
+from attnbench.kernels.common import LOG2E, dropout_keep, key_ranges, load_tile, query_ranges, \
+    score_tile, sequence_of
 from attnbench.kernels.params import FlashParams, is_interpreted, strides
 
 
@@ -128,17 +129,8 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     head_kv = pid_bh % heads_kv
     batch_g = batch_start + batch
     total_q = seqlen_q
-    if VARLEN:  # this sequence's rows of the (1, H, T, D) buffers, its own lengths and diagonal
-        q_off = tl.load(cu_q_ptr + batch)
-        k_off = tl.load(cu_k_ptr + batch)
-        seqlen_q = tl.load(cu_q_ptr + batch + 1) - q_off
-        seqlen_k = tl.load(cu_k_ptr + batch + 1) - k_off
-        diag = seqlen_k - seqlen_q
-        tensor_b = batch * 0
-    else:
-        q_off = batch * 0
-        k_off = batch * 0
-        tensor_b = batch
+    q_off, k_off, seqlen_q, seqlen_k, diag, tensor_b = sequence_of(
+        batch, cu_q_ptr, cu_k_ptr, seqlen_q, seqlen_k, diag, VARLEN)
 
     n_lo = pid_n * BLOCK_N
     k_idx = n_lo + tl.arange(0, BLOCK_N)
@@ -263,19 +255,10 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, slopes_pt
     head_kv = head // group_size
     batch_g = batch_start + batch
     head_g = head_start + head
-    row = pid_bh.to(tl.int64) * seqlen_q
-    if VARLEN:  # this sequence's rows of the (1, H, T, D) buffers, its own lengths and diagonal
-        q_off = tl.load(cu_q_ptr + batch)
-        k_off = tl.load(cu_k_ptr + batch)
-        row = head.to(tl.int64) * seqlen_q + q_off  # seqlen_q is still the total here
-        seqlen_q = tl.load(cu_q_ptr + batch + 1) - q_off
-        seqlen_k = tl.load(cu_k_ptr + batch + 1) - k_off
-        diag = seqlen_k - seqlen_q
-        tensor_b = batch * 0
-    else:
-        q_off = batch * 0
-        k_off = batch * 0
-        tensor_b = batch
+    total_q = seqlen_q
+    q_off, k_off, seqlen_q, seqlen_k, diag, tensor_b = sequence_of(
+        batch, cu_q_ptr, cu_k_ptr, seqlen_q, seqlen_k, diag, VARLEN)
+    row = (tensor_b * heads_q + head).to(tl.int64) * total_q + q_off
 
     m_lo = pid_m * BLOCK_M
     q_idx = m_lo + tl.arange(0, BLOCK_M)

@@ -23,7 +23,8 @@ import triton
 import triton.language as tl
 
 from attnbench.kernels import configs
-from attnbench.kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile
+from attnbench.kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile, \
+    sequence_of
 from attnbench.kernels.params import FlashParams, is_interpreted, strides
 
 
@@ -88,19 +89,10 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
     head_kv = head // group_size
     batch_g = batch_start + batch
     head_g = head_start + head
-    lse_row = pid_bh.to(tl.int64) * seqlen_q
-    if VARLEN:  # this sequence's rows of the (1, H, T, D) buffers, its own lengths and diagonal
-        q_off = tl.load(cu_q_ptr + batch)
-        k_off = tl.load(cu_k_ptr + batch)
-        lse_row = head.to(tl.int64) * seqlen_q + q_off  # seqlen_q is still the total here
-        seqlen_q = tl.load(cu_q_ptr + batch + 1) - q_off
-        seqlen_k = tl.load(cu_k_ptr + batch + 1) - k_off
-        diag = seqlen_k - seqlen_q
-        tensor_b = batch * 0
-    else:
-        q_off = batch * 0
-        k_off = batch * 0
-        tensor_b = batch
+    total_q = seqlen_q
+    q_off, k_off, seqlen_q, seqlen_k, diag, tensor_b = sequence_of(
+        batch, cu_q_ptr, cu_k_ptr, seqlen_q, seqlen_k, diag, VARLEN)
+    lse_row = (tensor_b * heads_q + head).to(tl.int64) * total_q + q_off
 
     q_base = (q_ptr + tensor_b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh
               + q_off.to(tl.int64) * stride_qm)
