@@ -97,6 +97,13 @@ IDENTITY_BOUND = {
 }
 
 
+def bound_dtype(dtype: str) -> str:
+    """The dtype whose bounds a case's dtype is held to: an fp8 case's output is bf16, its
+    baselines (naive in bf16, the fused fp8 model) are on the same inputs, so bf16's floors and
+    absolute bounds apply (the fp8 roundings show up in the baselines' errors)."""
+    return "bf16" if dtype.startswith("fp8") else dtype
+
+
 @dataclass
 class Check:
     check: str       # reference | baseline_ratio | identity | nonfinite | parity | determinism
@@ -217,7 +224,7 @@ def identity_bounds(dtype: str, conditioning: Optional[float]) -> dict[str, floa
     """Bound per identity; ``conditioning`` is the naive baseline's largest rel. L2 error on
     the same inputs (None when unknown)."""
     scale = IDENTITY_BASELINE_FACTOR * conditioning if conditioning else 0.0
-    return {name: max(bound, scale) for name, bound in IDENTITY_BOUND[dtype].items()}
+    return {name: max(bound, scale) for name, bound in IDENTITY_BOUND[bound_dtype(dtype)].items()}
 
 
 def conditioning(baseline: Optional[dict]) -> Optional[float]:
@@ -239,6 +246,7 @@ def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optiona
     "fused" | "naive", the baseline each tensor is judged against (default "naive").
     ``logit_scale``: the largest finite |log-sum-exp| of the reference (see LOGIT_ROUNDINGS).
     """
+    dtype = bound_dtype(dtype)
     checks: list[Check] = []
     table: dict[str, dict] = {}
     if errors is not None:

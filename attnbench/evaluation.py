@@ -23,7 +23,9 @@ from attnbench.backends.masks import release_prepared
 from attnbench.dropout import hash_keep_mask
 from attnbench.dropout_probe import RngState, judge_dropout
 from attnbench.execution.child import is_oom
-from attnbench.fused_baseline import fused_backward, fused_forward
+from attnbench.fp8 import FORMATS, dequantize_call
+from attnbench.fp8_accuracy import quantization_split
+from attnbench.fused_baseline import FusedBaseline, fused_backward, fused_forward
 from attnbench.invariants import identity_residuals
 from attnbench.records import TENSORS
 from attnbench.reference import reference_backward, reference_forward
@@ -121,17 +123,21 @@ class References:
 
 
 def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
-             rng: Optional[RngState] = None) -> Judgement:
+             rng: Optional[RngState] = None, originals=None) -> Judgement:
     """Errors against fp64 (when a reference applies), baseline errors and identities.
 
     ``rng``: the state of the generator a hidden-mask backend's dropout drew from, captured right
     before the judged forward (:mod:`attnbench.dropout_probe`); with it the mask is recovered
-    and the exact reference applies, without it statistics judge the forward's dropout."""
+    and the exact reference applies, without it statistics judge the forward's dropout.
+    fp8 cases (``spec.fp8_format``): q, k, v are the fp8 values; the reference is exact on
+    their dequantized numbers, and ``originals`` (q, k, v before quantization) give the
+    quantization / kernel split of :mod:`attnbench.fp8_accuracy`."""
     device = device or q.device
     tensors = TENSORS if grads is not None else ("out",)  # grads None: forward only
     results = dict(zip(tensors, (out, *(grads or ()))))
     keep_mask = getattr(backend, "keep_mask", None)
-    refs = References(q, k, v, dout, spec, tensors)
+    exact_inputs = dequantize_call(q, k, v, spec, torch.float64) if spec.fp8_format else (q, k, v)
+    refs = References(*exact_inputs, dout, spec, tensors)
     errors, dropout = None, None
     if spec.dropout_p > 0 and keep_mask is None:
         dropout = judge_dropout(backend, q, k, v, spec, out, rng)
@@ -168,6 +174,9 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     }
     if grads is None:
         accuracy["backward"] = BACKWARD_NOT_APPLICABLE
+    if spec.fp8_format and originals is not None:
+        accuracy["fp8"] = quantization_split(case, spec, out, refs.get(None), exact_inputs,
+                                             originals)
     judgement = Judgement(verdict, reason, tuple(checks), accuracy)
     if dropout is not None:
         judgement = judgement.merged(dropout.checks, "dropout: ", dropout=dropout.to_dict())
@@ -221,7 +230,12 @@ def _naive_errors(q, k, v, dout, spec, refs: References) -> Optional[dict]:
 
 def _fused_errors(q, k, v, dout, spec, refs: References) -> dict:
     """Errors of the fused-precision baseline on the same inputs (its dropout mask: the hash
-    mask of :mod:`attnbench.dropout`), against its own exact reference."""
+    mask of :mod:`attnbench.dropout`), against its own exact reference. fp8: FA3's roundings
+    (fp8 operands, P in the inputs' fp8 format, O in bf16) on the dequantized values."""
+    if spec.fp8_format:
+        baseline = FusedBaseline(p_format=FORMATS[spec.fp8_format], out_dtype=torch.bfloat16)
+        out, _ = baseline.forward(*dequantize_call(q, k, v, spec, torch.float32), spec)
+        return refs.errors({"out": out}, hash_keep_mask)
     out, lse = fused_forward(q, k, v, spec, keep_mask=hash_keep_mask)
     grads = (fused_backward(q, k, v, out, lse, dout, spec, keep_mask=hash_keep_mask)
              if "dq" in refs.tensors else ())

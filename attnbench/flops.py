@@ -25,7 +25,9 @@ from attnbench.spec import Case
 
 BACKWARD_FACTOR = 2.5
 """Backward / forward FLOPs when head_dim == head_dim_v: 2.0 (bwd) + 0.5 (recompute)."""
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+OUTPUT_BYTES = {"fp8_e4m3": 2, "fp8_e5m2": 2}
+"""Bytes per output element where they differ from the inputs': fp8 forwards return bf16."""
 LSE_BYTES = 4  # float32 per query row and head
 
 
@@ -94,6 +96,7 @@ def case_bytes(case: Case) -> tuple[float, float]:
     v = b * case.heads_kv * sk * case.head_dim_v
     o = b * case.heads_q * sq * case.head_dim_v
     lse = b * case.heads_q * sq * LSE_BYTES
-    forward = (q + k + v + o) * size + lse                 # read q, k, v; write out, lse
+    out_size = OUTPUT_BYTES.get(case.dtype, size)
+    forward = (q + k + v) * size + o * out_size + lse      # read q, k, v; write out, lse
     backward = (2 * (q + k + v) + 2 * o) * size + lse      # read q, k, v, out, dout, lse;
     return float(forward), float(backward)                 # write dq, dk, dv

@@ -18,6 +18,7 @@ the same arithmetic (``kernels/fp8.py``) and only ever cast values already on th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -67,24 +68,72 @@ class Quantized:
     values: torch.Tensor
     """fp8 tensor (B, H, S, D)."""
     descale: torch.Tensor
-    """float32, shape (B, H) for per-head scaling or (1, 1) per tensor: x ~= values * descale."""
+    """float32, (B, Hkv) for per-head scaling (FA3's ``descale_q/k/v`` layout: query head h
+    shares the factor of its KV head h // (H / Hkv)) or (1, 1) per tensor:
+    x ~= values * descale."""
+
+    def per_head(self) -> torch.Tensor:
+        """The descale of every head of ``values``: (B or 1, H) float32."""
+        return self.descale.repeat_interleave(self.values.shape[1] // self.descale.shape[1],
+                                              dim=1) if self.descale.shape[1] > 1 else \
+            self.descale.expand(self.descale.shape[0], self.values.shape[1])
 
     def dequantized(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         """The exact real numbers the kernel is given (fp32 and fp64 hold them exactly)."""
-        return self.values.to(dtype) * self.descale.to(dtype)[..., None, None]
+        return self.values.to(dtype) * self.per_head().to(dtype)[..., None, None]
 
 
-def quantize(x: torch.Tensor, fmt: Fp8Format, per_head: bool = False) -> Quantized:
+def quantize(x: torch.Tensor, fmt: Fp8Format, per_head: bool = False,
+             heads_kv: Optional[int] = None) -> Quantized:
     """Scale ``x`` (B, H, S, D) so its largest magnitude lands on the format's largest finite
-    value, then round. The scale is a power of two so that dequantizing is exact in any float
-    dtype and the only error left is the fp8 rounding itself (TransformerEngine's delayed
-    scaling also keeps power-of-two scales available; with a non-power-of-two scale the
-    fp64 reference on the dequantized values would still be exact, this only keeps the numbers
-    simple to read)."""
+    value, then round. ``per_head``: one scale per (batch row, KV head) -- the H heads form
+    ``heads_kv`` (default H) contiguous groups, as a GQA query tensor does. The scale is a power
+    of two so that dequantizing is exact in any float dtype and the only error left is the fp8
+    rounding itself (TransformerEngine's delayed scaling also keeps power-of-two scales
+    available; with a non-power-of-two scale the fp64 reference on the dequantized values would
+    still be exact, this only keeps the numbers simple to read)."""
     x = x.to(torch.float32)
-    dims = (-2, -1) if per_head else tuple(range(x.dim()))
-    amax = x.abs().amax(dim=dims, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+    batch, heads = x.shape[:2]
+    groups = heads_kv or heads
+    if heads % groups:
+        raise ValueError(f"quantize: {heads} heads do not form {groups} groups")
+    if per_head:
+        grouped = x.reshape(batch, groups, -1)
+        amax = grouped.abs().amax(dim=-1)                                   # (B, Hkv)
+    else:
+        amax = x.abs().amax().reshape(1, 1)
+    amax = amax.clamp(min=torch.finfo(torch.float32).tiny)
     scale = torch.exp2(torch.floor(torch.log2(fmt.max_finite / amax)))
-    values = round_to_fp8(x * scale, fmt).to(fmt.torch_dtype)
-    descale = (1.0 / scale).reshape(scale.shape[:2] if per_head else (1, 1))
-    return Quantized(values, descale)
+    per = Quantized(x, 1.0 / scale).per_head()                              # (B|1, H)
+    values = round_to_fp8(x / per[..., None, None], fmt).to(fmt.torch_dtype)
+    return Quantized(values, 1.0 / scale)
+
+
+def with_descales(spec, q: Quantized, k: Quantized, v: Quantized, fmt_name: str):
+    """``spec`` (an :class:`attnbench.problem.AttnSpec`) carrying the fp8 format and the
+    descales of quantized q, k, v as plain floats."""
+    flat = tuple(tuple(float(x) for x in t.descale.flatten().tolist()) for t in (q, k, v))
+    return spec.replace(fp8_format=fmt_name, descales=flat)
+
+
+def descale_tensors(spec, batch: int, heads_kv: int, device) -> tuple[torch.Tensor, ...]:
+    """The spec's descales as FA3 takes them: three float32 (B, Hkv) tensors (a per-tensor
+    value broadcast)."""
+    out = []
+    for values in spec.descales:
+        t = torch.tensor(values, dtype=torch.float32, device=device)
+        out.append(t.expand(batch, heads_kv).contiguous() if t.numel() == 1
+                   else t.reshape(batch, heads_kv))
+    return tuple(out)
+
+
+def dequantize_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp8 q (B, Hq, Sq, D), k, v (B, Hkv, Sk, *) of an fp8 call as ``dtype`` values: exact in
+    fp32/fp64, and in bf16 for power-of-two descales (e4m3/e5m2 have fewer mantissa bits)."""
+    batch, heads_q = q.shape[:2]
+    heads_kv = k.shape[1]
+    dq, dk, dv = descale_tensors(spec, batch, heads_kv, q.device)
+    dq = dq.repeat_interleave(heads_q // heads_kv, dim=1)
+    return tuple((x.to(torch.float32) * d[..., None, None]).to(dtype)
+                 for x, d in ((q, dq), (k, dk), (v, dv)))

@@ -54,6 +54,7 @@ from typing import Optional
 
 import torch
 
+from attnbench.fp8 import Fp8Format, round_to_fp8
 from attnbench.packing import backward_per_sequence, forward_per_sequence
 from attnbench.problem import AttnSpec, KeepMaskFn
 
@@ -196,6 +197,13 @@ class FusedBaseline:
     forward + backward: 2^17 1.4-1.7 s (causal 0.9 s), 2^19 about the same, 2^15 and 2^21
     slower. Speed only: no effect on the forward's bits."""
 
+    p_format: Optional[Fp8Format] = None
+    """fp8 forward (FA3's choice): P rounded to this fp8 format before P·V instead of to the
+    inputs' dtype. The inputs are then the dequantized fp8 values in fp32 (exact), whose
+    products and sums are what fp8 tensor cores compute."""
+    out_dtype: Optional[torch.dtype] = None
+    """The dtype O is rounded to once; None: the inputs' (an fp8 forward returns bf16)."""
+
     def __post_init__(self):
         for name in ("block_q", "block_k", "step_elems"):
             if getattr(self, name) < 1:
@@ -231,7 +239,8 @@ class FusedBaseline:
         tiles = _Tiles(q, k, v, spec, keep_mask)
         sq, sk, dv = tiles.seqlen_q, tiles.seqlen_k, v.shape[-1]
         lead = (tiles.batch, tiles.heads_kv, tiles.group)
-        out = torch.empty(*lead, sq, dv, dtype=q.dtype, device=q.device)
+        out_dtype = self.out_dtype or q.dtype
+        out = torch.empty(*lead, sq, dv, dtype=out_dtype, device=q.device)
         lse = torch.empty(*lead, sq, dtype=F32, device=q.device)
         drop_scale = 1.0 / (1.0 - spec.dropout_p)
         step = self._rows_per_step(tiles)
@@ -261,7 +270,9 @@ class FusedBaseline:
                     keep = tiles.keep(q_pos, k_pos)
                     if keep is not None:
                         p = p.masked_fill(~keep, 0.0)
-                    pv = torch.matmul(tiles.rounded(p), tiles.v[:, :, :, j0:j1])
+                    p_op = (round_to_fp8(p, self.p_format) if self.p_format is not None
+                            else tiles.rounded(p))
+                    pv = torch.matmul(p_op, tiles.v[:, :, :, j0:j1])
                     acc[..., rows, :] = self.accumulate_pv(acc[..., rows, :], correction, pv,
                                                            q.dtype)
                     running_max[..., rows] = new_max
@@ -269,7 +280,7 @@ class FusedBaseline:
                 safe_denom = torch.where(seen, denom, torch.ones_like(denom))
                 o = acc * (drop_scale / safe_denom)[..., None]
                 o = torch.where(seen[..., None], o, torch.zeros_like(o))
-                out[..., c0:c1, :] = o.to(q.dtype)  # the one rounding of O
+                out[..., c0:c1, :] = o.to(out_dtype)  # the one rounding of O
                 lse[..., c0:c1] = torch.where(seen, running_max + torch.log(safe_denom),
                                               torch.full_like(denom, float("-inf")))
         heads_q = tiles.heads_kv * tiles.group

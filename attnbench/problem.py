@@ -88,6 +88,13 @@ class AttnSpec:
     """A decode call: forward only (no autograd state is kept), K/V are a cache."""
     page_size: int = 0
     """Decode: the cache a backend reads is paged (:mod:`attnbench.paged`); 0 = contiguous."""
+    fp8_format: str = ""
+    """fp8 case: the format of q, k, v (a key of :data:`attnbench.fp8.FORMATS`); their real
+    values are the fp8 values times :attr:`descales`. Empty: not fp8."""
+    descales: tuple[tuple[float, ...], ...] = ()
+    """fp8: (descale_q, descale_k, descale_v), each (B, Hkv) flattened row-major -- query head
+    h uses KV head h // (Hq / Hkv)'s -- or a single value per tensor (per-tensor scaling).
+    Set from the quantized inputs (:func:`attnbench.fp8.with_descales`)."""
 
     @classmethod
     def from_case(cls, case: "Case") -> "AttnSpec":

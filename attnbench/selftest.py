@@ -38,19 +38,21 @@ from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN, Mutant, by_name)
 from attnbench.records import BAD_VERDICTS
 from attnbench.resources import ENV_DEVICE, ENV_THREADS
+from attnbench.fp8_rules import is_fp8
 from attnbench.spec import Case, RunOptions, Sweep, TimingOptions, load_sweep
 from attnbench.trends import SLOPE_BOUND, findings, trends
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
-DEFAULT_SWEEPS = (SWEEPS_DIR / "standard.yaml", SWEEPS_DIR / "decode.yaml")
-"""The standard sweep, and the decode sweep for the decode bug classes (17-19)."""
+DEFAULT_SWEEPS = (SWEEPS_DIR / "standard.yaml", SWEEPS_DIR / "decode.yaml",
+                  SWEEPS_DIR / "fp8.yaml")
+"""The standard sweep, and the decode and fp8 sweeps for their bug classes (19-21, 22-23)."""
 TEMPLATE = "naive"
 """The backend whose cases the mutants take over (most mutants edit naive's code)."""
 WEAK_MARGIN = 2.0
 """A mutant whose best evidence is a measured value under this many times its bound is caught
 only by a hair: the table marks it, and the check deserves strengthening."""
 CRASH_VERDICTS = ("error", "crash", "timeout", "oom", "lost")
-DTYPE_ORDER = ("fp32", "fp16", "bf16")
+DTYPE_ORDER = ("fp32", "fp16", "bf16", "fp8")
 
 
 # -- which cases -----------------------------------------------------------------------------------
@@ -90,11 +92,14 @@ def make_plan(sweep: Sweep, *, seeds: int = 1, mutants: Sequence[Mutant] = CATAL
     for mutant in mutants:
         # A mutant that edits only the CP/TP code is the correct backend on one device; the
         # long cases (seconds each) go only to mutants whose error grows with length.
-        if mutant.decode or mutant.parallel:
-            # Decode mutants take the decode cases, CP/TP mutants the CP/TP cases.
-            pool = [c for c in base if (c.decode if mutant.decode else c.world_size > 1)]
+        if mutant.decode or mutant.parallel or mutant.fp8:
+            # Decode mutants take the decode cases, fp8 mutants the fp8 cases, CP/TP mutants
+            # the CP/TP cases.
+            pool = [c for c in base if (c.decode if mutant.decode else is_fp8(c.dtype)
+                                        if mutant.fp8 else c.world_size > 1)]
         else:
             pool = [c for c in (base if mutant.long else short) if not c.decode
+                    and not is_fp8(c.dtype)
                     and (c.world_size == 1 or not (mutant.long or mutant.single))]
         chosen[mutant.name] = tuple(c.replace(backend=mutant.name) for c in pool)
     return Plan(controls=tuple(control_cases), mutants=chosen)
@@ -273,7 +278,7 @@ def judge_mutant(mutant: Mutant, records: Sequence[dict]) -> MutantResult:
             continue
         result.failed += 1
         everything.append(found)
-        per_dtype[r["case"]["dtype"]].append(found)
+        per_dtype[_dtype_column(r["case"]["dtype"])].append(found)
         kinds = {c["check"] for c in r.get("checks") or [] if not c["passed"]}
         for kind in (kinds or {found.check}):
             result.checks[kind] += 1
@@ -329,9 +334,14 @@ def judge_controls(records: Sequence[dict]) -> dict[str, ControlResult]:
 # -- the table -------------------------------------------------------------------------------------
 
 
+def _dtype_column(dtype: str) -> str:
+    """The table's column of a dtype: e4m3 and e5m2 share one (fp8)."""
+    return "fp8" if is_fp8(dtype) else dtype
+
+
 def render(results: Sequence[MutantResult], controls: dict[str, ControlResult]) -> str:
     lines = ["Mutants (each must be caught):",
-             f"{'#':<6}{'mutant':<26}{'caught':<8}{'strongest check':<22}{'margin':>11}"
+             f"{'#':<6}{'mutant':<31} {'caught':<8}{'strongest check':<22}{'margin':>11}"
              + "".join(f"{d:>12}" for d in DTYPE_ORDER) + f"{'failed/run':>12}  bug class"]
     for res in results:
         m = res.mutant
@@ -339,7 +349,7 @@ def render(results: Sequence[MutantResult], controls: dict[str, ControlResult]) 
         best = res.best
         cells = "".join(f"{(res.by_dtype[d].margin_text() if d in res.by_dtype else '-'):>12}"
                         for d in DTYPE_ORDER)
-        lines.append(f"{m.number:<6}{m.name.removeprefix('mutant.'):<26}{caught:<8}"
+        lines.append(f"{m.number:<6}{m.name.removeprefix('mutant.'):<31} {caught:<8}"
                      f"{(best.label if best else '-'):<22}"
                      f"{(best.margin_text() if best else '-'):>11}{cells}"
                      f"{res.failed:>7}/{res.run:<4}  {m.bug}")
@@ -390,7 +400,7 @@ def add_selftest_command(subparsers) -> None:
                          "sweep's checks: every bug must be caught, every correct backend pass")
     p.add_argument("--sweep", action="append", metavar="SWEEP",
                    help="a sweep whose checks are tested (repeatable; default: "
-                        "sweeps/standard.yaml and sweeps/decode.yaml)")
+                        "sweeps/standard.yaml, sweeps/decode.yaml and sweeps/fp8.yaml)")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="run every case with seeds 0..N-1 (default 1)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

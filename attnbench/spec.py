@@ -33,6 +33,7 @@ import attnbench.sweep_axes as axes
 from attnbench.decode_rules import MAX_PAGE_SIZE, check_capacity, check_decode
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
+from attnbench.fp8_rules import FP8_DTYPES, FP8_SCALINGS, check_fp8, default_backward
 from attnbench.length_mix import expand as expand_lengths
 from attnbench.options import RunOptions, TimingOptions, check_options_dict  # noqa: F401
 from attnbench.options import parse_options as _parse_options
@@ -44,11 +45,12 @@ from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int
 from attnbench.validation import load_yaml, read_input_file
 
-DTYPES = ("fp32", "fp16", "bf16")
-DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
+DTYPES = ("fp32", "fp16", "bf16", *FP8_DTYPES)
+DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
+                 "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
-INPUTS = ("normal", "large_logits", "outliers")
+INPUTS = ("normal", "large_logits", "outliers", "loud_heads")
 CP_ALGOS = ("ring", "zigzag", "allgather")
 
 # -- limits (every one is checked where a sweep is validated, before anything runs) ------------
@@ -128,7 +130,10 @@ class Case:
     """Decode only: the cache is stored in pages of this many tokens (a power of two) reached
     through a shuffled block table (flash-attn's ``block_table``); 0 = one contiguous cache."""
     backward: bool = True
-    """Whether the backward is run, judged and timed; false for decode (forward only)."""
+    """Whether the backward is run, judged and timed; false for decode and fp8 (forward only)."""
+    fp8_scaling: str = "tensor"
+    """fp8 dtypes: one descale per tensor, or per (batch row, KV head) -- ``head``
+    (:mod:`attnbench.fp8_rules`)."""
 
     def __post_init__(self):  # lists from JSON: keep the case hashable
         for name in ("seqlens_q", "seqlens_kv"):
@@ -191,8 +196,12 @@ class Case:
             parts.append("packed")  # not the count: packs of several totals form one series
         if self.decode:
             parts.append(f"decode-paged{self.page_size}" if self.page_size else "decode")
-        elif not self.backward:
+        elif not self.backward and not self.dtype.startswith("fp8"):
+            # fp8 is forward only by nature: its features stay those of the bf16 case it is
+            # compared with (the speed-up panel pairs them)
             parts.append("fwd-only")
+        if self.fp8_scaling != "tensor":
+            parts.append(f"fp8-per-{self.fp8_scaling}")
         return " ".join(parts)
 
     @property
@@ -224,7 +233,8 @@ CASE_FIELDS = tuple(f.name for f in fields(Case))
 _PACKED_FIELDS = ("seqlens_q", "seqlens_kv")
 SWEEP_ONLY_FIELDS = ("varlen",)  # a length generator, expanded into seqlens_q (length_mix)
 _CASE_DEFAULTS = {f.name: f.default for f in fields(Case)}
-_LATER_FIELDS = {name: _CASE_DEFAULTS[name] for name in ("decode", "page_size", "backward")}
+_LATER_FIELDS = {name: _CASE_DEFAULTS[name] for name in ("decode", "page_size", "backward",
+                                                                 "fp8_scaling")}
 """Fields added after ids were first stored (left out of :attr:`Case.id` at their default)."""
 
 
@@ -253,6 +263,7 @@ CASE_RULES: dict[str, Any] = {
     "decode": Flag(),
     "page_size": PowerOfTwo(MAX_PAGE_SIZE),
     "backward": Flag(),
+    "fp8_scaling": Choice(FP8_SCALINGS),
 }
 """The rule of every Case field; a sweep's values (:func:`_norm_value`) and a stored record's
 case (:func:`check_case_dict`) go through it."""
@@ -375,8 +386,10 @@ def make_case(where: str, values: Mapping[str, Any]) -> Case:
             v[name] = v.get(same_as, _CASE_DEFAULTS[same_as])
     if v.get("decode") and "backward" not in v:
         v["backward"] = False  # decode is forward only; asking for backward is an error below
+    default_backward(v)
     case = Case(**v)
     check_decode(where, case)
+    check_fp8(where, case)
     if case.heads_q % case.heads_kv:
         raise SweepError(f"{where}: heads_kv: got {case.heads_kv}, expected a divisor of "
                          f"heads_q={case.heads_q} (GQA groups must be whole)")

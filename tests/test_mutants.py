@@ -75,9 +75,15 @@ EXPOSE = {
     "mutant.paged_wrong_sequence": (PAGED, REFERENCE, None),
     "mutant.page_boundary_off_by_one": (PAGED, REFERENCE, None),
     "mutant.split_merge_no_max": (dict(DECODE, inputs="large_logits"), {"nonfinite"}, ("fp16",)),
+    # fp8 (forward only): descales applied wrongly; a wrong head's descale shows only with
+    # per-head scales that differ between heads
+    "mutant.fp8_descale_v_twice": (dict(), REFERENCE, None),
+    "mutant.fp8_descale_k_by_query_head": (dict(fp8_scaling="head", inputs="loud_heads"),
+                                           REFERENCE, None),
 }
 DEFAULT_DTYPE = {"mutant.nondeterministic_dq": "fp32", "mutant.cp_lse_no_max": "fp16",
-                 "mutant.split_merge_no_max": "fp16"}
+                 "mutant.split_merge_no_max": "fp16", "mutant.fp8_descale_v_twice": "fp8_e5m2",
+                 "mutant.fp8_descale_k_by_query_head": "fp8_e4m3"}
 
 
 def case_of(backend: str, dtype: str, seed: int = 0, **fields) -> Case:
@@ -112,6 +118,8 @@ def control_of(name: str) -> str:
         return "triton" if name == "mutant.split_merge_no_max" else "naive"
     if name in ("mutant.cu_seqlens_off_by_one", "mutant.cross_document_leak"):
         return "naive"  # the packed path they edit is naive's own
+    if by_name(name).fp8:
+        return FUSED_CONTROL  # the fp8 path of the fused model
     if name in ("mutant.dropout_keep_p", "mutant.dropout_renormalised"):
         return HIDDEN_DROPOUT_CONTROL
     if by_name(name).long:
@@ -126,7 +134,8 @@ def control_of(name: str) -> str:
 
 def test_catalogue_covers_issue_7_and_every_mutant_loads_and_is_registered():
     numbers = {m.number.rstrip("ab") for m in CATALOGUE}
-    assert {str(i) for i in range(1, 22)} <= numbers  # issues 7 (1-12), 12 (13-16), 15 (17-21)
+    # issues 7 (1-12), 12 (13-16), 15 (17-21), 16 (22-23)
+    assert {str(i) for i in range(1, 24)} <= numbers
     assert set(EXPOSE) == {m.name for m in CATALOGUE}
     for mutant in CATALOGUE:
         assert BUILTIN[mutant.name] == mutant.ref

@@ -105,7 +105,7 @@ def test_spec_depends_on_nothing_above_it():
     known = _modules()
     deps = _imports(known["attnbench.spec"], known)
     packed = {"attnbench.packed_fields", "attnbench.length_mix",  # pure-Python field rules
-              "attnbench.decode_rules", "attnbench.options"}
+              "attnbench.decode_rules", "attnbench.fp8_rules", "attnbench.options"}
     assert deps <= {"attnbench.errors", "attnbench.validation", "attnbench.sweep_axes"} | packed, \
         deps
     for name in packed:

@@ -136,8 +136,8 @@ def test_every_mistake_is_reported_in_one_pass():
         "bad.yaml: extra: unknown key 'extra', expected one of name, description",
         "bad.yaml: defaults.bakend: unknown field 'bakend' (did you mean backend?)",
         "bad.yaml: axes.seqlen: unknown field 'seqlen' (did you mean seqlen_q?)",
-        "bad.yaml: axes.dtype[0]: got 'bf61', expected one of fp32, fp16, bf16 (did you mean "
-        "bf16?)",
+        "bad.yaml: axes.dtype[0]: got 'bf61', expected one of fp32, fp16, bf16, fp8_e4m3, "
+        "fp8_e5m2 (did you mean bf16?)",
         "bad.yaml: axes.dropout[0]: got 2, expected a number in [0, 1)",
         "bad.yaml: axes.g.zip: got batch with 2 values, seqlen_q with 1 values",
         "bad.yaml: exclude[0].mask: got 'diagonal', expected one of none, causal",
@@ -218,7 +218,7 @@ def test_override_mistakes_name_the_override():
         "-s seqln: unknown field 'seqln' (did you mean seqlen_q?), expected one of "
         + ", ".join(PUBLIC_FIELDS) + ", name, description, options.KEY, options.timing.KEY",
         "-s 'noequals': expected FIELD=VALUE, e.g. -s seqlen_q=1024 or -s dtype=[fp32,bf16]",
-        "-s dtype: got 'fp8', expected one of fp32, fp16, bf16",
+        "-s dtype: got 'fp8', expected one of fp32, fp16, bf16, fp8_e4m3, fp8_e5m2",
         "-s seqlen_q: got [100], expected values zipped in axes.tokens: 32, 64, 128",
         "-s options.timeout_s: got -1, expected a positive number <= 604800 (a week)",
         "-s options.timing.warmpu: unknown option 'warmpu' (did you mean warmup?), expected one "

@@ -13,6 +13,7 @@ import torch
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 from attnbench.dropout import hash_keep_mask
+from attnbench.fp8 import dequantize_call
 from attnbench.paged import build_paged_cache, gather_kv
 from attnbench.packing import per_sequence
 from attnbench.records import TENSORS
@@ -24,6 +25,7 @@ class NaiveBackend(PreparesOnce):
     deterministic = True  # checked: repeated backward calls must agree bit for bit
     paged_kv = True  # decode: the cache is gathered from its pages through the block table
     supports_packed = True  # each sequence of a pack alone (attnbench.packing)
+    supports_fp8 = True  # the textbook math in bf16 on the dequantized values (exact in bf16)
 
     def supports(self, case, device):
         return None
@@ -44,6 +46,10 @@ class NaiveBackend(PreparesOnce):
                     for seg, sub in per_sequence(spec)]
         return dense_masks(spec, batch, heads_q, sq, k.shape[2], q.dtype, q.device)
 
+    def dequantized(self, q, k, v, spec):
+        """fp8 q, k, v times their descales, in bf16 (exact for power-of-two descales)."""
+        return dequantize_call(q, k, v, spec, torch.bfloat16)
+
     def cache_kv(self, spec, k, v):
         """(k, v) as the call reads them: a paged cache (decode, ``page_size``) gathered back
         into (B, Hkv, Sk, *) through its block table inside the call, as a plain paged
@@ -57,6 +63,8 @@ class NaiveBackend(PreparesOnce):
         return gather_kv(paged)
 
     def forward(self, q, k, v, spec):
+        if spec.fp8_format:  # fp8 inputs: what an unfused bf16 model computes from them
+            q, k, v = self.dequantized(q, k, v, spec)
         masks = self.masks(spec, q, k)
         k, v = self.cache_kv(spec, k, v)
         # Decode is forward only: no autograd state (it would be timed, and kept).

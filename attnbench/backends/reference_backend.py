@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from attnbench.backends.base import Forward
 from attnbench.dropout import hash_keep_mask
+from attnbench.fp8 import dequantize_call
 from attnbench.reference import reference_backward, reference_forward
 
 
@@ -12,14 +15,19 @@ class ReferenceBackend:
     keep_mask = staticmethod(hash_keep_mask)
     deterministic = True  # checked: repeated backward calls must agree bit for bit
     supports_packed = True  # reference_forward/backward take packed specs
+    supports_fp8 = True  # exact on the dequantized values, rounded once to bf16
+
+    def forward(self, q, k, v, spec):
+        out_dtype = q.dtype
+        if spec.fp8_format:
+            q, k, v = dequantize_call(q, k, v, spec, torch.float64)
+            out_dtype = torch.bfloat16
+        out, lse = reference_forward(q, k, v, spec, keep_mask=self.keep_mask)
+        ctx = (q, k, v, out, lse, spec)
+        return Forward(out=out.to(out_dtype), lse=lse.float(), ctx=ctx)
 
     def supports(self, case, device):
         return None
-
-    def forward(self, q, k, v, spec):
-        out, lse = reference_forward(q, k, v, spec, keep_mask=self.keep_mask)
-        ctx = (q, k, v, out, lse, spec)
-        return Forward(out=out.to(q.dtype), lse=lse.float(), ctx=ctx)
 
     def backward(self, ctx, dout):
         q, k, v, out, lse, spec = ctx

@@ -19,7 +19,9 @@ from attnbench.case_timing import time_case
 from attnbench.device import (backend_env, device_env, device_peaks, interpreter_on_gpu, is_oom,
                               pick_device, release_memory, sync)
 from attnbench.dropout_probe import RngState
-from attnbench.inputs import make_inputs
+from attnbench.fp8 import with_descales
+from attnbench.fp8_rules import fp8_support, is_fp8
+from attnbench.inputs import make_fp8_inputs, make_inputs
 from attnbench.packing import packed_support
 from attnbench.problem import AttnSpec
 from attnbench.records import RecordMaker
@@ -38,8 +40,8 @@ def run_single_case(case: Case, options: RunOptions,
     except Exception as exc:
         return record.exception("error", exc, f"cannot load backend {case.backend!r}: ")
     record.env["backend"] = backend_env(case.backend, backend)
-    reason = (packed_support(backend, case) or backend.supports(case, device)
-              or paged_refusal(case, backend))
+    reason = (packed_support(backend, case) or fp8_support(backend, case)
+              or backend.supports(case, device) or paged_refusal(case, backend))
     if reason:
         return record("unsupported", reason)
     try:
@@ -72,7 +74,14 @@ def paged_refusal(case: Case, backend) -> Optional[str]:
 def _run(case: Case, options: RunOptions, device: torch.device, backend,
          record: RecordMaker) -> dict:
     spec = AttnSpec.from_case(case)
-    q, k, v, dout = make_inputs(case, device)
+    originals = None
+    if is_fp8(case.dtype):  # fp8 values in, their descales in the spec (FA3's descale_q/k/v)
+        fp8 = make_fp8_inputs(case, device)
+        spec = with_descales(spec, fp8.q, fp8.k, fp8.v, case.dtype)
+        q, k, v, dout = fp8.tensors
+        originals = fp8.originals
+    else:
+        q, k, v, dout = make_inputs(case, device)
     # A backend that hides its dropout mask draws it from the device's generator: its state now
     # lets the judge replay this very forward's mask (attnbench.dropout_probe).
     rng = RngState.capture(device) if spec.dropout_p > 0 and backend.keep_mask is None else None
@@ -82,7 +91,7 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
     sync(device)
     if options.accuracy:
         judgement = evaluation.evaluate(case, backend, spec, q, k, v, dout, fwd.out, grads,
-                                        device, rng)
+                                        device, rng, originals=originals)
         if getattr(backend, "deterministic", False) and grads is not None:
             judgement = evaluation.check_determinism(judgement, backend, fwd.ctx, dout, grads)
     else:

@@ -31,7 +31,8 @@ from attnbench.hardware.kinds import GpuKind
 DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
 _ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
             "float": "fp32", "tensorfloat32": "tf32", "float8_e4m3fn": "fp8",
-            "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8"}
+            "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8", "fp8_e4m3": "fp8",
+            "fp8_e5m2": "fp8"}
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ class Mutant:
     """``module:object`` of the backend."""
     number: str
     """Catalogue number (issue 7's list 1-12, issue 12's 13-16, issue 15's 17-21: packed
-    batches 17-18, decode 19-21), or "extra" for classes added from public reports."""
+    batches 17-18, decode 19-21; issue 16's fp8 22-23), or "extra" for classes added from
+    public reports."""
     bug: str
     """The bug class in one line."""
     report: str
@@ -33,6 +34,9 @@ class Mutant:
     decode: bool = False
     """Takes the decode cases (forward only, ``decode: true``) and only those; other mutants
     skip them (a backward bug has nothing to show there)."""
+    fp8: bool = False
+    """Takes the fp8 cases (``dtype: fp8_*``, forward only) and only those; other mutants
+    skip them."""
     long: bool = False
     """Needs the long cases of the sweep (seqlen >= LONG_SEQLEN): an error that grows with
     length. Other mutants skip those cases (they cost seconds each on a CPU)."""
@@ -144,6 +148,16 @@ CATALOGUE: tuple[Mutant, ...] = (
            bug="split-KV decode merge: exp(lse) of each split without the max, in fp16/bf16",
            report="SHI-Labs/NATTEN#202; HKUSTDial/flash-sparse-attention#265",
            exposed_by="decode, fp16, large logits", decode=True),
+    Mutant(name="mutant.fp8_descale_v_twice", ref=f"{M}.fp8:Fp8DescaleVTwice", number="22",
+           bug="fp8: O multiplied by descale_v twice (a descale applied a wrong number of "
+           "times)", report="NVIDIA/cudnn-frontend#520 (fp8 SDPA drops descale_s/scale_s)",
+           exposed_by="fp8 cases", fp8=True),
+    Mutant(name="mutant.fp8_descale_k_by_query_head", ref=f"{M}.fp8:Fp8DescaleKByQueryHead",
+           number="23", bug="fp8 per-head scaling: descale_k read with the query head's "
+           "index, not its KV head's", report="ROCm/aiter#3894 (wrong flat index into the "
+           "per-head KV scale buffer); sgl-project/sgl-kernel-xpu#252",
+           exposed_by="fp8_scaling: head, GQA/MQA, heads of different scales (loud_heads)",
+           fp8=True),
 )
 
 CONTROL = "mutant.base"

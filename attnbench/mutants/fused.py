@@ -11,12 +11,14 @@ across lengths (:mod:`attnbench.trends`) expose them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from attnbench.backends.base import Forward
 from attnbench.dropout import hash_keep_mask
+from attnbench.fp8 import FORMATS, dequantize_call
 from attnbench.fused_baseline import FusedBaseline
 
 
@@ -26,11 +28,22 @@ class FusedModel:
     name = "mutant.fused_base"
     keep_mask = staticmethod(hash_keep_mask)
     model = FusedBaseline()
+    supports_fp8 = True  # FA3's fp8 roundings (FusedBaseline.p_format) on dequantized inputs
 
     def supports(self, case, device):
         return None
 
+    def dequantized(self, q, k, v, spec):
+        """fp8 q, k, v as the real numbers the kernel computes with (fp32, exact): what a
+        kernel's descales do to S = Q·Kᵀ and to O."""
+        return dequantize_call(q, k, v, spec, torch.float32)
+
     def forward(self, q, k, v, spec):
+        if spec.fp8_format:  # forward only: no context is kept
+            model = dataclasses.replace(self.model, p_format=FORMATS[spec.fp8_format],
+                                        out_dtype=torch.bfloat16)
+            out, lse = model.forward(*self.dequantized(q, k, v, spec), spec)
+            return Forward(out=out, lse=lse, ctx=None)
         out, lse = self.model.forward(q, k, v, spec, keep_mask=hash_keep_mask)
         return Forward(out=out, lse=lse, ctx=(q, k, v, out, lse, spec))
 

@@ -48,6 +48,7 @@ PANEL_OPTIONS: dict[str, dict[str, Any]] = {
                      "directions": list(DIRECTIONS)},
     "decode": {"x": "seqlen_kv", "facets": ["gpu_kind", "dtype", "attention_kind", "seqlen_q"],
                "max_figures": 12},
+    "fp8": {"facets": ["gpu_kind"], "max_figures": 6},
 }
 PANEL_KINDS = tuple(PANEL_OPTIONS)
 COMMON_OPTIONS = ("kind", "title", "description", "filter", "exclude")
@@ -60,6 +61,7 @@ DEFAULT_TITLES = {
     "parallel": "Context / tensor parallel scaling",
     "architecture": "Architecture comparison",
     "decode": "Decode: bandwidth and latency vs cache length",
+    "fp8": "fp8: kernel vs quantization error, and speed-up over bf16",
 }
 # Options whose values must be one of a fixed set (besides column names).
 _CHOICES: dict[str, tuple[str, ...]] = {

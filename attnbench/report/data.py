@@ -14,6 +14,8 @@ Columns of :func:`frame` (one row per record)::
     fwd_noisy (bwd_ too: NaN for a forward-only case, decode)
     <t>_rel_l2, <t>_bound, <t>_ratio, <t>_nonfinite, <t>_over  for t in out, dq, dk, dv
     worst_over                                    # max over tensors of rel_l2 / bound
+    fp8_kernel_rel_l2, fp8_quantization_rel_l2,   # fp8 cases' error split (accuracy.fp8,
+    fp8_end_to_end_rel_l2                         # attnbench.fp8_accuracy); NaN otherwise
     crash_signal, crash_exit_code
     run_id
 
@@ -51,6 +53,7 @@ FILTER_COLUMNS: tuple[str, ...] = tuple(CASE_FIELDS) + EXTRA_COLUMNS
 TIMING_STATS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops", "pct_peak",
                 "pct_measured_peak", "gbps", "pct_peak_bandwidth", "peak_memory_bytes")
 DIRECTIONS = ("fwd", "bwd")
+FP8_SPLIT = ("kernel", "quantization", "end_to_end")
 
 
 # ------------------------------------------------------------------------------------------
@@ -212,6 +215,9 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
     overs.append(row["parity_over"])
     finite = [o for o in overs if not math.isnan(o)]
     row["worst_over"] = max(finite) if finite else math.nan
+    split = acc.get("fp8") if isinstance(acc.get("fp8"), dict) else {}
+    for part in FP8_SPLIT:
+        row[f"fp8_{part}_rel_l2"] = _num(split.get(f"{part}_rel_l2"))
 
     crash = rec.get("crash") or {}
     row["crash_signal"] = crash.get("signal")

@@ -19,7 +19,7 @@ from attnbench.report.dashboard import PANEL_KINDS, Panel
 from attnbench.report.data import Run
 from attnbench.report.figures import Context, PanelOutput
 from attnbench.report.panels import (accuracy_heatmap, architecture, decode, error_trend,
-                                     error_vs_seqlen, parallel, throughput, verdict_matrix)
+                                     error_vs_seqlen, fp8, parallel, throughput, verdict_matrix)
 from attnbench.report.style import RC
 
 DRAW: dict[str, Callable[[Panel, Run, Context], PanelOutput]] = {
@@ -31,6 +31,7 @@ DRAW: dict[str, Callable[[Panel, Run, Context], PanelOutput]] = {
     "parallel": parallel.draw_parallel,
     "architecture": architecture.draw_architecture,
     "decode": decode.draw_decode,
+    "fp8": fp8.draw_fp8,
 }
 assert set(DRAW) == set(PANEL_KINDS), "every panel kind of the dashboard needs a drawing"
 

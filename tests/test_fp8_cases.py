@@ -1,0 +1,155 @@
+"""fp8 cases end to end on CPU: the case rules, the quantized inputs and their descales, the
+fused fp8 baseline, records with the quantization / kernel split, and the fp8 mutants.
+
+Legend: B = batch, Hq / Hkv = heads, S = length, D = head dim. Shapes stay tiny.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench.accuracy import tensor_errors
+from attnbench.errors import SweepError
+from attnbench.execution.case_runner import run_case
+from attnbench.flops import case_bytes
+from attnbench.fp8 import FORMATS, dequantize_call, round_to_fp8, with_descales
+from attnbench.fused_baseline import FusedBaseline
+from attnbench.inputs import make_fp8_inputs
+from attnbench.problem import AttnSpec
+from attnbench.reference import reference_forward
+from attnbench.spec import RunOptions, TimingOptions, make_case, parse_sweep
+from attnbench.store import check_record
+
+NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))
+FP8 = dict(batch=2, seqlen_q=64, heads_q=4, heads_kv=2, head_dim=32, dtype="fp8_e4m3")
+
+
+def _sweep(fields: str) -> str:
+    return f"name: t\ndefaults: {{backend: naive, heads_q: 4, head_dim: 32}}\naxes: {{{fields}}}\n"
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ("dtype: [fp8_e4m3], backward: [true]", "backward: got True, expected false for an fp8 case"),
+    ("dtype: [fp8_e5m2], cp: [2]", "cp: got 2, expected 1 for an fp8 case (fp8 cases run on one"),
+    ("dtype: [fp8_e4m3], dropout: [0.1]", "dropout: got 0.1, expected 0.0 for an fp8 case"),
+    ("dtype: [bf16], fp8_scaling: [head]", "fp8_scaling: got 'head', expected tensor (the "
+     "default) unless dtype is one of fp8_e4m3, fp8_e5m2"),
+    ("dtype: [fp8], seqlen_q: [8]", "dtype"),
+    ("dtype: [fp8_e4m3], fp8_scaling: [row]", "fp8_scaling"),
+])
+def test_fp8_case_rules_name_the_field(fields, expected):
+    with pytest.raises(SweepError) as err:
+        parse_sweep(_sweep(fields), "t.yaml")
+    assert expected in str(err.value), str(err.value)
+
+
+def test_fp8_cases_are_forward_only_and_keep_other_ids():
+    sweep = parse_sweep(_sweep("dtype: [float8_e4m3fn, bf16]"), "t.yaml")
+    fp8, bf16 = sweep.cases
+    assert fp8.dtype == "fp8_e4m3" and not fp8.backward and bf16.backward
+    assert "fp8_scaling" not in bf16.to_dict() or bf16.id == make_case("t", dict(
+        backend="naive", heads_q=4, head_dim=32, dtype="bf16")).id
+    # inputs 1 byte, output bf16: the forward's minimal traffic
+    case = make_case("t", dict(backend="naive", **FP8))
+    q = 2 * 4 * 64 * 32
+    kv = 2 * 2 * 64 * 32
+    assert case_bytes(case)[0] == (q + 2 * kv) * 1 + q * 2 + 2 * 4 * 64 * 4
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "head"])
+def test_quantized_inputs_and_descales(scaling):
+    case = make_case("t", dict(backend="naive", **FP8, fp8_scaling=scaling, inputs="loud_heads"))
+    fp8 = make_fp8_inputs(case)
+    assert fp8.q.values.dtype == torch.float8_e4m3fn
+    assert fp8.q.descale.shape == ((2, 2) if scaling == "head" else (1, 1))
+    spec = with_descales(AttnSpec.from_case(case), fp8.q, fp8.k, fp8.v, case.dtype)
+    q, k, v = dequantize_call(*fp8.tensors[:3], spec, torch.float64)
+    assert torch.equal(q, fp8.q.dequantized()) and torch.equal(v, fp8.v.dequantized())
+    # per-head scales follow the heads' sizes (loud_heads: x1/2, x1, x2 by head)
+    if scaling == "head":
+        assert fp8.k.descale[0, 1] > fp8.k.descale[0, 0]
+    for deq, original in zip(fp8.dequantized(), fp8.originals):
+        assert tensor_errors(deq, original)["rel_l2"] < FORMATS["fp8_e4m3"].eps
+
+
+def test_fused_fp8_baseline_rounds_p_to_the_format():
+    """P in e4m3 before P·V costs far more than bf16 P: the baseline's error is the fp8 one."""
+    case = make_case("t", dict(backend="naive", **FP8))
+    fp8 = make_fp8_inputs(case)
+    spec = with_descales(AttnSpec.from_case(case), fp8.q, fp8.k, fp8.v, case.dtype)
+    q, k, v = dequantize_call(*fp8.tensors[:3], spec, torch.float32)
+    exact, _ = reference_forward(q.double(), k.double(), v.double(), spec)
+    errors = {}
+    for name, fmt in (("e4m3", FORMATS["fp8_e4m3"]), ("e5m2", FORMATS["fp8_e5m2"]), ("bf16", None)):
+        baseline = FusedBaseline(p_format=fmt, out_dtype=torch.bfloat16)
+        out, _ = baseline.forward(q, k, v, spec)
+        assert out.dtype == torch.bfloat16
+        errors[name] = tensor_errors(out, exact)["rel_l2"]
+    assert errors["bf16"] < errors["e4m3"] < errors["e5m2"], errors
+    assert torch.equal(round_to_fp8(torch.tensor([0.3]), FORMATS["fp8_e4m3"]),
+                       torch.tensor([0.3125]))
+
+
+@pytest.mark.parametrize("backend", ["naive", "reference", "mutant.fused_base"])
+def test_fp8_records_split_quantization_from_kernel_error(backend):
+    case = make_case("t", dict(backend=backend, **FP8, mask="causal", fp8_scaling="head",
+                               inputs="loud_heads"))
+    record = run_case(case, NO_TIMING)
+    check_record("r", record)
+    assert record["verdict"] == "pass", record["reason"]
+    split = record["accuracy"]["fp8"]
+    assert record["accuracy"]["backward"].startswith("not applicable")
+    assert split["kernel_rel_l2"] == record["accuracy"]["tensors"]["out"]["rel_l2"]
+    # quantizing q, k, v to e4m3 costs several times what the computation does
+    assert split["quantization_rel_l2"] > 3 * split["kernel_rel_l2"]
+    assert abs(split["end_to_end_rel_l2"] - split["quantization_rel_l2"]) < split["kernel_rel_l2"] * 2
+    assert set(split["inputs"]) == {"q", "k", "v"}
+
+
+def test_backends_without_fp8_say_so():
+    record = run_case(make_case("t", dict(backend="sdpa", **FP8)), NO_TIMING)
+    assert record["verdict"] == "unsupported"
+    assert "no fp8 path" in record["reason"]
+
+
+@pytest.mark.parametrize("mutant, fields", [
+    ("mutant.fp8_descale_v_twice", {}),
+    ("mutant.fp8_descale_k_by_query_head", dict(fp8_scaling="head", inputs="loud_heads")),
+])
+def test_fp8_mutants_are_caught(mutant, fields):
+    case = make_case("t", dict(backend=mutant, **FP8, **fields))
+    record = run_case(case, NO_TIMING)
+    assert record["verdict"] == "fail", record["reason"]
+    out = record["accuracy"]["tensors"]["out"]
+    assert out["rel_l2"] > 5 * out["bound"]
+
+
+def test_descale_by_query_head_hides_under_per_tensor_scaling():
+    """Why the sweep has per-head, loud-head cases: with one descale the bug is invisible."""
+    case = make_case("t", dict(backend="mutant.fp8_descale_k_by_query_head", **FP8))
+    assert run_case(case, NO_TIMING)["verdict"] == "pass"
+
+
+def test_fp8_panel_splits_the_error_and_pairs_fp8_with_bf16(tmp_path):
+    from attnbench.report.dashboard import load_dashboard
+    from attnbench.report.data import Run, frame
+    from attnbench.report.figures import Context
+    from attnbench.report.panels import draw_panel
+    from attnbench.report.panels.fp8 import speedups
+    from conftest import ROOT
+
+    one_sample = RunOptions(timeout_s=120, timing=TimingOptions(
+        warmup=0, warmup_ms=0, min_samples=1, max_samples=1, max_seconds=0.2))
+    records = [run_case(make_case("t", dict(backend="naive", **{**FP8, "dtype": dtype})),
+                        one_sample) for dtype in ("fp8_e4m3", "fp8_e5m2", "bf16")]
+    run = Run(path=tmp_path, manifest={"run_id": "t"}, records=records, frame=frame(records, "t"))
+    assert run.frame.fp8_quantization_rel_l2.notna().sum() == 2
+    pairs = speedups(run.frame)
+    assert sorted(pairs.dtype) == ["fp8_e4m3", "fp8_e5m2"] and (pairs.speedup > 0).all()
+    panel = next(p for p in load_dashboard(ROOT / "dashboards" / "default.yaml").panels
+                 if p.kind == "fp8")
+    out = draw_panel(panel, run, Context(out_dir=tmp_path))
+    assert [f.png.name for f in out.figures] == [f"p{panel.index:02d}-fp8-cpu.png"], out.notes
+    svg = (tmp_path / f"p{panel.index:02d}-fp8-cpu.svg").read_text()
+    assert "quantization error" in svg and "speed-up over bf16" in svg
