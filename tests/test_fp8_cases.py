@@ -153,3 +153,36 @@ def test_fp8_panel_splits_the_error_and_pairs_fp8_with_bf16(tmp_path):
     assert [f.png.name for f in out.figures] == [f"p{panel.index:02d}-fp8-cpu.png"], out.notes
     svg = (tmp_path / f"p{panel.index:02d}-fp8-cpu.svg").read_text()
     assert "quantization error" in svg and "speed-up over bf16" in svg
+
+
+def test_flash_attn3_adapter_hands_fa3_its_fp8_layout(monkeypatch):
+    """FA3 is not installed here: a stand-in with FA3's signature checks what the adapter
+    passes (e4m3 (B, S, H, D), float32 (B, Hkv) descales) and computes exact attention from it."""
+    import sys
+    import types
+
+    from attnbench.backends.flash_attn3 import FlashAttn3Backend
+
+    seen = {}
+
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False, q_descale=None,
+                        k_descale=None, v_descale=None, window_size=(-1, -1), softcap=0.0):
+        seen.update(dtype=q.dtype, shapes=(q.shape, q_descale.shape, k_descale.shape))
+        group = q.shape[2] // k.shape[2]
+        deq = [x.float().transpose(1, 2) * d.repeat_interleave(g, 1)[..., None, None]
+               for x, d, g in ((q, q_descale, group), (k, k_descale, 1), (v, v_descale, 1))]
+        spec = AttnSpec(scale=softmax_scale)
+        out, lse = reference_forward(*(t.double() for t in deq), spec)
+        return out.to(torch.bfloat16).transpose(1, 2), lse
+
+    monkeypatch.setitem(sys.modules, "flash_attn_interface",
+                        types.SimpleNamespace(flash_attn_func=flash_attn_func))
+    case = make_case("t", dict(backend="flash_attn3", **FP8, fp8_scaling="head",
+                               inputs="loud_heads"))
+    fp8 = make_fp8_inputs(case)
+    spec = with_descales(AttnSpec.from_case(case), fp8.q, fp8.k, fp8.v, case.dtype)
+    out = FlashAttn3Backend().forward(*fp8.tensors[:3], spec).out
+    assert seen["dtype"] == torch.float8_e4m3fn
+    assert seen["shapes"] == ((2, 64, 4, 32), (2, 2), (2, 2))
+    exact, _ = reference_forward(*fp8.dequantized(), spec)
+    assert out.shape == (2, 4, 64, 32) and tensor_errors(out, exact)["rel_l2"] < 2.0 ** -8

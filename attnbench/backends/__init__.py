@@ -28,6 +28,7 @@ BUILTIN: dict[str, str] = {
     "sdpa_cudnn": "attnbench.backends.sdpa:SdpaCudnn",
     "triton": "attnbench.backends.triton_entry:make_triton_backend",  # stand-in without triton
     "flash_attn": "attnbench.backends.adapters:FlashAttnBackend",
+    "flash_attn3": "attnbench.backends.flash_attn3:FlashAttn3Backend",
     "transformer_engine": "attnbench.backends.adapters:TransformerEngineBackend",
     "xformers": "attnbench.backends.adapters:XformersBackend",
 }
