@@ -12,6 +12,7 @@ class ReferenceBackend:
     keep_mask = staticmethod(hash_keep_mask)
     deterministic = True  # checked: repeated backward calls must agree bit for bit
     supports_packed = True  # reference_forward/backward take packed specs
+    supports_packed_chunks = True  # packed CP: per sequence through packing.sequence_spec
 
     def supports(self, case, device):
         return None
