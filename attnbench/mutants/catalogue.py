@@ -17,8 +17,8 @@ class Mutant:
     ref: str
     """``module:object`` of the backend."""
     number: str
-    """Catalogue number (issue 7's list 1-12, issue 12's 13-16, issue 15's 17-21: packed
-    batches 17-18, decode 19-21), or "extra" for classes added from public reports."""
+    """Catalogue number (issue 7's list 1-12, issue 12's 13-16, issue 15's 17-22: packed
+    batches 17-18, decode 19-21, packed CP 22), or "extra" for classes added from public reports."""
     bug: str
     """The bug class in one line."""
     report: str
@@ -144,6 +144,11 @@ CATALOGUE: tuple[Mutant, ...] = (
            bug="split-KV decode merge: exp(lse) of each split without the max, in fp16/bf16",
            report="SHI-Labs/NATTEN#202; HKUSTDial/flash-sparse-attention#265",
            exposed_by="decode, fp16, large logits", decode=True),
+    Mutant(name="mutant.cp_pack_positions", ref=f"{M}.parallel:CpPackPositions", number="22",
+           bug="packed CP: each sequence's chunk placed by its row in the pack, not its "
+           "position in the sequence",
+           report="NVIDIA/TransformerEngine#1930; axolotl-ai-cloud/axolotl#3608",
+           exposed_by="packed CP with seqlens_kv != seqlens_q, or dropout", parallel=True),
 )
 
 CONTROL = "mutant.base"
