@@ -78,6 +78,23 @@ ABSOLUTE_BOUND = {
 # so its error is at most the unit roundoff (2^-24, 2^-11, 2^-8); seen: about 0.4 of it.
 REFERENCE_SELF_BOUND = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 
+
+def split_sum_roundings(dtype: str, parts: int, abs_sum_norm: float, total_norm: float) -> float:
+    """The reference's bound, in units of REFERENCE_SELF_BOUND, for a tensor s that a CP/TP
+    split sums from ``parts`` partials p_r, each rounded to the dtype by its rank's backward
+    first (dK/dV of MQA's replicated K/V under TP, of all-gather CP): s^ = fl(sum_r fl(p_r)),
+    the sum in float32. Elementwise |s^ - s| <= u |s| + (u + (parts - 1) eps32) sum_r |p_r|
+    (u: the dtype's roundoff, eps32: float32's), so in L2
+
+        rel_l2 <= u (1 + (1 + (parts - 1) eps32 / u) ||sum_r |p_r| || / ||s||)
+
+    ``abs_sum_norm`` = ||sum_r |p_r| ||, measured in fp64: partials that cancel cost more than
+    independent ones (~sqrt(parts) ||s||), so the ratio is measured, not assumed."""
+    if total_norm <= 0:
+        return 1.0
+    per_partial = 1.0 + (parts - 1) * ACCUMULATOR_EPS / REFERENCE_SELF_BOUND[dtype]
+    return 1.0 + per_partial * abs_sum_norm / total_norm
+
 # Identity residuals (normalised to read like relative errors, see invariants.py), per identity.
 # Largest seen for correct backends (dv_v / dq_q / dk_sum): fp32 7e-7 / 6e-7 / 2.3e-6,
 # fp16 7.6e-4 / 9.5e-4 / 1.4e-3, bf16 6.8e-3 / 1.1e-2 / 1.0e-2 (dq_q's worst: MQA with
@@ -238,13 +255,16 @@ def conditioning(baseline: Optional[dict]) -> Optional[float]:
 def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optional[dict],
           identities: dict, softcap: float, reference_note: str,
           identity_bound: Optional[dict] = None, logit_scale: float = 0.0,
-          baseline_kind: Optional[dict] = None) -> tuple[str, str, list[Check], dict]:
+          baseline_kind: Optional[dict] = None,
+          reference_roundings: Optional[dict] = None) -> tuple[str, str, list[Check], dict]:
     """Return (verdict, reason, checks, per-tensor table) from measured errors.
 
     ``errors`` / ``baseline``: tensor -> tensor_errors() of the backend / its baseline against
     their fp64 references (None when no reference applies). ``baseline_kind``: tensor ->
     "fused" | "naive", the baseline each tensor is judged against (default "naive").
     ``logit_scale``: the largest finite |log-sum-exp| of the reference (see LOGIT_ROUNDINGS).
+    ``reference_roundings``: tensor -> (factor, why) for the ``reference`` backend's tensors
+    that a split rounded more than once (:func:`split_sum_roundings`).
     """
     dtype = bound_dtype(dtype)
     checks: list[Check] = []
@@ -263,6 +283,9 @@ def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optiona
             base_err = None
             if backend == "reference":
                 bound, note, check = REFERENCE_SELF_BOUND[dtype], "fp64 rounded once", "reference"
+                if name in (reference_roundings or {}):
+                    factor, why = reference_roundings[name]
+                    bound, note = bound * factor, why
             elif baseline is not None and backend != "naive" and baseline.get(name) \
                     and baseline[name]["nonfinite"] == 0:
                 base_err = baseline[name]["rel_l2"]

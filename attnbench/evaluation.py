@@ -123,7 +123,8 @@ class References:
 
 
 def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
-             rng: Optional[RngState] = None, originals=None) -> Judgement:
+             rng: Optional[RngState] = None, originals=None,
+             reference_roundings: Optional[dict] = None) -> Judgement:
     """Errors against fp64 (when a reference applies), baseline errors and identities.
 
     ``rng``: the state of the generator a hidden-mask backend's dropout drew from, captured right
@@ -131,7 +132,8 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     and the exact reference applies, without it statistics judge the forward's dropout.
     fp8 cases (``spec.fp8_format``): q, k, v are the fp8 values; the reference is exact on
     their dequantized numbers, and ``originals`` (q, k, v before quantization) give the
-    quantization / kernel split of :mod:`attnbench.fp8_accuracy`."""
+    quantization / kernel split of :mod:`attnbench.fp8_accuracy`.
+    ``reference_roundings``: see :func:`attnbench.accuracy.judge`."""
     device = device or q.device
     tensors = TENSORS if grads is not None else ("out",)  # grads None: forward only
     results = dict(zip(tensors, (out, *(grads or ()))))
@@ -165,7 +167,8 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     verdict, reason, checks, table = acc.judge(
         dtype=case.dtype, backend=case.backend, errors=errors, baseline=baseline,
         identities=identities, softcap=spec.softcap, reference_note=note,
-        identity_bound=bounds, logit_scale=refs.logit_scale(), baseline_kind=kinds)
+        identity_bound=bounds, logit_scale=refs.logit_scale(), baseline_kind=kinds,
+        reference_roundings=reference_roundings)
     accuracy = {
         "reference": note,
         "tensors": table,

@@ -71,10 +71,17 @@ def segments(cu_q: Sequence[int], cu_k: Sequence[int]) -> list[Segment]:
 def sequence_spec(spec: "AttnSpec", seg: Segment) -> "AttnSpec":
     """The dense spec of sequence ``seg`` alone: its lengths are the totals (so causal and ALiBi
     align within it), it starts at position 0, and its batch index is its sequence number (so
-    dropout draws what a dense batch element ``seg.index`` would)."""
-    return spec.replace(seqlen_q_total=seg.len_q, seqlen_kv_total=seg.len_k, q_start=0,
-                        kv_start=0, batch_start=spec.batch_start + seg.index, cu_seqlens_q=(),
-                        cu_seqlens_kv=())
+    dropout draws what a dense batch element ``seg.index`` would). A call of packed context
+    parallelism holds a chunk of each sequence: its ``seq_*_start`` and ``seqlens_*_total``
+    place the chunk in its sequence, as ``q_start`` / ``seqlen_q_total`` do for a dense chunk."""
+    b = seg.index
+    return spec.replace(
+        seqlen_q_total=spec.seqlens_q_total[b] if spec.seqlens_q_total else seg.len_q,
+        seqlen_kv_total=spec.seqlens_kv_total[b] if spec.seqlens_kv_total else seg.len_k,
+        q_start=spec.seq_q_start[b] if spec.seq_q_start else 0,
+        kv_start=spec.seq_kv_start[b] if spec.seq_kv_start else 0,
+        batch_start=spec.batch_start + b, cu_seqlens_q=(), cu_seqlens_kv=(), seq_q_start=(),
+        seq_kv_start=(), seqlens_q_total=(), seqlens_kv_total=())
 
 
 def per_sequence(spec: "AttnSpec") -> Iterator[tuple[Segment, "AttnSpec"]]:

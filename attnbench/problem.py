@@ -84,6 +84,14 @@ class AttnSpec:
     buffer of Sq tokens, and Sq at the end; empty for a dense call. Every rule above then
     applies per sequence, with its own lengths as the totals and its number as batch index."""
     cu_seqlens_kv: tuple[int, ...] = ()
+    seq_q_start: tuple[int, ...] = ()
+    """Packed context parallelism (:mod:`attnbench.parallel.layout`): each sequence's first query
+    of this call as a position within that sequence (its ``q_start``); empty = all 0."""
+    seq_kv_start: tuple[int, ...] = ()
+    seqlens_q_total: tuple[int, ...] = ()
+    """Packed CP: each whole sequence's length (its ``seqlen_q_total``, for causal alignment and
+    ALiBi); empty = this call's lengths, from ``cu_seqlens_q``."""
+    seqlens_kv_total: tuple[int, ...] = ()
     decode: bool = False
     """A decode call: forward only (no autograd state is kept), K/V are a cache."""
     page_size: int = 0

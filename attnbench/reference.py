@@ -30,7 +30,7 @@ F64 = torch.float64
 
 def block_sizes(batch_heads: int, sq: int, sk: int) -> tuple[int, int]:
     """(query rows, keys) of one block: at most _BLOCK_ELEMS scores over all heads."""
-    bk = min(sk, 1024)
+    bk = max(1, min(sk, 1024))  # sk = 0: a packed CP chunk of no keys (no blocks)
     bq = max(1, min(sq, _BLOCK_ELEMS // max(1, batch_heads * bk)))
     return bq, bk
 
@@ -146,8 +146,8 @@ def reference_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                                      keep_mask=keep_mask)
     q5, k5, v5, batch, heads_kv, group = grouped_f64(q, k, v)
     sq, sk, d = q5.shape[3], k5.shape[3], q5.shape[-1]
-    dout5 = dout.to(F64).view(batch, heads_kv, group, sq, -1)
-    out5 = out.to(F64).view(batch, heads_kv, group, sq, -1)
+    dout5 = dout.to(F64).view(batch, heads_kv, group, sq, dout.shape[-1])  # sq may be 0
+    out5 = out.to(F64).view(batch, heads_kv, group, sq, out.shape[-1])
     lse5 = lse.to(F64).view(batch, heads_kv, group, sq)
     delta = (dout5 * out5).sum(-1)
     lse_safe = torch.where(torch.isinf(lse5), torch.zeros_like(lse5), lse5)

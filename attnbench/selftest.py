@@ -45,7 +45,7 @@ from attnbench.trends import SLOPE_BOUND, findings, trends
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 DEFAULT_SWEEPS = (SWEEPS_DIR / "standard.yaml", SWEEPS_DIR / "decode.yaml",
                   SWEEPS_DIR / "fp8.yaml")
-"""The standard sweep, and the decode and fp8 sweeps for their bug classes (19-21, 22-23)."""
+"""The standard sweep, and the decode and fp8 sweeps for their bug classes (19-21, 23-24)."""
 TEMPLATE = "naive"
 """The backend whose cases the mutants take over (most mutants edit naive's code)."""
 WEAK_MARGIN = 2.0

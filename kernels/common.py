@@ -168,23 +168,29 @@ def query_ranges(n_lo, n_hi, diag, seqlen_q, seqlen_k, window_left, window_right
 
 
 @triton.jit
-def sequence_of(batch, cu_q_ptr, cu_k_ptr, seqlen_q, seqlen_k, diag, VARLEN: tl.constexpr):
-    """Where program row ``batch`` reads: (q_off, k_off, seqlen_q, seqlen_k, diag, tensor_b).
+def sequence_of(batch, cu_q_ptr, cu_k_ptr, place_ptr, seqlen_q, seqlen_k, diag, q_start,
+                kv_start, VARLEN: tl.constexpr):
+    """Where program row ``batch`` reads:
+    (q_off, k_off, seqlen_q, seqlen_k, diag, q_start, kv_start, tensor_b).
 
-    Dense: batch ``batch`` of (B, H, S, D) tensors, offsets 0, the call's lengths and diagonal.
-    Packed (``VARLEN``): sequence ``batch`` of the (1, H, T, D) buffers -- its first query and key
-    rows from ``cu_seqlens``, its own lengths, its own bottom-right diagonal. A (B, H, S) row
-    buffer (lse, delta) is indexed ``(tensor_b * heads + head) * total_q + q_off + i`` in both.
+    Dense: batch ``batch`` of (B, H, S, D) tensors, offsets 0, the call's lengths, diagonal and
+    global starts. Packed (``VARLEN``): sequence ``batch`` of the (1, H, T, D) buffers -- its
+    first query and key rows from ``cu_seqlens``, its own lengths, and from ``place_ptr`` its
+    own bottom-right diagonal and where this call's chunk of it starts in it (packed context
+    parallelism; 0 for a whole sequence). A (B, H, S) row buffer (lse, delta) is indexed
+    ``(tensor_b * heads + head) * total_q + q_off + i`` in both.
     """
     if VARLEN:
         q_off = tl.load(cu_q_ptr + batch)
         k_off = tl.load(cu_k_ptr + batch)
         seqlen_q = tl.load(cu_q_ptr + batch + 1) - q_off
         seqlen_k = tl.load(cu_k_ptr + batch + 1) - k_off
-        diag = seqlen_k - seqlen_q
+        diag = tl.load(place_ptr + 3 * batch)
+        q_start = tl.load(place_ptr + 3 * batch + 1)
+        kv_start = tl.load(place_ptr + 3 * batch + 2)
         tensor_b = batch * 0
     else:
         q_off = batch * 0
         k_off = batch * 0
         tensor_b = batch
-    return q_off, k_off, seqlen_q, seqlen_k, diag, tensor_b
+    return q_off, k_off, seqlen_q, seqlen_k, diag, q_start, kv_start, tensor_b

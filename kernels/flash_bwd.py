@@ -108,7 +108,7 @@ def _dkdv_query_range(dk, dv, k, v, k_idx, q_base, do_base, lse_base, delta_base
 
 @triton.jit
 def _bwd_dkdv(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, slopes_ptr,
-              cu_q_ptr, cu_k_ptr,
+              cu_q_ptr, cu_k_ptr, place_ptr,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
@@ -129,8 +129,9 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     head_kv = pid_bh % heads_kv
     batch_g = batch_start + batch
     total_q = seqlen_q
-    q_off, k_off, seqlen_q, seqlen_k, diag, tensor_b = sequence_of(
-        batch, cu_q_ptr, cu_k_ptr, seqlen_q, seqlen_k, diag, VARLEN)
+    q_off, k_off, seqlen_q, seqlen_k, diag, q_start, kv_start, tensor_b = sequence_of(
+        batch, cu_q_ptr, cu_k_ptr, place_ptr, seqlen_q, seqlen_k, diag, q_start, kv_start,
+        VARLEN)
 
     n_lo = pid_n * BLOCK_N
     k_idx = n_lo + tl.arange(0, BLOCK_N)
@@ -234,7 +235,7 @@ def _dq_key_range(dq, q, do, lse2, delta, q_idx, k_base, v_base, stride_kn, stri
 
 @triton.jit
 def _bwd_dq(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, slopes_ptr, cu_q_ptr,
-            cu_k_ptr,
+            cu_k_ptr, place_ptr,
             stride_qb, stride_qh, stride_qm, stride_qd,
             stride_kb, stride_kh, stride_kn, stride_kd,
             stride_vb, stride_vh, stride_vn, stride_vd,
@@ -256,8 +257,9 @@ def _bwd_dq(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, slopes_pt
     batch_g = batch_start + batch
     head_g = head_start + head
     total_q = seqlen_q
-    q_off, k_off, seqlen_q, seqlen_k, diag, tensor_b = sequence_of(
-        batch, cu_q_ptr, cu_k_ptr, seqlen_q, seqlen_k, diag, VARLEN)
+    q_off, k_off, seqlen_q, seqlen_k, diag, q_start, kv_start, tensor_b = sequence_of(
+        batch, cu_q_ptr, cu_k_ptr, place_ptr, seqlen_q, seqlen_k, diag, q_start, kv_start,
+        VARLEN)
     row = (tensor_b * heads_q + head).to(tl.int64) * total_q + q_off
 
     m_lo = pid_m * BLOCK_M

@@ -69,6 +69,7 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
 
 @triton.jit
 def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_ptr,
+              place_ptr,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
@@ -90,8 +91,9 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
     batch_g = batch_start + batch
     head_g = head_start + head
     total_q = seqlen_q
-    q_off, k_off, seqlen_q, seqlen_k, diag, tensor_b = sequence_of(
-        batch, cu_q_ptr, cu_k_ptr, seqlen_q, seqlen_k, diag, VARLEN)
+    q_off, k_off, seqlen_q, seqlen_k, diag, q_start, kv_start, tensor_b = sequence_of(
+        batch, cu_q_ptr, cu_k_ptr, place_ptr, seqlen_q, seqlen_k, diag, q_start, kv_start,
+        VARLEN)
     lse_row = (tensor_b * heads_q + head).to(tl.int64) * total_q + q_off
 
     q_base = (q_ptr + tensor_b.to(tl.int64) * stride_qb + head.to(tl.int64) * stride_qh

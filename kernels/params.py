@@ -40,6 +40,13 @@ class FlashParams:
     """Packed call (tensors (1, H, T, D)): offsets of each sequence's queries, N + 1 entries;
     empty for a dense call."""
     cu_seqlens_kv: tuple[int, ...] = ()
+    seq_q_start: tuple[int, ...] = ()
+    """Packed context parallelism: each sequence's first query of this call as a position in
+    its sequence (empty: 0); likewise keys. See :class:`attnbench.problem.AttnSpec`."""
+    seq_kv_start: tuple[int, ...] = ()
+    seqlens_q_total: tuple[int, ...] = ()
+    """Packed CP: each whole sequence's length (empty: this call's lengths)."""
+    seqlens_kv_total: tuple[int, ...] = ()
 
     @property
     def varlen(self) -> bool:
@@ -56,10 +63,27 @@ class FlashParams:
         return max(b - a for a, b in zip(cu, cu[1:])), (len(cu) - 1) * heads
 
     def cu_tensors(self, device: torch.device) -> dict:
-        """The kernels' ``cu_q_ptr`` / ``cu_k_ptr``: int32 offsets, built once per pack and
-        device (not inside a timed call); 1-element placeholders for a dense call."""
+        """The kernels' ``cu_q_ptr`` / ``cu_k_ptr``: int32 offsets, and ``place_ptr``: per
+        sequence (diag, q_start, kv_start) -- its own bottom-right diagonal in local indices
+        and where its chunk sits in it (packed CP; (Sk - Sq, 0, 0) for a whole sequence);
+        built once per pack and device (not inside a timed call); 1-element placeholders for a
+        dense call."""
         return {"cu_q_ptr": _int32_tensor(self.cu_seqlens_q or (0,), str(device)),
-                "cu_k_ptr": _int32_tensor(self.cu_seqlens_kv or (0,), str(device))}
+                "cu_k_ptr": _int32_tensor(self.cu_seqlens_kv or (0,), str(device)),
+                "place_ptr": _int32_tensor(self.placement() or (0,), str(device))}
+
+    def placement(self) -> tuple[int, ...]:
+        """(diag, q_start, kv_start) of each sequence of a packed call, flattened."""
+        cu_q, cu_k = self.cu_seqlens_q, self.cu_seqlens_kv
+        out: list[int] = []
+        for b in range(len(cu_q) - 1):
+            len_q, len_k = cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b]
+            total_q = self.seqlens_q_total[b] if self.seqlens_q_total else len_q
+            total_k = self.seqlens_kv_total[b] if self.seqlens_kv_total else len_k
+            q0 = self.seq_q_start[b] if self.seq_q_start else 0
+            k0 = self.seq_kv_start[b] if self.seq_kv_start else 0
+            out += [q0 + total_k - total_q - k0, q0, k0]
+        return tuple(out)
 
     @property
     def has_window(self) -> bool:

@@ -71,6 +71,11 @@ EXPOSE = {
     "mutant.cu_seqlens_off_by_one": (dict(seqlens_q=[50, 1, 77], mask="causal"), REFERENCE,
                                      None),
     "mutant.cross_document_leak": (dict(seqlens_q=[50, 1, 77], mask="causal"), REFERENCE, None),
+    # packed CP: chunks placed by pack row; seen where a sequence's keys and queries start at
+    # different rows (seqlens_kv != seqlens_q)
+    "mutant.cp_pack_positions": (dict(cp=2, cp_algo="zigzag", seqlens_q=[50, 1, 77],
+                                      seqlens_kv=[70, 9, 40], mask="causal"),
+                                 REFERENCE | {"parity"}, None),
     # decode (forward only): a paged cache read wrongly; the split-KV merge overflowing fp16
     "mutant.paged_wrong_sequence": (PAGED, REFERENCE, None),
     "mutant.page_boundary_off_by_one": (PAGED, REFERENCE, None),
@@ -134,8 +139,8 @@ def control_of(name: str) -> str:
 
 def test_catalogue_covers_issue_7_and_every_mutant_loads_and_is_registered():
     numbers = {m.number.rstrip("ab") for m in CATALOGUE}
-    # issues 7 (1-12), 12 (13-16), 15 (17-21), 16 (22-23)
-    assert {str(i) for i in range(1, 24)} <= numbers
+    # issues 7 (1-12), 12 (13-16), 15 (17-22), 16 (23-24)
+    assert {str(i) for i in range(1, 25)} <= numbers
     assert set(EXPOSE) == {m.name for m in CATALOGUE}
     for mutant in CATALOGUE:
         assert BUILTIN[mutant.name] == mutant.ref

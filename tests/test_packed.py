@@ -100,11 +100,6 @@ def test_a_backend_that_does_not_declare_packing_is_unsupported_never_wrong():
     assert record["verdict"] == "unsupported" and "packed" in record["reason"]
 
 
-def test_context_parallel_packed_case_is_unsupported_with_its_reason():
-    record = run_case(packed(cp=2), NO_TIMING)
-    assert record["verdict"] == "unsupported" and "not implemented" in record["reason"]
-
-
 def test_report_columns_of_a_packed_record():
     case = packed()
     row = flatten({"case": case.to_dict(), "verdict": "pass"})

@@ -41,6 +41,16 @@ offsets), so a caller that replays forward's ``spec`` replays forward's mask. Gr
 back in the input dtype or wider; callers sum blocks in float32. Ring and zigzag CP need this and
 a ``Forward.lse``; a backend without them is ``unsupported`` there (all-gather CP and TP need
 neither).
+
+Optional, for CP of packed cases (:mod:`attnbench.parallel.layout`)::
+
+        supports_packed_chunks = True
+
+declares that a packed call whose sequences are chunks of longer ones is understood: sequence
+b's queries sit at ``spec.seq_q_start[b]`` of its ``spec.seqlens_q_total[b]`` positions (keys
+likewise), as a dense call's sit at ``q_start`` of ``seqlen_q_total``. A backend that reads only
+``cu_seqlens`` would align each chunk as a whole sequence and be wrong, never fail: without the
+declaration packed CP is ``unsupported``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 from attnbench.dropout import hash_keep_mask
 from attnbench.fp8 import dequantize_call
 from attnbench.paged import build_paged_cache, gather_kv
-from attnbench.packing import per_sequence
+from attnbench.packing import backward_per_sequence, per_sequence
 from attnbench.records import TENSORS
 
 
@@ -26,6 +26,7 @@ class NaiveBackend(PreparesOnce):
     paged_kv = True  # decode: the cache is gathered from its pages through the block table
     supports_packed = True  # each sequence of a pack alone (attnbench.packing)
     supports_fp8 = True  # the textbook math in bf16 on the dequantized values (exact in bf16)
+    supports_packed_chunks = True  # packed CP: per sequence through packing.sequence_spec
 
     def supports(self, case, device):
         return None
@@ -122,7 +123,10 @@ class NaiveBackend(PreparesOnce):
         densely from that softmax's final ``out`` and ``lse`` with forward's precision choices:
         scores and matmuls in the case's dtype, exponentials and the softmax gradient in fp32.
         q: (B, Hq, Sq, D), k: (B, Hkv, Sk, D), v: (B, Hkv, Sk, Dv), out / dout: (B, Hq, Sq, Dv),
-        lse: (B, Hq, Sq) float32. Returns dq (B, Hq, Sq, D), dk, dv (B, Hkv, Sk, *)."""
+        lse: (B, Hq, Sq) float32. Returns dq (B, Hq, Sq, D), dk, dv (B, Hkv, Sk, *). A packed
+        call (packed CP): each sequence alone."""
+        if spec.is_packed:
+            return backward_per_sequence(self.backward_from_stats, q, k, v, out, lse, dout, spec)
         batch, heads_q, sq, _ = q.shape
         heads_kv, sk = k.shape[1], k.shape[2]
         group = heads_q // heads_kv
@@ -159,6 +163,6 @@ class NaiveBackend(PreparesOnce):
         dq = torch.matmul(ds, k_rep)
         dk = torch.matmul(ds.transpose(-1, -2), q)
         # GQA: a K/V head's gradient is the sum over its query-head group.
-        dk = dk.view(batch, heads_kv, group, sk, -1).sum(2)
-        dv = dv.view(batch, heads_kv, group, sk, -1).sum(2)
+        dk = dk.view(batch, heads_kv, group, sk, k.shape[-1]).sum(2)  # sk may be 0
+        dv = dv.view(batch, heads_kv, group, sk, v.shape[-1]).sum(2)
         return dq, dk, dv

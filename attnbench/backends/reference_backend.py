@@ -15,6 +15,7 @@ class ReferenceBackend:
     keep_mask = staticmethod(hash_keep_mask)
     deterministic = True  # checked: repeated backward calls must agree bit for bit
     supports_packed = True  # reference_forward/backward take packed specs
+    supports_packed_chunks = True  # packed CP: per sequence through packing.sequence_spec
     supports_fp8 = True  # exact on the dequantized values, rounded once to bf16
 
     def forward(self, q, k, v, spec):

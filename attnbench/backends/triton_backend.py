@@ -58,6 +58,10 @@ def flash_params(spec: AttnSpec) -> FlashParams:
         batch_start=spec.batch_start,
         cu_seqlens_q=spec.cu_seqlens_q,
         cu_seqlens_kv=spec.cu_seqlens_kv,
+        seq_q_start=spec.seq_q_start,
+        seq_kv_start=spec.seq_kv_start,
+        seqlens_q_total=spec.seqlens_q_total,
+        seqlens_kv_total=spec.seqlens_kv_total,
     )
 
 
@@ -90,6 +94,9 @@ class TritonBackend(PreparesOnce):
     # one launch per kernel for the whole pack, with cu_seqlens; decode: one cache length per
     # sequence (seqlens_kv)
     supports_packed = True
+    # packed CP: each sequence's chunk placed in its sequence (AttnSpec.seq_q_start, ...), read
+    # per sequence by the kernels, so a ring step is one launch for the whole local pack
+    supports_packed_chunks = True
 
     def supports(self, case, device) -> str | None:
         interpreted = is_interpreted(_attn_fwd)

@@ -41,13 +41,6 @@ def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = N
                 return None  # every rank decides alike; rank 0's record is the pool's answer
             return RecordMaker(case, env)("skipped", f"case asks for gpu {case.gpu!r}, this "
                                                      f"worker serves {', '.join(sorted(served))}")
-    if case.world_size > 1 and case.is_packed:
-        if int(os.environ.get("RANK", "0")) != 0:
-            return None
-        return RecordMaker(case, device_env(device))(
-            "unsupported", "context/tensor parallelism of packed (variable-length) cases is not "
-            "implemented yet: ring/zigzag would split each sequence across ranks with "
-            "per-sequence causal masks (as ring-flash-attn's varlen does)")
     if case.world_size > 1:
         from attnbench.parallel.runner import run_parallel_case  # every rank of the pool runs it
 

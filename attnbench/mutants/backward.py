@@ -85,10 +85,10 @@ class GqaDkvMean(RecomputingNaive):
 
     name = "mutant.gqa_dkv_mean"
     backward_from_stats = mutated(
-        mutated(_correct, "dk = dk.view(batch, heads_kv, group, sk, -1).sum(2)",
-                "dk = dk.view(batch, heads_kv, group, sk, -1).mean(2)  # BUG: mean"),
-        "dv = dv.view(batch, heads_kv, group, sk, -1).sum(2)",
-        "dv = dv.view(batch, heads_kv, group, sk, -1).mean(2)  # BUG: mean")
+        mutated(_correct, "dk = dk.view(batch, heads_kv, group, sk, k.shape[-1]).sum(2)",
+                "dk = dk.view(batch, heads_kv, group, sk, k.shape[-1]).mean(2)  # BUG: mean"),
+        "dv = dv.view(batch, heads_kv, group, sk, v.shape[-1]).sum(2)",
+        "dv = dv.view(batch, heads_kv, group, sk, v.shape[-1]).mean(2)  # BUG: mean")
 
 
 class KvLayoutSwap(RecomputingNaive):

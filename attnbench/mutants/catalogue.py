@@ -17,9 +17,9 @@ class Mutant:
     ref: str
     """``module:object`` of the backend."""
     number: str
-    """Catalogue number (issue 7's list 1-12, issue 12's 13-16, issue 15's 17-21: packed
-    batches 17-18, decode 19-21; issue 16's fp8 22-23), or "extra" for classes added from
-    public reports."""
+    """Catalogue number (issue 7's list 1-12, issue 12's 13-16, issue 15's 17-22: packed
+    batches 17-18, decode 19-21, packed CP 22; issue 16's fp8 23-24), or "extra" for classes
+    added from public reports."""
     bug: str
     """The bug class in one line."""
     report: str
@@ -148,12 +148,17 @@ CATALOGUE: tuple[Mutant, ...] = (
            bug="split-KV decode merge: exp(lse) of each split without the max, in fp16/bf16",
            report="SHI-Labs/NATTEN#202; HKUSTDial/flash-sparse-attention#265",
            exposed_by="decode, fp16, large logits", decode=True),
-    Mutant(name="mutant.fp8_descale_v_twice", ref=f"{M}.fp8:Fp8DescaleVTwice", number="22",
+    Mutant(name="mutant.cp_pack_positions", ref=f"{M}.parallel:CpPackPositions", number="22",
+           bug="packed CP: each sequence's chunk placed by its row in the pack, not its "
+           "position in the sequence",
+           report="NVIDIA/TransformerEngine#1930; axolotl-ai-cloud/axolotl#3608",
+           exposed_by="packed CP with seqlens_kv != seqlens_q, or dropout", parallel=True),
+    Mutant(name="mutant.fp8_descale_v_twice", ref=f"{M}.fp8:Fp8DescaleVTwice", number="23",
            bug="fp8: O multiplied by descale_v twice (a descale applied a wrong number of "
            "times)", report="NVIDIA/cudnn-frontend#520 (fp8 SDPA drops descale_s/scale_s)",
            exposed_by="fp8 cases", fp8=True),
     Mutant(name="mutant.fp8_descale_k_by_query_head", ref=f"{M}.fp8:Fp8DescaleKByQueryHead",
-           number="23", bug="fp8 per-head scaling: descale_k read with the query head's "
+           number="24", bug="fp8 per-head scaling: descale_k read with the query head's "
            "index, not its KV head's", report="ROCm/aiter#3894 (wrong flat index into the "
            "per-head KV scale buffer); sgl-project/sgl-kernel-xpu#252",
            exposed_by="fp8_scaling: head, GQA/MQA, heads of different scales (loud_heads)",

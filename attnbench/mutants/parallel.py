@@ -20,7 +20,7 @@ from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.naive import NaiveBackend
 from attnbench.mutants.base import RecomputingNaive
 from attnbench.mutants.patch import mutated, rebound
-from attnbench.parallel import ring
+from attnbench.parallel import allgather, layout, ring
 
 F32 = torch.float32
 
@@ -204,3 +204,36 @@ class TpGqaInterleaved(NaiveBackend):
         if case.cp == 1 and case.tp > 1 and case.heads_kv > 1:
             return _GATHER_SELECT_TP
         return None
+
+
+# -- 22. packed CP: each chunk placed in the pack, not in its sequence ----------------------------
+
+_pack_positions_spec = mutated(
+    layout.block_spec, "seq_q_start=q_seg.starts,\n                        seq_kv_start=kv_seg.starts,",
+    "seq_q_start=tuple(a for a, _ in q_seg.ranges),  # BUG: rows of the pack\n"
+    "                        seq_kv_start=tuple(a for a, _ in kv_seg.ranges),")
+_PACK_POSITIONS_RING = SimpleNamespace(
+    forward=rebound(ring.forward,
+                    _forward_step=rebound(ring._forward_step, block_spec=_pack_positions_spec)),
+    backward=ring.backward)
+_PACK_POSITIONS_ALLGATHER = SimpleNamespace(
+    forward=rebound(allgather.forward, block_spec=_pack_positions_spec),
+    backward=allgather.backward)
+
+
+class CpPackPositions(NaiveBackend):
+    """Catalogue 22 -- packed CP that places each chunk by its row in the pack, not its position
+    in its own sequence: position ids that run on across documents, the way a packed batch is
+    sharded when the split does not reset them per sequence (NVIDIA/TransformerEngine#1930,
+    axolotl-ai-cloud/axolotl#3608: packing and CP together broke what each alone got right).
+    Self-attention with the same shift on both sides keeps causal masks and ALiBi (they see
+    j - i only), so it shows where sequence b's queries and keys start at different rows
+    (seqlens_kv != seqlens_q: causal rows off for every sequence after the first) or where
+    positions key the dropout mask."""
+
+    name = "mutant.cp_pack_positions"
+
+    def parallel_algorithm(self, case):
+        if not (case.is_packed and case.cp > 1):
+            return None
+        return _PACK_POSITIONS_ALLGATHER if case.cp_algo == "allgather" else _PACK_POSITIONS_RING

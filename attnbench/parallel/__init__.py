@@ -7,7 +7,8 @@ A case with ``cp * tp > 1`` runs on every rank of a ``cp * tp`` rank pool
   rendezvous, gloo / NCCL / gloo with host staging), CP x TP sub-groups, the few communication
   operations the algorithms use.
 * :mod:`~attnbench.parallel.layout` -- which sequence segments and heads each rank holds
-  (contiguous chunks, zigzag chunks, GQA-whole head slices, MQA replication).
+  (contiguous chunks, zigzag chunks, GQA-whole head slices, MQA replication; a packed case's
+  chunks per document).
 * :mod:`~attnbench.parallel.ring` -- ring and zigzag CP: K/V passed around, partial outputs
   merged by log-sum-exp, dK/dV sent home; each block's dropout RNG state replayed in backward.
 * :mod:`~attnbench.parallel.allgather` -- all-gather CP: K/V gathered, local queries attend.

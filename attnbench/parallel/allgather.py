@@ -21,7 +21,7 @@ import torch
 
 from attnbench.backends.base import Unsupported
 from attnbench.parallel.group import Comm
-from attnbench.parallel.layout import Shard, offsets
+from attnbench.parallel.layout import Shard, block_spec, offsets, padded, put_rows, take_rows
 from attnbench.problem import AttnSpec
 
 F32 = torch.float32
@@ -39,13 +39,11 @@ class GatherContext:
 
 def _gather_sequence(comm: Comm, shard: Shard, x: torch.Tensor) -> torch.Tensor:
     """The whole sequence of a key-side tensor from every CP rank's local part."""
-    parts = comm.all_gather(x, "cp")
+    parts = comm.all_gather(padded(x, shard.capacity("kv")), "cp")  # uneven packed chunks
     full = torch.empty(*x.shape[:2], shard.case.seqlen_kv, x.shape[-1], dtype=x.dtype,
                        device=x.device)
     for owner, part in enumerate(parts):
-        segments = shard.kv_segments_of(owner)
-        for seg, at in zip(segments, offsets(segments)):
-            full[:, :, seg.start:seg.stop] = part[:, :, at:at + seg.length]
+        put_rows(full, part, shard.kv_segments_of(owner))  # its padding is never read
     return full
 
 
@@ -56,9 +54,11 @@ def forward(backend, comm: Comm, shard: Shard, q: torch.Tensor, k: torch.Tensor,
     outs, calls, failure = [], [], None
     for seg, at in zip(shard.q_segments, offsets(shard.q_segments)):
         rows = slice(at, at + seg.length)
+        if not seg.length:
+            continue  # packed: a slot of empty chunks (every sequence shorter than 2 cp)
         try:
             fwd = backend.forward(q[:, :, rows].contiguous(), k_full, v_full,
-                                  spec.replace(q_start=seg.start, kv_start=0))
+                                  block_spec(spec, seg, shard.whole_kv()))
         except Unsupported as exc:
             if not probe:
                 raise
@@ -68,21 +68,27 @@ def forward(backend, comm: Comm, shard: Shard, q: torch.Tensor, k: torch.Tensor,
         calls.append((rows, fwd.ctx))
     if probe:
         comm.agree(failure)
-    return GatherContext(backend=backend, comm=comm, shard=shard, calls=calls,
-                         out=torch.cat(outs, dim=2))
+    out = torch.cat(outs, dim=2) if outs else \
+        q.new_zeros(*q.shape[:3], v.shape[-1])  # this rank holds no query at all
+    return GatherContext(backend=backend, comm=comm, shard=shard, calls=calls, out=out)
 
 
 def backward(ctx: GatherContext, dout: torch.Tensor):
     """dq for this rank's queries, dk / dv for its own K/V segments, float32."""
-    dq_parts, dk_full, dv_full = [], None, None
+    case, shard = ctx.shard.case, ctx.shard
+    heads_q, heads_kv = shard.heads.q_count, shard.heads.kv_count
+    batch = dout.shape[0]
+    dq = torch.zeros(batch, heads_q, dout.shape[2], case.head_dim, dtype=F32, device=dout.device)
+    dk_full = torch.zeros(batch, heads_kv, case.seqlen_kv, case.head_dim, dtype=F32,
+                          device=dout.device)
+    dv_full = torch.zeros(batch, heads_kv, case.seqlen_kv, case.head_dim_v, dtype=F32,
+                          device=dout.device)
     for rows, backend_ctx in ctx.calls:
-        dq, dk, dv = ctx.backend.backward(backend_ctx, dout[:, :, rows].contiguous())
-        dq_parts.append(dq.to(F32))
-        dk_full = dk.to(F32) if dk_full is None else dk_full + dk.to(F32)
-        dv_full = dv.to(F32) if dv_full is None else dv_full + dv.to(F32)
+        dq_b, dk, dv = ctx.backend.backward(backend_ctx, dout[:, :, rows].contiguous())
+        dq[:, :, rows] = dq_b.to(F32)
+        dk_full += dk.to(F32)
+        dv_full += dv.to(F32)
     dk_full = ctx.comm.all_reduce_sum(dk_full, "cp")
     dv_full = ctx.comm.all_reduce_sum(dv_full, "cp")
-    segs = ctx.shard.kv_segments
-    dk = torch.cat([dk_full[:, :, s.start:s.stop] for s in segs], dim=2)
-    dv = torch.cat([dv_full[:, :, s.start:s.stop] for s in segs], dim=2)
-    return torch.cat(dq_parts, dim=2), dk, dv
+    segs = shard.kv_segments
+    return dq, take_rows(dk_full, segs), take_rows(dv_full, segs)

@@ -25,8 +25,13 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from attnbench.accuracy import RATIO_FACTOR, RATIO_FLOOR, Check, tensor_errors
+import torch
+
+from attnbench.accuracy import RATIO_FACTOR, RATIO_FLOOR, Check, split_sum_roundings, \
+    tensor_errors
+from attnbench.parallel.layout import Shard
 from attnbench.records import TENSORS
+from attnbench.reference import reference_backward
 
 PARITY_FACTOR = RATIO_FACTOR
 """Same as the baseline ratio (flash-attn's 2): the split may lose at most twice the single run's
@@ -59,3 +64,36 @@ def parity(parallel: dict, single: dict, single_errors: Optional[dict],
                             why))
         table[name] = {"rel_l2": value if finite else None, "bound": bound}
     return checks, table
+
+
+def summed_partials(case, summed_over_cp: bool) -> int:
+    """How many ranks' rounded dK/dV partials the split adds up per element: MQA's replicated
+    K/V head over TP, every CP rank's under all-gather CP (ring CP sums in float32 blocks that
+    the backend did not round: judged otherwise, see runner.evaluate_parallel)."""
+    return (case.cp if summed_over_cp else 1) * (case.tp if case.heads_kv == 1 else 1)
+
+
+def reference_roundings(case, q, k, v, dout, out64, lse64, spec, keep_mask, ref: dict,
+                        parts: int) -> dict:
+    """tensor -> (factor, note) for the ``reference`` backend's dK/dV under a split that sums
+    ``parts`` rounded partials (:func:`attnbench.accuracy.split_sum_roundings`). Rank r's exact
+    partial is the fp64 backward with dout zero outside r's queries (its heads and positions):
+    dK and dV are sums over queries, and a query with dout = 0 adds nothing to either."""
+    if parts <= 1:
+        return {}
+    abs_sum = {"dk": torch.zeros_like(ref["dk"]), "dv": torch.zeros_like(ref["dv"])}
+    for rank in range(case.world_size):
+        theirs = Shard.of(case, *divmod(rank, case.tp))
+        dout_r = torch.zeros_like(dout)
+        theirs.place_q(dout_r, theirs.slice_q(dout))
+        _, dk_r, dv_r = reference_backward(q, k, v, out64, lse64, dout_r, spec,
+                                           keep_mask=keep_mask)
+        abs_sum["dk"] += dk_r.abs()
+        abs_sum["dv"] += dv_r.abs()
+    found = {}
+    for name, total in abs_sum.items():
+        factor = split_sum_roundings(case.dtype, parts, total.norm().item(),
+                                     ref[name].norm().item())
+        found[name] = (factor, f"fp64 rounded on each of {parts} ranks, summed, rounded again: "
+                               f"{factor:.3g} x the unit roundoff")
+    return found

@@ -37,7 +37,7 @@ import torch
 
 from attnbench.backends.base import Unsupported
 from attnbench.parallel.group import Comm
-from attnbench.parallel.layout import Shard, any_visible, offsets
+from attnbench.parallel.layout import Shard, any_visible, block_spec, offsets, padded
 from attnbench.problem import AttnSpec
 
 F32 = torch.float32
@@ -121,6 +121,9 @@ def forward(backend, comm: Comm, shard: Shard, q: torch.Tensor, k: torch.Tensor,
     batch, heads_q, seqlen_q, _ = q.shape
     acc_out = torch.zeros(batch, heads_q, seqlen_q, v.shape[-1], dtype=F32, device=q.device)
     acc_lse = torch.full((batch, heads_q, seqlen_q), float("-inf"), dtype=F32, device=q.device)
+    # Uneven packed chunks: K/V travel padded to the longest rank's (rows past a segment's end
+    # are never read); a no-op for dense cases.
+    k, v = padded(k, shard.capacity("kv")), padded(v, shard.capacity("kv"))
     ctx = RingContext(backend=backend, comm=comm, shard=shard, q=q, k=k, v=v, out=acc_out,
                       lse=acc_lse)
     held_k, held_v = k, v
@@ -156,18 +159,18 @@ def _forward_step(ctx: RingContext, step: int, owner: int, held_k, held_v, spec:
         for kj, (kv_seg, ka) in enumerate(zip(kv_segments, kv_off)):
             if not any_visible(spec, q_seg, kv_seg):
                 continue  # wholly masked: the causal half that zigzag balances
-            block_spec = spec.replace(q_start=q_seg.start, kv_start=kv_seg.start)
+            this_spec = block_spec(spec, q_seg, kv_seg)
             cols = slice(ka, ka + kv_seg.length)
             fwd = ctx.backend.forward(ctx.q[:, :, rows].contiguous(),
                                       held_k[:, :, cols].contiguous(),
-                                      held_v[:, :, cols].contiguous(), block_spec)
+                                      held_v[:, :, cols].contiguous(), this_spec)
             if fwd.lse is None:
                 raise Unsupported(f"ring/zigzag CP: backend {ctx.backend.name!r} returns no "
                                   "log-sum-exp (Forward.lse is None), which merging partial "
                                   "outputs needs; cp_algo: allgather does not")
             _merge(acc_out[:, :, rows], acc_lse[:, :, rows], fwd.out, fwd.lse)
             ctx.blocks.append(SavedBlock(step=step, q_index=qi, kv_owner=owner, kv_index=kj,
-                                         spec=block_spec))
+                                         spec=this_spec))
 
 
 def backward(ctx: RingContext, dout: torch.Tensor):
@@ -203,5 +206,6 @@ def backward(ctx: RingContext, dout: torch.Tensor):
             held_k, held_v = pending.wait()
         # The accumulators follow their K/V block; after cp passes each is back with its owner.
         dk_acc, dv_acc = comm.ring_shift([dk_acc, dv_acc]).wait()
-    return dq, dk_acc, dv_acc
+    own = shard.local_length("kv")  # without the padding K/V travelled with
+    return dq, dk_acc[:, :, :own], dv_acc[:, :, :own]
 

@@ -45,8 +45,9 @@ from attnbench.evaluation import Judgement, evaluate, timed_only
 from attnbench.inputs import make_inputs
 from attnbench.parallel import allgather, layout, ring, tp
 from attnbench.parallel.group import Comm, PeerFailed, get_world, rank_layout
+from attnbench.packing import packed_support, tensor_batch
 from attnbench.parallel.layout import Shard
-from attnbench.parallel.parity import parity
+from attnbench.parallel.parity import parity, reference_roundings, summed_partials
 from attnbench.problem import AttnSpec
 from attnbench.records import TENSORS, RecordMaker
 from attnbench.reference import reference_backward, reference_forward
@@ -97,7 +98,12 @@ def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
         return make.exception("error", exc, f"cannot load backend {case.backend!r}: ") \
             if rank == 0 else None
     make.env["backend"] = backend_env(case.backend, backend)
-    reason = backend.supports(case, device)
+    reason = packed_support(backend, case) or backend.supports(case, device)
+    if not reason and case.is_packed and case.cp > 1 \
+            and not getattr(backend, "supports_packed_chunks", False):
+        reason = (f"packed CP: backend {case.backend!r} does not declare that it places chunks "
+                  "of packed sequences (supports_packed_chunks = True; AttnSpec.seq_q_start and "
+                  "seqlens_q_total, see attnbench.parallel.layout)")
     algo = algorithm(case, backend)
     if not reason and algo is ring:
         reason = ring.unsupported_reason(backend)
@@ -170,11 +176,14 @@ def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> O
     local parts: one flat message per rank."""
     dtype = out.dtype
     parts = [out, *(g.to(dtype) for g in grads)]
-    shapes = [p.shape for p in parts]
-    gathered = comm.gather_to_first(torch.cat([p.reshape(-1) for p in parts]))
+    # Uneven packed chunks: every rank's message padded to the largest one's size.
+    size = max(sum(s.numel() for s in _local_shapes(case, Shard.of(case, *divmod(r, case.tp))))
+               for r in range(case.world_size))
+    flat = torch.cat([p.reshape(-1) for p in parts])
+    gathered = comm.gather_to_first(torch.cat([flat, flat.new_zeros(size - flat.numel())]))
     if gathered is None:
         return None
-    b, sq, sk = case.batch, case.seqlen_q, case.seqlen_kv
+    b, sq, sk = tensor_batch(case), case.seqlen_q, case.seqlen_kv  # a pack is one buffer
     full = {
         "out": out.new_empty(b, case.heads_q, sq, case.head_dim_v),
         "dq": out.new_empty(b, case.heads_q, sq, case.head_dim),
@@ -185,7 +194,7 @@ def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> O
         cp_rank, tp_rank = divmod(r, case.tp)
         theirs = Shard.of(case, cp_rank, tp_rank)
         pieces, at = [], 0
-        for shape in shapes:
+        for shape in _local_shapes(case, theirs):
             n = shape.numel()
             pieces.append(flat[at:at + n].view(shape))
             at += n
@@ -194,6 +203,16 @@ def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> O
         theirs.place_kv(full["dk"], pieces[2])  # MQA: every TP rank holds the same sum
         theirs.place_kv(full["dv"], pieces[3])
     return full
+
+
+def _local_shapes(case: Case, shard: Shard) -> list[torch.Size]:
+    """Shapes of a rank's local out, dq, dk, dv."""
+    b, h = tensor_batch(case), shard.heads
+    sq, sk = shard.local_length("q"), shard.local_length("kv")
+    return [torch.Size(s) for s in ((b, h.q_count, sq, case.head_dim_v),
+                                    (b, h.q_count, sq, case.head_dim),
+                                    (b, h.kv_count, sk, case.head_dim),
+                                    (b, h.kv_count, sk, case.head_dim_v))]
 
 
 # -- checks (rank 0) -----------------------------------------------------------------------------
@@ -210,18 +229,27 @@ def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict) -> Judgeme
         # through float32 log-sum-exps (fp32: ~1e-7 against a bound of 6e-8). Judge it like a
         # fused kernel instead, against the baseline.
         judged_as = case.replace(backend="reference (ring)")
-    judgement = evaluate(judged_as, backend, spec, q, k, v, dout, results[0], results[1:])
+    keep_mask = getattr(backend, "keep_mask", None)
+    ref = None
+    if spec.dropout_p == 0 or keep_mask is not None:
+        out64, lse64 = reference_forward(q, k, v, spec, keep_mask=keep_mask)
+        ref = dict(zip(TENSORS, (out64, *reference_backward(q, k, v, out64, lse64, dout, spec,
+                                                            keep_mask=keep_mask))))
+    roundings = None
+    if case.backend == "reference" and judged_as is case:
+        # Each rank rounds its partial dK/dV before the sum: not "rounded once" (a packed TP
+        # case showed it first; dense MQA TP sat at 0.6 of that bound).
+        roundings = reference_roundings(case, q, k, v, dout, out64, lse64, spec, keep_mask, ref,
+                                        summed_partials(case, algorithm(case) is allgather))
+    judgement = evaluate(judged_as, backend, spec, q, k, v, dout, results[0], results[1:],
+                         reference_roundings=roundings)
     fwd = backend.forward(q, k, v, spec)
     single = dict(zip(TENSORS, (fwd.out, *backend.backward(fwd.ctx, dout))))
-    keep_mask = getattr(backend, "keep_mask", None)
-    if spec.dropout_p > 0 and keep_mask is None:
+    if ref is None:
         _, table = parity(full, single, None, case.dtype)
         return judgement.merged([], parity=table, parity_note=(
             "not judged: the backend does not expose its dropout mask, so the split run's "
             "masks need not be the single run's"))
-    out64, lse64 = reference_forward(q, k, v, spec, keep_mask=keep_mask)
-    ref = dict(zip(TENSORS, (out64, *reference_backward(q, k, v, out64, lse64, dout, spec,
-                                                        keep_mask=keep_mask))))
     single_errors = {t: acc.tensor_errors(single[t], ref[t])["rel_l2"] for t in TENSORS}
     checks, table = parity(full, single, single_errors, case.dtype)
     return judgement.merged(checks, "parity: ", parity=table)
