@@ -11,6 +11,7 @@ from __future__ import annotations
 import attnbench.kernels  # noqa: F401  (first: TRITON_INTERPRET=1 without a GPU, before triton is imported)
 
 import math
+import os
 import subprocess
 
 import pytest
@@ -277,3 +278,25 @@ def test_decode_panel_draws_bandwidth_and_latency_per_backend_and_page(tmp_path)
     # the training case is not decode: the throughput panel keeps it, this one ignores it
     for throughput in (p for p in dashboard.panels if p.kind == "throughput"):
         assert throughput.exclude == {"decode": [True]}
+
+
+# -- on a GPU ------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET unset or 0)")
+@pytest.mark.parametrize("backend", ["triton", "sdpa", "flash_attn"])
+@pytest.mark.parametrize("page_size", [0, 256])
+def test_gpu_decode_passes_and_reports_bandwidth(backend, page_size):
+    """A Llama-3-8B layer's decode on a GPU: every backend passes or says why it cannot (sdpa:
+    no pages, flash_attn absent); ours passes and its GB/s is a figure of the real device."""
+    case = make_case("t", dict(backend=backend, batch=2, seqlen_q=1, seqlen_kv=32768,
+                               heads_q=32, heads_kv=8, head_dim=128, decode=True,
+                               mask="causal", page_size=page_size, dtype="bf16"))
+    record = run_case(case, RunOptions(timing=TimingOptions(max_seconds=0.5)),
+                      device=torch.device("cuda"))
+    assert record["verdict"] in ("pass", "unsupported"), record["reason"]
+    if backend == "triton":
+        assert record["verdict"] == "pass", record["reason"]
+        assert record["timing"]["fwd"]["gbps"] > 0
