@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import attnbench.kernels  # noqa: F401  (first: TRITON_INTERPRET=1 without a GPU)
 
-import math
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ from attnbench.packing import forward_per_sequence
 from attnbench.problem import AttnSpec, alibi_slopes
 from attnbench.reference import reference_forward
 
+REPO = Path(__file__).resolve().parents[1]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TILE = BlockConfig(block_m=16, block_n=16)
 E4M3, E5M2 = FORMATS["fp8_e4m3"], FORMATS["fp8_e5m2"]
@@ -165,8 +167,8 @@ def assert_like_model(err, err_model, gap):
 SCENARIOS = [
     ("e4m3-tensor-mha", E4M3, False, 1, 2, 2, 48, 48, 32, {}),
     ("e5m2-tensor-mha", E5M2, False, 1, 2, 2, 48, 48, 32, {}),
-    ("e4m3-head-gqa-causal-sq<sk", E4M3, True, 2, 4, 2, 29, 45, 32, dict(mask="causal")),
-    ("e5m2-head-gqa-causal-sq<sk", E5M2, True, 2, 4, 2, 29, 45, 32, dict(mask="causal")),
+    ("e4m3-head-gqa-causal-sq<sk", E4M3, True, 2, 4, 2, 29, 45, 16, dict(mask="causal")),
+    ("e5m2-head-gqa-causal-sq<sk", E5M2, True, 2, 4, 2, 29, 45, 16, dict(mask="causal")),
     ("e4m3-head-window-sq>sk", E4M3, True, 1, 4, 2, 45, 37, 16,
      dict(mask="window", window=(9, 4))),
     ("e4m3-head-gqa-alibi-causal", E4M3, True, 1, 4, 2, 40, 40, 16,
@@ -240,16 +242,27 @@ def test_bf16_output_is_rounded_to_nearest():
     assert torch.equal(half, out32.to(torch.float16))
 
 
-# -- mutants: the bound must catch descale bugs --------------------------------------------------
-MUTANT_MARGIN = 10.0
-"""A mutant's error must be at least this many times the bound (the model's error times
-1 + ERROR_RATIO_TOL); the measured margins are in docs/fp8.md."""
+# -- mutants: the bound must catch these bugs ----------------------------------------------------
+# (name, how the kernel is given the bug, required error / bound): descale bugs are passed in as
+# the descales a buggy kernel would use; the P-format bug is the kernel itself with its P grid
+# constexprs swapped. Measured margins in docs/fp8.md.
+MUTANTS = [("descale_v twice", 10.0), ("descale_k of the other kv head", 10.0),
+           ("P on the e5m2 grid with e4m3 inputs", 1.3)]
 
 
-@pytest.mark.parametrize("mutant", ["descale_v twice", "descale_k of the other kv head"])
-def test_descale_mutants_are_caught(mutant):
-    """The kernel given the descales a buggy kernel would use: descale_v applied twice (passed
-    squared), or descale_k read at the wrong kv head (the factors of the two kv heads swapped)."""
+def run_p_format_mutant(qkv, spec, fmt: Fp8Format):
+    q, k, v = qkv
+    out, lse, args = flash_fwd.forward_args(
+        q.values, k.values, v.values, flash_params(spec), interpreted=True,
+        descales=(q.descale, k.descale, v.descale), out_dtype=torch.bfloat16)
+    args.update(P_MANT=fmt.mantissa_bits, P_MIN_EXP=fmt.min_normal_exp, P_MAX=fmt.max_finite)
+    flash_fwd._launch(args, flash_params(spec), q.values, True, TILE)
+    return out
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="the P-format mutant launches interpreted")
+@pytest.mark.parametrize("mutant,margin", MUTANTS, ids=[m[0] for m in MUTANTS])
+def test_mutants_are_caught(mutant, margin):
     qkv = make_fp8(1, 4, 2, 32, 32, 16, E4M3, True)
     spec = make_spec(32, 32, 16, 4, mask="causal")
     deq = [dequantized(x) for x in qkv]
@@ -257,10 +270,14 @@ def test_descale_mutants_are_caught(mutant):
     model, _ = model_forward(*(x.float() for x in deq), spec, E4M3, torch.bfloat16)
     bound = rel_l2(model, ref) * (1 + ERROR_RATIO_TOL)
     dq, dk, dv = (x.descale for x in qkv)
-    bad = (dq, dk, dv * dv) if mutant == "descale_v twice" else (dq, dk.flip(1), dv)
-    out, _ = run_kernel(qkv, spec, descales=bad)
+    if mutant == "descale_v twice":
+        out, _ = run_kernel(qkv, spec, descales=(dq, dk, dv * dv))
+    elif mutant == "descale_k of the other kv head":
+        out, _ = run_kernel(qkv, spec, descales=(dq, dk.flip(1), dv))
+    else:
+        out = run_p_format_mutant(qkv, spec, E5M2)
     err = rel_l2(out, ref)
-    assert err > MUTANT_MARGIN * bound, (mutant, err, bound)
+    assert err > margin * bound, (mutant, err, bound)
 
 
 # -- refusals ------------------------------------------------------------------------------------
@@ -290,4 +307,13 @@ def test_old_gpus_get_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
     flash_fwd.check_fp8_device(torch.device("cuda", 0))  # Ada: fine
     flash_fwd.check_fp8_device(torch.device("cpu"))  # the interpreter: fine
-    assert math.isclose(E4M3.max_finite, 448.0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without GPU")
+def test_benchmark_says_it_needs_a_gpu(capsys):
+    spec = importlib.util.spec_from_file_location("bench_fp8", REPO / "benchmarks" / "bench_fp8.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.run(bench.parse_args([])) == 2
+    err = capsys.readouterr().err
+    assert "no GPU" in err and "8.9" in err, err
