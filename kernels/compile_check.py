@@ -103,6 +103,8 @@ FP8_FULL = FP8_QUICK + (
     Variant("fp8 e5m2 d64 GQA every feature but dropout, per-head descales",
             torch.float8_e5m2, 64, heads_kv=2,
             features={k: v for k, v in _ALL_FEATURES.items() if not k.startswith("dropout")}),
+    Variant("fp8 e4m3 d16 (head dim padded to 32, fp8 dots' smallest K)", torch.float8_e4m3fn,
+            16),
     Variant("fp8 e4m3 d128 packed (cu_seqlens), causal", torch.float8_e4m3fn, 128,
             seqlen=_PACK[-1], features=dict(window_right=0, cu_seqlens_q=_PACK,
                                              cu_seqlens_kv=_PACK)),

@@ -2,7 +2,7 @@
 
 Legend: B = batch, Hq / Hkv = query / key-value heads, Sq / Sk = lengths, D / DV = head dims,
 BM / BN = BLOCK_M / BLOCK_N. q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, DV) with any
-strides; out (B, Hq, Sq, DV) in q's dtype; lse (B, Hq, Sq) float32, natural log.
+strides; out (B, Hq, Sq, DV) in q's dtype (fp8: the requested output dtype); lse (B, Hq, Sq) float32, natural log.
 
 One program owns BM query rows of one (batch, query head) and streams the key blocks its rows can
 see (online softmax, fp32 statistics and accumulator). Query head h reads key/value head
@@ -16,6 +16,11 @@ Packed (variable-length) calls, ``VARLEN``: the tensors are (1, H, T, D) and ``c
 that sequence alone with local indices, as on a dense batch element: no query sees another
 sequence's keys, causal alignment is per sequence, and dropout is keyed by (sequence, local
 positions). Query blocks past a short sequence's end visit no keys and store nothing.
+
+fp8 (``FP8``, :func:`flash_forward_fp8`): q, k, v in float8_e4m3fn or float8_e5m2 with float32
+descales per (batch row, kv head); both dots on fp8 operands with fp32 accumulation, P rounded
+to v's fp8 grid, out in bf16 / fp16 / fp32 (FA3's precision; docs/fp8.md). A constexpr branch:
+the other dtypes compile to the same code as without it.
 """
 
 import torch
@@ -214,6 +219,8 @@ def forward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Flas
     else:
         args.update(fp8_args(v.dtype, descales, params.grid_rows(batch, seqlen_q, 1)[1],
                              heads_kv, out.dtype, q.device, interpreted=interpreted))
+        # An 8-bit tl.dot needs K >= 32 (Triton's min_dot_size): pad Q·Kᵀ's head dim.
+        args["BLOCK_D"] = max(args["BLOCK_D"], FP8_MIN_DOT_K)
     return out, lse, args
 
 
@@ -249,6 +256,9 @@ def _launch(args: dict, params: FlashParams, q: torch.Tensor, interpreted: bool,
 FP8_MIN_CAPABILITY = (8, 9)
 """fp8 tl.dot (e4m3 and e5m2 tensor-core MMA) needs Ada (sm_89) or Hopper (sm_90) and later."""
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP8_MIN_DOT_K = 32
+"""Smallest K of an 8-bit tl.dot on NVIDIA GPUs: the padded head dim of Q·Kᵀ and BLOCK_N
+(the K of P·V; every autotuned config has BLOCK_N >= 64)."""
 
 
 def fp8_args(v_dtype: torch.dtype, descales: tuple, rows: int, heads_kv: int,
@@ -324,6 +334,9 @@ def flash_forward_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, para
         raise ValueError(f"heads_q={q8.shape[1]} is not a multiple of heads_kv={k8.shape[1]}")
     check_fp8_device(q8.device)
     interpreted = is_interpreted(_attn_fwd)
+    if config is not None and not interpreted and config.block_n < FP8_MIN_DOT_K:
+        raise ValueError(f"fp8 forward: BLOCK_N {config.block_n} < {FP8_MIN_DOT_K}, the "
+                         "smallest K of an fp8 tl.dot (P·V) on a GPU")
     out, lse, args = forward_args(q8, k8, v8, params, interpreted=interpreted,
                                   descales=(descale_q, descale_k, descale_v), out_dtype=out_dtype)
     _launch(args, params, q8, interpreted, config)
