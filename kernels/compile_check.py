@@ -43,7 +43,8 @@ from attnbench.kernels.flash_fwd import _attn_fwd, forward_args
 from attnbench.kernels.params import FlashParams, is_interpreted
 
 _TORCH_TO_TRITON = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-                    torch.int8: "i8", torch.int32: "i32", torch.int64: "i64"}
+                    torch.int8: "i8", torch.int32: "i32", torch.int64: "i64",
+                    torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
 
 
 def _tile(block_m: int, block_n: int, num_warps: int, num_stages: int) -> configs.BlockConfig:
@@ -91,6 +92,39 @@ FULL = QUICK + (
             dq=_tile(64, 32, 8, 2)),
     Variant("bf16 d48 (padded head dim), odd length", torch.bfloat16, 48, seqlen=4099),
 )
+
+
+# The fp8 forward (flash_forward_fp8; no backward): fp8 tl.dot needs sm_89+.
+FP8_QUICK = (
+    Variant("fp8 e4m3 d128 causal, bf16 out", torch.float8_e4m3fn, 128,
+            features=dict(window_right=0)),
+)
+FP8_FULL = FP8_QUICK + (
+    Variant("fp8 e5m2 d64 GQA every feature but dropout, per-head descales",
+            torch.float8_e5m2, 64, heads_kv=2,
+            features={k: v for k, v in _ALL_FEATURES.items() if not k.startswith("dropout")}),
+    Variant("fp8 e4m3 d16 (head dim padded to 32, fp8 dots' smallest K)", torch.float8_e4m3fn,
+            16),
+    Variant("fp8 e4m3 d128 packed (cu_seqlens), causal", torch.float8_e4m3fn, 128,
+            seqlen=_PACK[-1], features=dict(window_right=0, cu_seqlens_q=_PACK,
+                                             cu_seqlens_kv=_PACK)),
+)
+
+
+def check_fp8_variant(variant: Variant, target: GPUTarget) -> dict:
+    meta = torch.device("meta")
+    batch = 1 if "cu_seqlens_q" in variant.features else 2
+    q = torch.empty(batch, variant.heads_q, variant.seqlen, variant.head_dim, dtype=variant.dtype,
+                    device=meta)
+    k = torch.empty(batch, variant.heads_kv, variant.seqlen, variant.head_dim,
+                    dtype=variant.dtype, device=meta)
+    descale = torch.empty(batch, variant.heads_kv, dtype=torch.float32, device=meta)
+    params = FlashParams(sm_scale=variant.head_dim ** -0.5, **variant.features)
+    _, _, args = forward_args(q, k, k, params, interpreted=False,
+                              descales=(descale,) * 3, out_dtype=torch.bfloat16)
+    report = compile_kernel(_attn_fwd, args, variant.fwd, target)
+    report["variant"] = variant.name
+    return report
 
 
 def _signature(kernel, args: dict):
@@ -229,14 +263,19 @@ def main(argv: list[str] | None = None) -> int:
     variants = FULL if (args.all or args.variant) else QUICK
     if args.variant:
         variants = [v for v in variants if args.variant in v.name]
-        if not variants:
+    fp8 = FP8_FULL if (args.all or args.variant) else FP8_QUICK
+    if args.variant:
+        fp8 = [v for v in fp8 if args.variant in v.name]
+        if not variants and not fp8:
             print(f"attnbench.kernels.compile_check: no variant matches {args.variant!r}", file=sys.stderr)
             return 2
-    for variant in variants:
-        for report in check_variant(variant, target):
-            report["fits"] = report["shared_bytes"] <= budget
-            failed |= not report["fits"]
-            print(json.dumps(report), flush=True)
+    reports = [r for v in variants for r in check_variant(v, target)]
+    if args.arch >= 89:  # fp8 dots need sm_89+
+        reports += [check_fp8_variant(v, target) for v in fp8]
+    for report in reports:
+        report["fits"] = report["shared_bytes"] <= budget
+        failed |= not report["fits"]
+        print(json.dumps(report), flush=True)
     if args.all or not args.variant:
         for report in check_decode(target):
             report["fits"] = report["shared_bytes"] <= budget

@@ -2,7 +2,7 @@
 
 Legend: B = batch, Hq / Hkv = query / key-value heads, Sq / Sk = lengths, D / DV = head dims,
 BM / BN = BLOCK_M / BLOCK_N. q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, DV) with any
-strides; out (B, Hq, Sq, DV) in q's dtype; lse (B, Hq, Sq) float32, natural log.
+strides; out (B, Hq, Sq, DV) in q's dtype (fp8: the requested output dtype); lse (B, Hq, Sq) float32, natural log.
 
 One program owns BM query rows of one (batch, query head) and streams the key blocks its rows can
 see (online softmax, fp32 statistics and accumulator). Query head h reads key/value head
@@ -16,15 +16,22 @@ Packed (variable-length) calls, ``VARLEN``: the tensors are (1, H, T, D) and ``c
 that sequence alone with local indices, as on a dense batch element: no query sees another
 sequence's keys, causal alignment is per sequence, and dropout is keyed by (sequence, local
 positions). Query blocks past a short sequence's end visit no keys and store nothing.
+
+fp8 (``FP8``, :func:`flash_forward_fp8`): q, k, v in float8_e4m3fn or float8_e5m2 with float32
+descales per (batch row, kv head); both dots on fp8 operands with fp32 accumulation, P rounded
+to v's fp8 grid, out in bf16 / fp16 / fp32 (FA3's precision; docs/fp8.md). A constexpr branch:
+the other dtypes compile to the same code as without it.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from attnbench.fp8 import FORMATS
 from attnbench.kernels import configs
 from attnbench.kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile, \
     sequence_of
+from attnbench.kernels.fp8 import round_to_fp8_grid, round_to_grid
 from attnbench.kernels.params import FlashParams, is_interpreted, strides
 
 
@@ -35,8 +42,12 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
                    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
                    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                   DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online-softmax update of (acc, l_i, m_i) over key blocks [start, end)."""
+                   DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   FP8: tl.constexpr, P_MANT: tl.constexpr, P_MIN_EXP: tl.constexpr,
+                   P_MAX: tl.constexpr):
+    """Online-softmax update of (acc, l_i, m_i) over key blocks [start, end). FP8: q, k, v
+    are fp8 (sm_scale has the descales of q and k folded in); P is rounded to v's fp8 grid
+    (P_MANT, P_MIN_EXP, P_MAX) before P·V."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -61,8 +72,12 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
             p = tl.where(keep, p, 0.0)
         v = load_tile(v_base + k_idx[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
                       k_idx, seqlen_k, offs_dv, HEAD_DIM_V, MASK, BLOCK_DV != HEAD_DIM_V, UPCAST)
+        if FP8:  # round in fp32 first: the interpreter's fp32 -> fp8 cast is wrong on carries
+            p_v = round_to_fp8_grid(p, P_MANT, P_MIN_EXP, P_MAX).to(v.dtype)
+        else:
+            p_v = p.to(v.dtype)
         # Accumulate inside the dot (the accumulator operand of wgmma): no second fp32 tile.
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        acc = tl.dot(p_v, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -70,6 +85,8 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
 @triton.jit
 def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_ptr,
               place_ptr,
+              descale_q_ptr, descale_k_ptr, descale_v_ptr,
+              stride_dqb, stride_dqh, stride_dkb, stride_dkh, stride_dvb, stride_dvh,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
@@ -81,7 +98,8 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
               BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
               DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              VARLEN: tl.constexpr):
+              VARLEN: tl.constexpr, FP8: tl.constexpr, P_MANT: tl.constexpr,
+              P_MIN_EXP: tl.constexpr, P_MAX: tl.constexpr, OUT_ROUND_BITS: tl.constexpr):
     # Heaviest query blocks first (causal: the last rows see the most keys) to shorten the tail.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -112,6 +130,12 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
     slope2 = 0.0
     if ALIBI:
         slope2 = tl.load(slopes_ptr + head)
+    out_scale = drop_scale  # drop_scale = 1 / (1 - p) for kept values
+    if FP8:  # one factor per (batch row or packed sequence, kv head): fold them in once
+        descale_q = tl.load(descale_q_ptr + batch * stride_dqb + head_kv * stride_dqh)
+        descale_k = tl.load(descale_k_ptr + batch * stride_dkb + head_kv * stride_dkh)
+        sm_scale = sm_scale * (descale_q * descale_k)
+        out_scale = tl.load(descale_v_ptr + batch * stride_dvb + head_kv * stride_dvh)
 
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -130,24 +154,26 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
         start, full_start, seqlen_k, diag, sm_scale, softcap, slope2, window_left, window_right,
         seed, batch_g, head_g, q_start, kv_start, drop_threshold,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        UPCAST, DOT_PRECISION)
+        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX)
     acc, l_i, m_i = _fwd_key_range(
         acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         full_start, full_end, seqlen_k, diag, sm_scale, softcap, slope2, window_left,
         window_right, seed, batch_g, head_g, q_start, kv_start, drop_threshold,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        UPCAST, DOT_PRECISION)
+        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX)
     acc, l_i, m_i = _fwd_key_range(
         acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         full_end, end, seqlen_k, diag, sm_scale, softcap, slope2, window_left, window_right,
         seed, batch_g, head_g, q_start, kv_start, drop_threshold,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        UPCAST, DOT_PRECISION)
+        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX)
 
     # Rows that saw no key: out = 0, lse = -inf (flash-attn's convention).
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
-    out = acc * (drop_scale / l_safe)[:, None]  # drop_scale = 1 / (1 - p) for kept values
+    out = acc * (out_scale / l_safe)[:, None]
+    if OUT_ROUND_BITS > 0:  # the interpreter truncates fp32 -> bf16: round on the grid first
+        out = round_to_grid(out, OUT_ROUND_BITS)
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
 
     o_base = (out_ptr + tensor_b.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh
@@ -161,19 +187,23 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
 _attn_fwd_tuned = triton.autotune(
     configs=configs.FWD_CONFIGS,
     key=["seqlen_q", "seqlen_k", "HEAD_DIM", "HEAD_DIM_V", "WINDOW", "SOFTCAP", "ALIBI", "DROPOUT",
-         "VARLEN"],
+         "VARLEN", "FP8"],
     prune_configs_by={"early_config_prune": configs.prune_fwd},
     cache_results=True,
 )(_attn_fwd)
 
 
 def forward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: FlashParams, *,
-                 interpreted: bool) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Allocate out (B, Hq, Sq, DV) and lse (B, Hq, Sq); return them with the kernel's keyword
-    arguments (everything but the tile sizes). Works on meta tensors too (compile checks)."""
+                 interpreted: bool, descales: "tuple | None" = None,
+                 out_dtype: "torch.dtype | None" = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Allocate out (B, Hq, Sq, DV) in ``out_dtype`` (default q's dtype) and lse (B, Hq, Sq);
+    return them with the kernel's keyword arguments (everything but the tile sizes). Works on
+    meta tensors too (compile checks). ``descales`` (descale_q, descale_k, descale_v): the fp8
+    path (:func:`flash_forward_fp8`)."""
     batch, heads_q, seqlen_q, head_dim = q.shape
     _, heads_kv, seqlen_k, head_dim_v = v.shape
-    out = torch.empty((batch, heads_q, seqlen_q, head_dim_v), dtype=q.dtype, device=q.device)
+    out = torch.empty((batch, heads_q, seqlen_q, head_dim_v), dtype=out_dtype or q.dtype,
+                      device=q.device)
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
     args = dict(
         q_ptr=q, k_ptr=k, v_ptr=v, out_ptr=out, lse_ptr=lse,
@@ -184,6 +214,15 @@ def forward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Flas
         **params.kernel_scalars(),
         **params.kernel_flags(q.dtype, head_dim, head_dim_v, interpreted=interpreted),
     )
+    if descales is None:  # never read (FP8 off): any fp32 pointer will do
+        args.update({f"descale_{x}_ptr": lse for x in "qkv"},
+                    **{f"stride_d{x}{d}": 0 for x in "qkv" for d in "bh"},
+                    FP8=False, P_MANT=0, P_MIN_EXP=0, P_MAX=0.0, OUT_ROUND_BITS=0)
+    else:
+        args.update(fp8_args(v.dtype, descales, params.grid_rows(batch, seqlen_q, 1)[1],
+                             heads_kv, out.dtype, q.device, interpreted=interpreted))
+        # An 8-bit tl.dot needs K >= 32 (Triton's min_dot_size): pad Q·Kᵀ's head dim.
+        args["BLOCK_D"] = max(args["BLOCK_D"], FP8_MIN_DOT_K)
     return out, lse, args
 
 
@@ -198,6 +237,12 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Fla
     """
     interpreted = is_interpreted(_attn_fwd)
     out, lse, args = forward_args(q, k, v, params, interpreted=interpreted)
+    _launch(args, params, q, interpreted, config)
+    return out, lse
+
+
+def _launch(args: dict, params: FlashParams, q: torch.Tensor, interpreted: bool,
+            config: "configs.BlockConfig | None") -> None:
     # Packed: one program row per (sequence, head), as many query blocks as the longest has.
     seqlen_q, rows = params.grid_rows(q.shape[0], q.shape[2], q.shape[1])
     if config is None and not interpreted:
@@ -207,4 +252,94 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Fla
         _attn_fwd[(triton.cdiv(seqlen_q, config.block_m), rows)](
             **args, BLOCK_M=config.block_m, BLOCK_N=config.block_n, num_warps=config.num_warps,
             num_stages=config.num_stages)
+
+
+# -- fp8 -------------------------------------------------------------------------------------
+FP8_MIN_CAPABILITY = (8, 9)
+"""fp8 tl.dot (e4m3 and e5m2 tensor-core MMA) needs Ada (sm_89) or Hopper (sm_90) and later."""
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+FP8_MIN_DOT_K = 32
+"""Smallest K of an 8-bit tl.dot on NVIDIA GPUs: the padded head dim of Q·Kᵀ and BLOCK_N
+(the K of P·V; every autotuned config has BLOCK_N >= 64)."""
+
+
+def fp8_args(v_dtype: torch.dtype, descales: tuple, rows: int, heads_kv: int,
+             out_dtype: torch.dtype, device: torch.device, *, interpreted: bool) -> dict:
+    """The fp8 kernel arguments: the descales as (rows, Hkv) float32 views (a per-tensor or
+    per-row factor broadcast with stride 0, no copy of an fp32 tensor already on ``device``),
+    the grid P is rounded to (v's format), and the output rounding the interpreter needs."""
+    fmt = next((f for f in FORMATS.values() if f.torch_dtype == v_dtype), None)
+    if fmt is None:
+        raise ValueError(f"fp8 forward: v is {v_dtype}, expected one of "
+                         f"{[f.torch_dtype for f in FORMATS.values()]}")
+    args = {}
+    for name, d in zip("qkv", descales):
+        d = torch.as_tensor(d, dtype=torch.float32, device=device)
+        try:
+            d = torch.broadcast_to(d, (rows, heads_kv))
+        except RuntimeError:
+            raise ValueError(f"descale_{name}: shape {tuple(d.shape)} does not broadcast to "
+                             f"(batch rows or packed sequences, kv heads) = ({rows}, {heads_kv})"
+                             ) from None
+        args[f"descale_{name}_ptr"] = d
+        args[f"stride_d{name}b"], args[f"stride_d{name}h"] = d.stride()
+    return dict(args, FP8=True, P_MANT=fmt.mantissa_bits, P_MIN_EXP=fmt.min_normal_exp,
+                P_MAX=fmt.max_finite,
+                # Triton 3.9's interpreter truncates fp32 -> bf16 (fp16 casts round correctly);
+                # a GPU's cvt.rn rounds, and rounding there first would change nothing.
+                OUT_ROUND_BITS=7 if interpreted and out_dtype == torch.bfloat16 else 0,
+                # fp8 loads, dots and casts of on-grid values are exact in the interpreter
+                # (docs/fp8.md): the operands stay fp8 everywhere.
+                UPCAST=False)
+
+
+def check_fp8_device(device: torch.device) -> None:
+    """Raise if ``device`` is a GPU without fp8 tensor cores (compute capability < 8.9)."""
+    if device.type != "cuda":
+        return
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_MIN_CAPABILITY:
+        raise RuntimeError(
+            f"fp8 attention needs fp8 tensor cores (compute capability >= 8.9: Ada, Hopper or "
+            f"later); {torch.cuda.get_device_name(device)} is {capability[0]}.{capability[1]}")
+
+
+def flash_forward_fp8(q8: torch.Tensor, k8: torch.Tensor, v8: torch.Tensor, params: FlashParams,
+                      descale_q: torch.Tensor, descale_k: torch.Tensor, descale_v: torch.Tensor,
+                      out_dtype: torch.dtype = torch.bfloat16,
+                      config: "configs.BlockConfig | None" = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 forward (FlashAttention-3's precision): attention of q8 * descale_q, k8 * descale_k,
+    v8 * descale_v with every feature of :func:`flash_forward` but dropout.
+
+    q8 (B, Hq, Sq, D), k8 (B, Hkv, Sk, D), v8 (B, Hkv, Sk, DV): all float8_e4m3fn or all
+    float8_e5m2 (packed: B == 1 and ``params.cu_seqlens_*``). descale_* float32 (B, Hkv), one
+    factor per batch row and kv head (query head h uses kv head h // (Hq / Hkv)); a per-tensor
+    factor is passed broadcast to that shape (any shape that broadcasts is taken; packed: B is
+    1 or the number of sequences).
+
+    Roundings: S = q8·k8ᵀ accumulated in fp32, times descale_q * descale_k (folded into the
+    scale per program); online softmax in fp32; P (relative to the running max) rounded to v8's
+    fp8 grid before P·V, accumulated in fp32; out = acc / l * descale_v rounded once to
+    ``out_dtype``. Returns out (B, Hq, Sq, DV) in ``out_dtype`` and lse (B, Hq, Sq) float32 of
+    the dequantized scores (-inf and out 0 for rows that see no key).
+    """
+    dtypes = {q8.dtype, k8.dtype, v8.dtype}
+    if len(dtypes) != 1 or not any(f.torch_dtype in dtypes for f in FORMATS.values()):
+        raise ValueError(f"fp8 forward: q, k, v must all be float8_e4m3fn or all float8_e5m2, "
+                         f"got {q8.dtype}, {k8.dtype}, {v8.dtype}")
+    if params.dropout_p > 0:
+        raise ValueError("fp8 forward: dropout is not supported")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"fp8 forward: out_dtype {out_dtype} is not one of {OUT_DTYPES}")
+    if q8.shape[1] % k8.shape[1]:
+        raise ValueError(f"heads_q={q8.shape[1]} is not a multiple of heads_kv={k8.shape[1]}")
+    check_fp8_device(q8.device)
+    interpreted = is_interpreted(_attn_fwd)
+    if config is not None and not interpreted and config.block_n < FP8_MIN_DOT_K:
+        raise ValueError(f"fp8 forward: BLOCK_N {config.block_n} < {FP8_MIN_DOT_K}, the "
+                         "smallest K of an fp8 tl.dot (P·V) on a GPU")
+    out, lse, args = forward_args(q8, k8, v8, params, interpreted=interpreted,
+                                  descales=(descale_q, descale_k, descale_v), out_dtype=out_dtype)
+    _launch(args, params, q8, interpreted, config)
     return out, lse

@@ -22,6 +22,27 @@ def round_to_fp8_grid(x, MANTISSA_BITS: tl.constexpr, MIN_NORMAL_EXP: tl.constex
     exp = ((bits >> 23) & 0xFF) - 127  # zero and fp32 subnormals give -127: clamped below
     exp = tl.maximum(exp, MIN_NORMAL_EXP)
     spacing = ((exp - MANTISSA_BITS + 127) << 23).to(tl.float32, bitcast=True)
-    y = x / spacing  # exact: a power of two
+    # Multiply by 1 / spacing, built from its bits too: exact (a power of two, normal for every
+    # fp32 exponent). Not x / spacing: a compiled kernel's fp32 `/` is div.full.f32, an
+    # approximation (up to 2 ulp), which could move y off its integer and misround.
+    y = x * ((MANTISSA_BITS - exp + 127) << 23).to(tl.float32, bitcast=True)
     y = (y + _RINT_MAGIC) - _RINT_MAGIC
     return tl.minimum(tl.maximum(y * spacing, -MAX_FINITE), MAX_FINITE)
+
+
+@triton.jit
+def round_to_grid(x, MANTISSA_BITS: tl.constexpr):
+    """fp32 ``x`` rounded to the grid of a format with fp32's exponent range and
+    ``MANTISSA_BITS`` stored mantissa bits (bf16: 7), nearest, ties to even, still fp32.
+
+    Integer rounding of the fp32 bits: add half an ulp of the target minus one, plus the lowest
+    kept bit (ties go to even), then clear the dropped bits (unsigned: no overflow). A carry into the exponent is the
+    correct result (1.99 -> 2.0; the largest values round to inf, as a cast does), and fp32
+    subnormals are handled alike (bf16 shares them). Used before fp32 -> bf16 casts under
+    Triton 3.9's interpreter, which truncates them (kernels/flash_fwd.py).
+    """
+    DROP: tl.constexpr = 23 - MANTISSA_BITS
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + ((1 << (DROP - 1)) - 1) + ((bits >> DROP) & 1)
+    bits = (bits >> DROP) << DROP
+    return bits.to(tl.float32, bitcast=True)
