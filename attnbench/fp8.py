@@ -37,6 +37,16 @@ class Fp8Format:
         return 2.0 ** -(self.mantissa_bits + 1)
 
 
+P_PRESCALE = 256.0
+"""What a correct fp8 forward multiplies P (softmax numerators in (0, 1], relative to the row
+max) by before rounding it to fp8 for P·V, and divides out of the output: 2^8 keeps the diffuse
+part of a softmax clear of fp8's subnormals and zero (e4m3's smallest normal is 2^-6, values
+under 2^-10 round to 0), while the normaliser counts them unrounded. Without it a row whose
+mass is spread over thousands of keys beside a few hot ones loses that mass from the output
+only (flashinfer-ai/flashinfer#5020, ROCm/FlyDSL#1020; FlashAttention-4's fp8 ``max_offset =
+8``). 256 < 448, e4m3's largest value, so the row max's P = 1 never saturates (a kernel that
+keeps a stale max may exceed it: Dao-AILab/flash-attention#2717)."""
+
 FORMATS = {
     "fp8_e4m3": Fp8Format("fp8_e4m3", torch.float8_e4m3fn, 3, -6, 448.0),
     "fp8_e5m2": Fp8Format("fp8_e5m2", torch.float8_e5m2, 2, -14, 57344.0),

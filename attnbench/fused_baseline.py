@@ -54,7 +54,7 @@ from typing import Optional
 
 import torch
 
-from attnbench.fp8 import Fp8Format, round_to_fp8
+from attnbench.fp8 import P_PRESCALE, Fp8Format, round_to_fp8
 from attnbench.packing import backward_per_sequence, forward_per_sequence
 from attnbench.problem import AttnSpec, KeepMaskFn
 
@@ -201,6 +201,9 @@ class FusedBaseline:
     """fp8 forward (FA3's choice): P rounded to this fp8 format before P·V instead of to the
     inputs' dtype. The inputs are then the dequantized fp8 values in fp32 (exact), whose
     products and sums are what fp8 tensor cores compute."""
+    p_prescale: float = P_PRESCALE
+    """fp8: P is multiplied by this power of two before its rounding (and divided out after:
+    exact), see :data:`attnbench.fp8.P_PRESCALE`; 1 models a kernel without it."""
     out_dtype: Optional[torch.dtype] = None
     """The dtype O is rounded to once; None: the inputs' (an fp8 forward returns bf16)."""
 
@@ -270,8 +273,8 @@ class FusedBaseline:
                     keep = tiles.keep(q_pos, k_pos)
                     if keep is not None:
                         p = p.masked_fill(~keep, 0.0)
-                    p_op = (round_to_fp8(p, self.p_format) if self.p_format is not None
-                            else tiles.rounded(p))
+                    p_op = (round_to_fp8(p * self.p_prescale, self.p_format) / self.p_prescale
+                            if self.p_format is not None else tiles.rounded(p))
                     pv = torch.matmul(p_op, tiles.v[:, :, :, j0:j1])
                     acc[..., rows, :] = self.accumulate_pv(acc[..., rows, :], correction, pv,
                                                            q.dtype)

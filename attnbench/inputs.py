@@ -55,11 +55,31 @@ def _draw(case: Case) -> dict[str, torch.Tensor]:
             n_out = max(1, t.shape[-1] // 32)
             channels = torch.randperm(t.shape[-1], generator=gen)[:n_out]
             t[..., channels] *= factor
+    elif case.inputs == "sink":
+        _add_sink(case, tensors, gen)
     elif case.inputs == "loud_heads":
         for name in ("q", "k", "v"):
             heads = tensors[name].shape[1]
             tensors[name] *= (2.0 ** (torch.arange(heads) % 3 - 1.0))[None, :, None, None]
     return tensors
+
+
+SINK_GAP = 8.0
+"""How far (in logits) the sink key scores above a typical key: e^-8 ~ 3e-4, under e4m3's
+2^-10 rounding-to-zero threshold, so without pre-scaling every other key's P is lost."""
+
+
+def _add_sink(case: Case, tensors: dict, gen: torch.Generator) -> None:
+    """Every query leans towards one direction u (|u|^2 = D); the first key of each sequence
+    is u * SINK_GAP / sqrt(D), so its scaled score is ~SINK_GAP for every query."""
+    d = case.head_dim
+    u = torch.sign(torch.randn(d, generator=gen))
+    tensors["q"] = tensors["q"] * 0.5 + u
+    starts = [0]
+    if case.is_packed:  # the first key of every packed sequence
+        starts = [sum(case.seqlens_kv[:i]) for i in range(len(case.seqlens_kv))
+                  if case.seqlens_kv[i] > 0]
+    tensors["k"][:, :, starts, :] = u * (SINK_GAP / d ** 0.5)
 
 
 def make_inputs(case: Case, device: torch.device | str = "cpu"):

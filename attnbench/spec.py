@@ -50,7 +50,7 @@ DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16
                  "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
-INPUTS = ("normal", "large_logits", "outliers", "loud_heads")
+INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink")
 CP_ALGOS = ("ring", "zigzag", "allgather")
 
 # -- limits (every one is checked where a sweep is validated, before anything runs) ------------

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.fp8 import FORMATS
+from attnbench.fp8 import FORMATS, P_PRESCALE
 from attnbench.kernels import configs
 from attnbench.kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile, \
     sequence_of
@@ -44,10 +44,11 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
                    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    FP8: tl.constexpr, P_MANT: tl.constexpr, P_MIN_EXP: tl.constexpr,
-                   P_MAX: tl.constexpr):
+                   P_MAX: tl.constexpr, P_SCALE: tl.constexpr):
     """Online-softmax update of (acc, l_i, m_i) over key blocks [start, end). FP8: q, k, v
-    are fp8 (sm_scale has the descales of q and k folded in); P is rounded to v's fp8 grid
-    (P_MANT, P_MIN_EXP, P_MAX) before P·V."""
+    are fp8 (sm_scale has the descales of q and k folded in); P is scaled by P_SCALE (a power
+    of two: P lands in (0, P_SCALE], clear of fp8's subnormals) and rounded to v's fp8 grid
+    (P_MANT, P_MIN_EXP, P_MAX) before P·V; the output divides P_SCALE out."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -73,7 +74,7 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
         v = load_tile(v_base + k_idx[:, None] * stride_vn + offs_dv[None, :] * stride_vd,
                       k_idx, seqlen_k, offs_dv, HEAD_DIM_V, MASK, BLOCK_DV != HEAD_DIM_V, UPCAST)
         if FP8:  # round in fp32 first: the interpreter's fp32 -> fp8 cast is wrong on carries
-            p_v = round_to_fp8_grid(p, P_MANT, P_MIN_EXP, P_MAX).to(v.dtype)
+            p_v = round_to_fp8_grid(p * P_SCALE, P_MANT, P_MIN_EXP, P_MAX).to(v.dtype)
         else:
             p_v = p.to(v.dtype)
         # Accumulate inside the dot (the accumulator operand of wgmma): no second fp32 tile.
@@ -99,7 +100,8 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
               WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
               DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
               VARLEN: tl.constexpr, FP8: tl.constexpr, P_MANT: tl.constexpr,
-              P_MIN_EXP: tl.constexpr, P_MAX: tl.constexpr, OUT_ROUND_BITS: tl.constexpr):
+              P_MIN_EXP: tl.constexpr, P_MAX: tl.constexpr, P_SCALE: tl.constexpr,
+              OUT_ROUND_BITS: tl.constexpr):
     # Heaviest query blocks first (causal: the last rows see the most keys) to shorten the tail.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -135,7 +137,8 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
         descale_q = tl.load(descale_q_ptr + batch * stride_dqb + head_kv * stride_dqh)
         descale_k = tl.load(descale_k_ptr + batch * stride_dkb + head_kv * stride_dkh)
         sm_scale = sm_scale * (descale_q * descale_k)
-        out_scale = tl.load(descale_v_ptr + batch * stride_dvb + head_kv * stride_dvh)
+        # P·V carries P_SCALE (a power of two): divided out here, exactly
+        out_scale = tl.load(descale_v_ptr + batch * stride_dvb + head_kv * stride_dvh) / P_SCALE
 
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -154,19 +157,19 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
         start, full_start, seqlen_k, diag, sm_scale, softcap, slope2, window_left, window_right,
         seed, batch_g, head_g, q_start, kv_start, drop_threshold,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX)
+        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX, P_SCALE)
     acc, l_i, m_i = _fwd_key_range(
         acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         full_start, full_end, seqlen_k, diag, sm_scale, softcap, slope2, window_left,
         window_right, seed, batch_g, head_g, q_start, kv_start, drop_threshold,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX)
+        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX, P_SCALE)
     acc, l_i, m_i = _fwd_key_range(
         acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         full_end, end, seqlen_k, diag, sm_scale, softcap, slope2, window_left, window_right,
         seed, batch_g, head_g, q_start, kv_start, drop_threshold,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX)
+        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX, P_SCALE)
 
     # Rows that saw no key: out = 0, lse = -inf (flash-attn's convention).
     seen = l_i > 0.0
@@ -217,7 +220,8 @@ def forward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Flas
     if descales is None:  # never read (FP8 off): any fp32 pointer will do
         args.update({f"descale_{x}_ptr": lse for x in "qkv"},
                     **{f"stride_d{x}{d}": 0 for x in "qkv" for d in "bh"},
-                    FP8=False, P_MANT=0, P_MIN_EXP=0, P_MAX=0.0, OUT_ROUND_BITS=0)
+                    FP8=False, P_MANT=0, P_MIN_EXP=0, P_MAX=0.0, P_SCALE=1.0,
+                    OUT_ROUND_BITS=0)
     else:
         args.update(fp8_args(v.dtype, descales, params.grid_rows(batch, seqlen_q, 1)[1],
                              heads_kv, out.dtype, q.device, interpreted=interpreted))
@@ -284,7 +288,7 @@ def fp8_args(v_dtype: torch.dtype, descales: tuple, rows: int, heads_kv: int,
         args[f"descale_{name}_ptr"] = d
         args[f"stride_d{name}b"], args[f"stride_d{name}h"] = d.stride()
     return dict(args, FP8=True, P_MANT=fmt.mantissa_bits, P_MIN_EXP=fmt.min_normal_exp,
-                P_MAX=fmt.max_finite,
+                P_MAX=fmt.max_finite, P_SCALE=P_PRESCALE,
                 # Triton 3.9's interpreter truncates fp32 -> bf16 (fp16 casts round correctly);
                 # a GPU's cvt.rn rounds, and rounding there first would change nothing.
                 OUT_ROUND_BITS=7 if interpreted and out_dtype == torch.bfloat16 else 0,

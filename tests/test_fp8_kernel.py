@@ -25,12 +25,12 @@ import pytest
 import torch
 
 from attnbench.backends.triton_backend import flash_params
-from attnbench.fp8 import FORMATS, Fp8Format, Quantized, quantize, round_to_fp8
+from attnbench.fp8 import FORMATS, Fp8Format, Quantized, quantize
+from attnbench.fused_baseline import FusedBaseline
 from attnbench.kernels import flash_fwd
 from attnbench.kernels.configs import BlockConfig
 from attnbench.kernels.flash_fwd import flash_forward_fp8
 from attnbench.kernels.params import is_interpreted
-from attnbench.packing import forward_per_sequence
 from attnbench.problem import AttnSpec, alibi_slopes
 from attnbench.reference import reference_forward
 
@@ -49,40 +49,13 @@ at most 1.2e-2 (mostly 0: bit for bit)."""
 
 
 # -- the model ---------------------------------------------------------------------------------
-@torch.no_grad()
 def model_forward(q, k, v, spec: AttnSpec, p_format: Fp8Format, out_dtype: torch.dtype,
                   block_n: int = TILE.block_n):
     """fp32 q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv) holding the dequantized
-    values. Returns out (B, Hq, Sq, Dv) in ``out_dtype`` and lse (B, Hq, Sq) fp32."""
-    if spec.is_packed:
-        return forward_per_sequence(model_forward, q, k, v, spec, p_format, out_dtype, block_n)
-    batch, heads_q, seqlen_q, _ = q.shape
-    group = heads_q // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    heads = torch.arange(spec.head_start, spec.head_start + heads_q)
-    q_pos = torch.arange(spec.q_start, spec.q_start + seqlen_q)
-    m = torch.full((batch, heads_q, seqlen_q), float("-inf"))
-    denom = torch.zeros_like(m)
-    acc = torch.zeros(batch, heads_q, seqlen_q, v.shape[-1])
-    for j0 in range(0, k.shape[2], block_n):
-        j1 = min(k.shape[2], j0 + block_n)
-        k_pos = torch.arange(spec.kv_start + j0, spec.kv_start + j1)
-        s, _ = spec.score_block(q @ k[:, :, j0:j1].transpose(-1, -2), heads, q_pos, k_pos)
-        visible = spec.visible(q_pos, k_pos)
-        if visible is not None:
-            s = s.masked_fill(~visible, float("-inf"))
-        new_m = torch.maximum(m, s.amax(-1))
-        safe = torch.where(torch.isinf(new_m), torch.zeros_like(new_m), new_m)
-        p = torch.exp(s - safe[..., None])
-        alpha = torch.exp(m - safe)
-        denom = denom * alpha + p.sum(-1)  # fp32 P, before rounding (FA3)
-        acc = acc * alpha[..., None] + round_to_fp8(p, p_format) @ v[:, :, j0:j1]
-        m = new_m
-    seen = denom > 0
-    safe_denom = torch.where(seen, denom, torch.ones_like(denom))
-    out = torch.where(seen[..., None], acc / safe_denom[..., None], torch.zeros_like(acc))
-    lse = torch.where(seen, m + torch.log(safe_denom), torch.full_like(m, float("-inf")))
-    return out.to(out_dtype), lse
+    values. Returns out (B, Hq, Sq, Dv) in ``out_dtype`` and lse (B, Hq, Sq) fp32: the fused
+    fp8 model (FA3's roundings, P pre-scaled by P_PRESCALE) with the kernel's key tile."""
+    return FusedBaseline(block_k=block_n, p_format=p_format, out_dtype=out_dtype).forward(
+        q, k, v, spec)
 
 
 # -- inputs --------------------------------------------------------------------------------------

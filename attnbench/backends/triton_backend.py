@@ -28,11 +28,13 @@ import torch
 from attnbench.kernels.decode import decode_forward
 from attnbench.kernels.dropout import keep_mask as _kernel_keep_mask
 from attnbench.kernels.flash_bwd import flash_backward
-from attnbench.kernels.flash_fwd import _attn_fwd, flash_forward
+from attnbench.kernels.flash_fwd import (FP8_MIN_CAPABILITY, _attn_fwd, flash_forward,
+                                         flash_forward_fp8)
 from attnbench.kernels.params import FlashParams, dropout_threshold, is_interpreted
 
 from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.masks import PreparesOnce, call_key
+from attnbench.fp8 import descale_tensors
 from attnbench.paged import decode_cache, decode_queries, packed_like
 from attnbench.problem import AttnSpec
 from attnbench.records import TENSORS
@@ -94,6 +96,8 @@ class TritonBackend(PreparesOnce):
     # one launch per kernel for the whole pack, with cu_seqlens; decode: one cache length per
     # sequence (seqlens_kv)
     supports_packed = True
+    # fp8: the forward with fp8 tl.dot and (B, Hkv) descales (flash_forward_fp8), forward only
+    supports_fp8 = True
     # packed CP: each sequence's chunk placed in its sequence (AttnSpec.seq_q_start, ...), read
     # per sequence by the kernels, so a ring step is one launch for the whole local pack
     supports_packed_chunks = True
@@ -107,6 +111,10 @@ class TritonBackend(PreparesOnce):
             return f"head_dim {max(case.head_dim, case.head_dim_v)} > {MAX_HEAD_DIM}"
         if max(case.seqlen_q, case.seqlen_kv) > MAX_SEQLEN:
             return f"sequence longer than {MAX_SEQLEN}"
+        if case.dtype.startswith("fp8") and device.type == "cuda" \
+                and torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
+            return ("fp8 tl.dot needs fp8 tensor cores (compute capability >= 8.9); this GPU "
+                    "is {}.{}".format(*torch.cuda.get_device_capability(device)))
         return None
 
     def input_precision(self, case, device):
@@ -114,9 +122,9 @@ class TritonBackend(PreparesOnce):
         rounding them (measured: a -2.8e-3 mean bias, twice the RMS error of round-to-nearest)
         and our kernels keep P in fp32 there, so half-precision results are not a fused kernel's:
         judged like naive. fp32, and everything on a GPU, is judged as a fused kernel."""
-        if is_interpreted(_attn_fwd) and case.dtype != "fp32":
+        if is_interpreted(_attn_fwd) and case.dtype in ("fp16", "bf16"):
             return TENSORS
-        return ()
+        return ()  # fp8: its bf16 output is rounded to nearest in the kernel (round_to_grid)
 
     def forward(self, q, k, v, spec: AttnSpec) -> Forward:
         if q.shape[1] % k.shape[1]:
@@ -124,6 +132,12 @@ class TritonBackend(PreparesOnce):
         params = flash_params(spec)
         if spec.decode:
             return self.decode(q, k, v, spec, params)
+        if spec.fp8_format:  # forward only; the descale tensors are built once per case
+            descales = self.prepared.get(
+                call_key(spec, q, k, "descale"),
+                lambda: descale_tensors(spec, q.shape[0], k.shape[1], q.device))
+            out, lse = flash_forward_fp8(q, k, v, params, *descales)
+            return Forward(out=out, lse=lse, ctx=None)
         out, lse = flash_forward(q, k, v, params)
         return Forward(out=out, lse=lse, ctx=_Context(q, k, v, out, lse, params))
 

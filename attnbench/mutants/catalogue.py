@@ -18,7 +18,7 @@ class Mutant:
     """``module:object`` of the backend."""
     number: str
     """Catalogue number (issue 7's list 1-12, issue 12's 13-16, issue 15's 17-22: packed
-    batches 17-18, decode 19-21, packed CP 22; issue 16's fp8 23-24), or "extra" for classes
+    batches 17-18, decode 19-21, packed CP 22; issue 16's fp8 23-25), or "extra" for classes
     added from public reports."""
     bug: str
     """The bug class in one line."""
@@ -162,6 +162,12 @@ CATALOGUE: tuple[Mutant, ...] = (
            "index, not its KV head's", report="ROCm/aiter#3894 (wrong flat index into the "
            "per-head KV scale buffer); sgl-project/sgl-kernel-xpu#252",
            exposed_by="fp8_scaling: head, GQA/MQA, heads of different scales (loud_heads)",
+           fp8=True),
+    Mutant(name="mutant.fp8_p_no_prescale", ref=f"{M}.fp8:Fp8PNoPrescale", number="25",
+           bug="fp8: P cast to fp8 from (0, 1] without pre-scaling (diffuse softmax mass "
+           "underflows in P·V, the normaliser keeps it)",
+           report="flashinfer-ai/flashinfer#5020; ROCm/FlyDSL#1020",
+           exposed_by="fp8 with an attention sink (inputs: sink), the longer the row the more",
            fp8=True),
 )
 

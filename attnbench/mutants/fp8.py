@@ -8,6 +8,8 @@ would hide a small one.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from attnbench.fp8 import dequantize_call, descale_tensors
@@ -60,3 +62,14 @@ class Fp8DescaleKByQueryHead(FusedModel):
 
     def dequantized(self, q, k, v, spec):
         return descale_k_by_query_head(q, k, v, spec, torch.float32)
+
+
+class Fp8PNoPrescale(FusedModel):
+    """P cast to fp8 straight from (0, 1], without the 2^8 pre-scale: probabilities under
+    e4m3's 2^-10 become 0 in P·V while the normaliser still counts them, so a row whose mass is
+    spread over many keys beside a hot one loses that mass from the output only; random inputs
+    barely show it, an attention sink does (flashinfer-ai/flashinfer#5020, SM120 fp8 prefill;
+    ROCm/FlyDSL#1020: rows kept 64 % of their weight)."""
+
+    name = "mutant.fp8_p_no_prescale"
+    model = dataclasses.replace(FusedModel.model, p_prescale=1.0)  # BUG: P not pre-scaled
