@@ -2,7 +2,8 @@
 
     pass  8d51d813c1  sdpa bf16 b1 s128/128 h8/2 d64 GQA causal seed0  fwd 0.212 ms 41.2 TFLOP/s 4.2% peak | bwd 0.655 ms 33.4 TFLOP/s 3.4% peak
 
-(one line per case, so ``grep`` and ``sort`` work on it)
+(one line per case, so ``grep`` and ``sort`` work on it; an fp8 case adds its error split:
+kernel vs quantization, :mod:`attnbench.fp8_accuracy`)
 
 ``% peak`` is against the datasheet peak of the exact GPU kind (``timing.<d>.pct_peak``), else
 against the matmul peak the worker measured (``% measured``); ``?`` where neither is known (a
@@ -48,8 +49,22 @@ def case_lines(records: Iterable[dict]) -> Iterator[str]:
     """One line per case, sorted by label: verdict, id, label, times, reason."""
     for r in sorted(records, key=lambda r: str(r.get("label", ""))):
         timing = r.get("timing") or {}
-        forward_only = (r.get("case") or {}).get("backward") is False
-        times = " | ".join(t for t in (direction_text(d, timing.get(d) or {}, forward_only)
+        # decode reads a cache for a handful of queries: memory-bound, GB/s is its figure
+        # (a forward-only fp8 or backward: false case is still compute-bound: TFLOP/s)
+        memory_bound = (r.get("case") or {}).get("decode") is True
+        times = " | ".join(t for t in (direction_text(d, timing.get(d) or {}, memory_bound)
                                        for d in ("fwd", "bwd")) if t)
         reason = f"  {r['reason']}" if r.get("reason") else ""
-        yield f"  {r['verdict']:<11} {str(r['id'])[:10]}  {r.get('label', '')}  {times}{reason}"
+        yield (f"  {r['verdict']:<11} {str(r['id'])[:10]}  {r.get('label', '')}  {times}"
+               f"{fp8_text(r)}{reason}")
+
+
+def fp8_text(record: dict) -> str:
+    """`` | fp8 error: kernel 0.016, quantization 0.040`` for an fp8 case (accuracy.fp8)."""
+    split = (record.get("accuracy") or {}).get("fp8")
+    if not isinstance(split, dict):
+        return ""
+    kernel, quant = _number(split.get("kernel_rel_l2")), _number(split.get("quantization_rel_l2"))
+    if not (math.isfinite(kernel) and math.isfinite(quant)):
+        return ""
+    return f" | fp8 error: kernel {kernel:.2g}, quantization {quant:.2g}"

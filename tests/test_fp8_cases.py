@@ -186,3 +186,16 @@ def test_flash_attn3_adapter_hands_fa3_its_fp8_layout(monkeypatch):
     assert seen["shapes"] == ((2, 64, 4, 32), (2, 2), (2, 2))
     exact, _ = reference_forward(*fp8.dequantized(), spec)
     assert out.shape == (2, 4, 64, 32) and tensor_errors(out, exact)["rel_l2"] < 2.0 ** -8
+
+
+def test_show_lines_give_fp8_throughput_in_tflops_and_the_error_split():
+    """A forward-only fp8 case is compute-bound (TFLOP/s, not decode's GB/s), and its line
+    says how much of its error is the kernel's."""
+    from attnbench.case_lines import case_lines
+
+    one_sample = RunOptions(timeout_s=120, timing=TimingOptions(
+        warmup=0, warmup_ms=0, min_samples=1, max_samples=1, max_seconds=0.2))
+    record = run_case(make_case("t", dict(backend="naive", **FP8)), one_sample)
+    line = next(case_lines([record]))
+    assert "TFLOP/s" in line and "GB/s" not in line
+    assert "fp8 error: kernel" in line and "quantization" in line
