@@ -57,7 +57,7 @@ class StatusWriter:
             out.update(total=progress.total + progress.already, already=progress.already,
                        done=progress.done, counts=dict(progress.counts), rate=rate,
                        eta_s=left / rate if rate else None, in_flight=len(run.in_flight),
-                       queued=len(run.todo), workers=len(run.workers),
+                       queued=run.queued(), workers=len(run.workers),
                        devices=sum(w.devices for w in run.workers),
                        running={} if state in FINAL else self.running)
         return out

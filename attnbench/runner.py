@@ -306,6 +306,10 @@ class SweepRun:
                 self.todo.append(case)
         self.todo.reverse()
 
+    def queued(self) -> int:
+        """Cases not yet handed to a worker."""
+        return len(self.todo)
+
     def limit(self) -> int:
         return max(2, 2 * sum(w.devices for w in self.workers))
 
@@ -362,6 +366,11 @@ class SweepRun:
             record = make_record(flight.case, verdict="lost",
                                  reason=f"{type(exc).__name__}: {str(exc)[:300]}",
                                  attempt=self.attempts[flight.case.id])
+        self.accept(flight.case, record)
+
+    def accept(self, case: Case, record) -> None:
+        """A worker's answer for ``case`` (a record, or its JSON text), checked, then written."""
+        flight = _Flight(case, None)
         if isinstance(record, str):  # run_case_task_text
             try:
                 record = json.loads(record)
@@ -412,7 +421,7 @@ class SweepRun:
                             f"{self.summary.written} records written by this run, "
                             f"{in_flight_count} cases in flight not recorded")
 
-    def look_at_workers(self) -> None:
+    def refresh_workers(self) -> None:
         try:
             if self.conn.client.status not in ("running", "newly-created"):
                 raise OSError(f"client status {self.conn.client.status}")
@@ -420,6 +429,9 @@ class SweepRun:
         except OSError:  # CommClosedError and timeouts included
             raise self.scheduler_lost(len(self.in_flight)) from None
         self.seen.update((w.address, w) for w in self.workers)
+
+    def look_at_workers(self) -> None:
+        self.refresh_workers()
         now = time.monotonic()
         for flight in list(self.in_flight.values()):
             self._check_stuck(flight, now)

@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 import psutil  # noqa: E402  (a dependency of distributed)
 
 from attnbench.cluster import Connection  # noqa: E402
-from attnbench.runner import Progress, SweepRun  # noqa: E402
+from attnbench.lanes import DISPATCHES, make_run  # noqa: E402
+from attnbench.runner import Progress  # noqa: E402
 from attnbench.simulation import lease_overlaps  # noqa: E402
 from attnbench.spec import load_sweep  # noqa: E402
 from attnbench.store import RunStore, load_records  # noqa: E402
@@ -63,6 +64,7 @@ class Cluster:
         self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), self.env.get("PYTHONPATH", "")])
         self.procs: list[subprocess.Popen] = []
         self.workers: dict[str, subprocess.Popen] = {}
+        self.kind_of: dict[str, str] = {}
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
         proc = subprocess.Popen(argv, stdout=open(self.tmp / f"{name}.log", "w"),
@@ -81,6 +83,7 @@ class Cluster:
         return json.loads(info.read_text())["address"], proc.pid
 
     def worker(self, name: str, address: str, kind: str, gpus: int) -> None:
+        self.kind_of[name] = kind
         self.workers[name] = self._start(name, [
             sys.executable, "-m", "attnbench.cli", "worker", "--scheduler", address, "--name",
             name, "--kind", kind, "--simulate-gpus", str(gpus), "--case-seconds",
@@ -163,7 +166,22 @@ class Churn:
                                    f"{'leaves (SIGTERM)' if what == 'leave' else 'SIGKILLed'}")
 
 
-def analyse(records: list[dict], lines: int, cases: int, sampler: Sampler) -> dict:
+def _idle(records: list[dict], presence: dict, devices: dict, t0: float) -> tuple[float, float]:
+    """(busy, available) device-seconds from ``t0`` until fewer of these records' cases were
+    left than devices: after that, idle devices are the sweep's tail, not the scheduler's
+    doing."""
+    ends = sorted(r["env"]["lease_end"] for r in records)
+    at_end = sum(devices.get(n, 0) for n, (_, last) in presence.items() if last >= ends[-1] - 2)
+    t1 = ends[max(0, len(ends) - max(at_end, 1) - 1)]
+    busy = sum(max(0.0, min(r["env"]["lease_end"], t1) - max(r["env"]["lease_start"], t0))
+               * len(r["env"]["lease"]) for r in records)
+    available = sum(devices.get(name, 0) * max(0.0, min(last, t1) - max(first, t0))
+                    for name, (first, last) in presence.items())
+    return busy, available
+
+
+def analyse(records: list[dict], lines: int, cases: int, sampler: Sampler,
+            kind_of: dict[str, str]) -> dict:
     """Lease overlaps, idle share, rates -- from the journal alone (plus worker presence)."""
     overlaps = lease_overlaps(records)
     starts = sorted(r["env"]["lease_start"] for r in records)
@@ -171,15 +189,20 @@ def analyse(records: list[dict], lines: int, cases: int, sampler: Sampler) -> di
     t0 = starts[0]
     devices_at_end = sum(sampler.devices.get(n, 0) for n, (_, last) in sampler.presence.items()
                          if last >= ends[-1] - 2)
-    # The window in which cases were waiting for devices: after it, fewer cases are left than
-    # GPUs, and idle devices are the sweep's tail, not the scheduler's doing.
     t1 = ends[max(0, len(ends) - max(devices_at_end, 1) - 1)]
-    busy = sum(max(0.0, min(r["env"]["lease_end"], t1) - max(r["env"]["lease_start"], t0))
-               * len(r["env"]["lease"]) for r in records)
-    available = sum(sampler.devices.get(name, 0) * max(0.0, min(last, t1) - max(first, t0))
-                    for name, (first, last) in sampler.presence.items())
+    # Per kind: a device idles "because of scheduling" only while cases of its own kind wait
+    # (with kinds of unequal capacity, one kind's devices run out of work first).
+    busy = available = 0.0
+    for kind in sorted(set(kind_of.values())):
+        mine = [r for r in records if r["env"].get("worker_kind") == kind]
+        if mine:
+            b, a = _idle(mine, {n: p for n, p in sampler.presence.items()
+                                if kind_of.get(n) == kind}, sampler.devices, t0)
+            busy, available = busy + b, available + a
+    all_busy, all_available = _idle(records, sampler.presence, sampler.devices, t0)
     in_window = sum(1 for e in ends if t0 <= e <= t1)
     return {"overlaps": overlaps, "idle_share": 1 - busy / available if available else None,
+            "idle_all": 1 - all_busy / all_available if all_available else None,
             "window_s": t1 - t0, "rate_window": in_window / (t1 - t0) if t1 > t0 else None,
             "span_s": ends[-1] - t0, "distinct": len({r["id"] for r in records}), "lines": lines,
             "lost": sum(r["verdict"] == "lost" for r in records),
@@ -197,6 +220,8 @@ def main() -> int:
     parser.add_argument("--no-churn", action="store_true")
     parser.add_argument("--window", type=float, default=2.0,
                         help="cases in flight per device (the driver's default: 2)")
+    parser.add_argument("--dispatch", choices=DISPATCHES, default="lanes",
+                        help="a Dask task per case, or lanes that pull cases (attnbench/lanes.py)")
     parser.add_argument("--profile", action="store_true", help="cProfile the driver loop")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
     args = parser.parse_args()
@@ -241,7 +266,7 @@ def main() -> int:
         cpu_start = dict(sampler.cpu)
         churn = None if args.no_churn else Churn(cluster, address, kinds, args.per_worker)
         with open(tmp / "progress.log", "w") as progress_log:
-            run = SweepRun(store, conn, Progress(0, 0, progress_log))
+            run = make_run(store, conn, Progress(0, 0, progress_log), dispatch=args.dispatch)
             total = len(run.cases)
             run.limit = lambda: max(2, int(args.window * sum(w.devices for w in run.workers)))
             if churn is not None:
@@ -268,7 +293,7 @@ def main() -> int:
         store.close()
         lines = len((tmp / "run" / "records.jsonl").read_text().splitlines())
         records = load_records(tmp / "run")
-        found = analyse(records, lines, len(sweep.cases), sampler)
+        found = analyse(records, lines, len(sweep.cases), sampler, cluster.kind_of)
         client.close()
     finally:
         cluster.stop()
@@ -281,7 +306,8 @@ def main() -> int:
           f"the whole run ({summary.written} in {summary.wall_s:.0f} s); "
           f"{found['rate_window']:.0f} cases/s while every GPU had work "
           f"({found['window_s']:.0f} s); ideal {args.gpus / args.case_seconds:.0f} cases/s")
-    print(f"idle: {100 * found['idle_share']:.1f} % of GPU time idle while cases were waiting")
+    print(f"idle: {100 * found['idle_share']:.1f} % of GPU time idle while cases of its kind were "
+          f"waiting ({100 * found['idle_all']:.1f} % while any case was waiting)")
     print(f"memory: driver peak RSS {sampler.peak_driver / 2**20:.0f} MiB, scheduler peak RSS "
           f"{sampler.peak_scheduler / 2**20:.0f} MiB")
     print(f"journal: {spent[1]} appends, {spent[1] / spent[0]:.0f} appends/s inside "
