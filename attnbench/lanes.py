@@ -108,7 +108,6 @@ class _Lane:
     worker: str
     devices: int
     future: object = None
-    gone_since: Optional[float] = None
     comm: object = None
 
 
@@ -145,6 +144,7 @@ class LaneRun(SweepRun):
         self.deaths: collections.Counter = collections.Counter()
         self.failures: collections.Counter = collections.Counter()  # worker -> failed in a row
         self.held_groups: dict[tuple, float] = {}
+        self.orphans: dict[str, tuple[float, _Lane]] = {}  # lanes whose worker left, since
         self.stopping = False
         self.comms: set = set()
         self.listener = None
@@ -356,15 +356,19 @@ class LaneRun(SweepRun):
         alive = {w.address for w in self.workers}
         now = time.monotonic()
         with self.lock:
-            gone = [lane for lane in self.lanes.values() if lane.worker not in alive]
-        cancel = [lane.future for lane in gone if lane.gone_since is None]
-        for lane in gone:
-            lane.gone_since = lane.gone_since or now
-            if now - lane.gone_since > self.worker_wait_s and lane.comm is not None:
-                # Its worker is gone but the connection never closed (a partition): cut it.
-                self.conn.client.loop.add_callback(lane.comm.abort)
-                with self.lock:
-                    self.lanes.pop(lane.key, None)
+            gone = [lane for lane in self.lanes.values()
+                    if lane.worker not in alive and lane.key not in self.orphans]
+            for lane in gone:
+                self.orphans[lane.key] = (now, lane)
+            for key, (since, lane) in list(self.orphans.items()):
+                if key not in self.in_flight:
+                    del self.orphans[key]
+                elif now - since > self.worker_wait_s and lane.comm is not None:
+                    # Its worker left but the connection stays open (a partition): cutting it
+                    # puts the case back in the queue.
+                    self.conn.client.loop.add_callback(lane.comm.abort)
+                    del self.orphans[key]
+        cancel = [lane.future for lane in gone if lane.future is not None]
         if cancel:
             with contextlib.suppress(Exception):
                 self.conn.client.cancel(cancel)
@@ -395,14 +399,18 @@ class LaneRun(SweepRun):
                 comm.abort()
 
         with contextlib.suppress(Exception):
-            if futures:
+            if futures and self.conn.client.status == "running":
                 self.conn.client.cancel(futures)
             self.conn.client.sync(close)
 
 
-def make_run(store, conn, progress: Progress, worker_wait_s: float = 60.0,
-             dispatch: str = "tasks") -> SweepRun:
+def run_class(dispatch: str) -> type:
     """The run loop for ``dispatch``: ``tasks`` (a Dask task per case) or ``lanes``."""
     if dispatch not in DISPATCHES:
         raise ValueError(f"dispatch: got {dispatch!r}, expected one of {', '.join(DISPATCHES)}")
-    return (LaneRun if dispatch == "lanes" else SweepRun)(store, conn, progress, worker_wait_s)
+    return LaneRun if dispatch == "lanes" else SweepRun
+
+
+def make_run(store, conn, progress: Progress, worker_wait_s: float = 60.0,
+             dispatch: str = "tasks") -> SweepRun:
+    return run_class(dispatch)(store, conn, progress, worker_wait_s)

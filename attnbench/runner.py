@@ -95,7 +95,9 @@ class Progress:
             print(printable(f"  {record['verdict'].upper():8s} {record['id'][:10]} "
                             f"{record['label']}: {record['reason']}", 2000), file=self.stream)
         now = time.perf_counter()
-        if self.tty or now - self.last_print > 5 or self.done == self.total:
+        # A terminal is redrawn at most 10 times a second: at hundreds of records a second a
+        # redraw per record would cost the driver more than writing the records.
+        if now - self.last_print > (0.1 if self.tty else 5) or self.done == self.total:
             self.last_print = now
             self._line()
 
@@ -190,11 +192,14 @@ def _interleave_by_kind(cases: list[Case]) -> list[Case]:
 
 def run_pending(store: RunStore, conn: Connection, stream: Optional[TextIO] = None, *,
                 worker_wait_s: float = 60.0, quiet: bool = False,
-                on_tick: Optional[Callable[["SweepRun"], None]] = None) -> RunSummary:
+                on_tick: Optional[Callable[["SweepRun"], None]] = None,
+                run_class: Optional[type] = None) -> RunSummary:
     """Run the store's pending cases on ``conn``; see the module docstring for the rules.
     ``on_tick`` is called once a second (``attnbench cancel``, the driver's status file); it
-    stops the run, as Ctrl-C does, by raising :class:`Stop`."""
-    run = SweepRun(store, conn, Progress(0, len(store.done), stream, quiet), worker_wait_s)
+    stops the run, as Ctrl-C does, by raising :class:`Stop`. ``run_class``: :class:`SweepRun`
+    (default) or :class:`attnbench.lanes.LaneRun`."""
+    run = (run_class or SweepRun)(store, conn, Progress(0, len(store.done), stream, quiet),
+                                  worker_wait_s)
     run.on_tick = on_tick
     return run.run()
 
