@@ -115,6 +115,7 @@ class _Lane:
 class _Held:
     """What one lane connection holds (read and written under the run's lock)."""
     lane: Optional[str] = None
+    worker: str = ""
     cases: list = field(default_factory=list)
 
 
@@ -141,7 +142,7 @@ class LaneRun(SweepRun):
         self.resources: dict[tuple, dict] = {}
         self.group_of: dict[str, tuple] = {}
         self.lanes: dict[str, _Lane] = {}
-        self.deaths: collections.Counter = collections.Counter()
+        self.deaths: dict[str, set[str]] = collections.defaultdict(set)  # case -> workers
         self.failures: collections.Counter = collections.Counter()  # worker -> failed in a row
         self.held_groups: dict[tuple, float] = {}
         self.orphans: dict[str, tuple[float, _Lane]] = {}  # lanes whose worker left, since
@@ -257,6 +258,7 @@ class LaneRun(SweepRun):
             if self.stopping or not queue:
                 return {"cases": []}
             lane.comm = comm
+            held.worker = lane.worker
             case = queue.popleft()
             held.cases.append(case)
             self.in_flight[held.lane] = _Flight(case, lane.future)
@@ -271,13 +273,14 @@ class LaneRun(SweepRun):
             if not held.cases or self.stopping:
                 return
             first = held.cases[0]
-            self.deaths[first.id] += 1
+            # Counted once per worker, as Dask does: a killed worker's other lanes may still
+            # have sent a request, be handed the case again and close at once.
+            self.deaths[first.id].add(held.worker)
             back = held.cases
-            if self.deaths[first.id] >= self.allowed_failures:
-                lane = self.lanes.get(held.lane)
+            if len(self.deaths[first.id]) >= self.allowed_failures:
                 self.done.put(("lost", first, (
-                    f"KilledWorker: the worker running it died {self.deaths[first.id]} times "
-                    f"(last: {lane.worker if lane else held.lane})")))
+                    f"KilledWorker: {len(self.deaths[first.id])} workers died while running it "
+                    f"(last: {held.worker})")))
                 back = held.cases[1:]
             self.queues[self.group_of[first.id]].extendleft(reversed(back))
             held.cases = []

@@ -183,6 +183,8 @@ def _idle(records: list[dict], presence: dict, devices: dict, t0: float) -> tupl
 def analyse(records: list[dict], lines: int, cases: int, sampler: Sampler,
             kind_of: dict[str, str]) -> dict:
     """Lease overlaps, idle share, rates -- from the journal alone (plus worker presence)."""
+    lost = sum(r["verdict"] == "lost" for r in records)
+    records = [r for r in records if (r.get("env") or {}).get("lease_start") is not None]
     overlaps = lease_overlaps(records)
     starts = sorted(r["env"]["lease_start"] for r in records)
     ends = sorted(r["env"]["lease_end"] for r in records)
@@ -205,7 +207,7 @@ def analyse(records: list[dict], lines: int, cases: int, sampler: Sampler,
             "idle_all": 1 - all_busy / all_available if all_available else None,
             "window_s": t1 - t0, "rate_window": in_window / (t1 - t0) if t1 > t0 else None,
             "span_s": ends[-1] - t0, "distinct": len({r["id"] for r in records}), "lines": lines,
-            "lost": sum(r["verdict"] == "lost" for r in records),
+            "lost": lost,
             "devices_at_end": devices_at_end}
 
 
