@@ -175,6 +175,7 @@ class LaneRun(SweepRun):
                             self.on_tick(self)
                         next_look = time.monotonic() + 1.0
                     self.start_lanes()
+                    self.store.flush()  # the batch's records, one write for them all
             except KeyboardInterrupt:
                 self.summary.interrupted = True
             except ClusterError:
@@ -183,6 +184,7 @@ class LaneRun(SweepRun):
                 raise
             finally:
                 self._shutdown()
+                self.store.flush()
         if self.summary.not_run:
             self.progress.note(f"{self.summary.not_run} cases not run (no worker left that can "
                                "run them); they stay pending")
@@ -213,7 +215,6 @@ class LaneRun(SweepRun):
                                        attempt=self.attempts[subject.id]))
             else:
                 self._lane_ended(subject)
-        self.store.sync()
 
     # -- the connection to the lanes (on the client's event loop) ------------------------------
     def _listen(self) -> None:

@@ -251,6 +251,7 @@ class SweepRun:
                             self.on_tick(self)
                         next_look = time.monotonic() + TICK_S
                     self.submit_more()
+                    self.store.flush()  # the batch's records, one write for them all
             except KeyboardInterrupt:
                 self.summary.interrupted = True
                 for flight in self.in_flight.values():
@@ -260,6 +261,8 @@ class SweepRun:
                 for name in ("distributed.client", "distributed.batched", "distributed.core"):
                     logging.getLogger(name).setLevel(logging.CRITICAL)  # no reconnect noise
                 raise
+            finally:
+                self.store.flush()
         if self.summary.not_run:
             self.progress.note(f"{self.summary.not_run} cases not run (no worker left that can "
                                "run them); they stay pending")
@@ -283,7 +286,6 @@ class SweepRun:
         results = self._gather(batch)
         for fut in batch:
             self.collect(fut, results.get(fut.key, _NOT_GATHERED))
-        self.store.sync()
 
     def _gather(self, batch: list) -> dict:
         """Results of the batch's finished futures by key; {} when they must be asked one by
@@ -389,15 +391,17 @@ class SweepRun:
                 f"the worker returned a record for case {got!r}: does it run another attnbench "
                 f"version ({env.get('attnbench') if isinstance(env, dict) else '?'})?"),
                 attempt=self.attempts[flight.case.id])
+        text = None
         try:  # what the journal cannot hold (NaN, a foreign shape) must not stop the run
             check_record("", record)
-            json.dumps(record, allow_nan=False)
+            text = json.dumps(record, separators=(",", ":"), allow_nan=False)
         except (ValueError, TypeError) as exc:
             record = make_record(flight.case, verdict="error", attempt=self.attempts[
                 flight.case.id], reason=f"the worker's record cannot be stored: {exc}"[:400])
-        self.write(record)
+        self.write(record, text)
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict, text: Optional[str] = None) -> None:
+        """Append ``record`` (``text``: its JSON) once; the run loop flushes each batch."""
         if self.store.done.get(record["id"]) is not self.before.get(record["id"]):
             self.summary.duplicated += 1
             log.warning("a second result for case %s arrived; the journal keeps the first",
@@ -406,7 +410,7 @@ class SweepRun:
         with self.interrupts.deferred():
             # Counted with the append: an interrupt honoured right after it must not leave the
             # summary one record short of the journal.
-            note = self.store.append(record)
+            note = self.store.append(record, text=text, flush=False)
             self.summary.written += 1
             self.summary.counts[record["verdict"]] += 1
             self.summary.inside_s += record.get("duration_s") or 0.0
