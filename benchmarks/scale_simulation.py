@@ -12,7 +12,7 @@ run: at 20 % of the records one more worker joins, at 40 % one leaves cleanly (S
 60 % one is SIGKILLed mid-case.
 
 Prints: cases per second through the driver (overall and while every GPU had work), driver
-and scheduler peak RSS, journal appends per second (time inside ``RunStore.append``), the share
+and scheduler peak RSS, journal appends per second (time inside ``RunStore.append`` and ``.flush``), the share
 of GPU time idle while cases were waiting, and the checks: no device leased twice at once (from
 the records' ``env.lease_start``/``lease_end``), no case lost or duplicated.
 
@@ -250,17 +250,22 @@ def main() -> int:
         client.wait_for_workers(workers, timeout=600)
         conn = Connection(client, None, args.gpus, where=f"scheduler {address}")
         store = RunStore(tmp / "run", sweep, command=["scale_simulation"])
-        append = store.append
+        append, flush = store.append, store.flush
         spent = [0.0, 0]
 
-        def timed_append(record):
+        def timed_append(record, **kwargs):
             t = time.perf_counter()
-            note = append(record)
+            note = append(record, **kwargs)
             spent[0] += time.perf_counter() - t
             spent[1] += 1
             return note
 
-        store.append = timed_append
+        def timed_flush():
+            t = time.perf_counter()
+            flush()
+            spent[0] += time.perf_counter() - t
+
+        store.append, store.flush = timed_append, timed_flush
         sampler = Sampler(conn, scheduler_pid, cluster)
         sampler.start()
         cpu_before = psutil.Process().cpu_times()
@@ -282,6 +287,8 @@ def main() -> int:
             summary = run.run()
             if profiler is not None:
                 profiler.disable()
+        print(f"{time.strftime('%H:%M:%S')} run done in {summary.wall_s:.0f} s; analysing",
+              flush=True)
         sampler.stop_event.set()
         sampler.join()
         sampler.sample_cpu()
@@ -297,6 +304,7 @@ def main() -> int:
         records = load_records(tmp / "run")
         found = analyse(records, lines, len(sweep.cases), sampler, cluster.kind_of)
         client.close()
+        print(f"{time.strftime('%H:%M:%S')} analysed; stopping the cluster", flush=True)
     finally:
         cluster.stop()
     for event in (churn.events if churn else []):
@@ -313,7 +321,8 @@ def main() -> int:
     print(f"memory: driver peak RSS {sampler.peak_driver / 2**20:.0f} MiB, scheduler peak RSS "
           f"{sampler.peak_scheduler / 2**20:.0f} MiB")
     print(f"journal: {spent[1]} appends, {spent[1] / spent[0]:.0f} appends/s inside "
-          f"RunStore.append ({1e3 * spent[0] / spent[1]:.2f} ms each, fsync included)")
+          f"RunStore.append and .flush ({1e3 * spent[0] / spent[1]:.2f} ms each, "
+          f"write and fsync included)")
     per = 1e3 / max(1, summary.written)
     print(f"CPU per case: driver process {driver_cpu * per:.2f} ms (its Dask client included), "
           f"scheduler {scheduler_cpu * per:.2f} ms, workers {workers_cpu * per:.2f} ms "
