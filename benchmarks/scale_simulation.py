@@ -1,20 +1,25 @@
 """How the orchestration holds up at hundreds of GPUs, simulated on one box.
 
-    python benchmarks/scale_simulation.py [--cases 100000] [--gpus 256] [--per-worker 32]
-        [--kinds 3] [--case-seconds 1.0] [--tp 1] [--no-churn] [--profile]
+    python benchmarks/scale_simulation.py [--cases 100000] [--gpus 288] [--per-worker 32]
+        [--kinds 3] [--case-seconds 1.0] [--tp 1] [--dispatch lanes|tasks] [--no-churn]
+        [--profile]
+
+288 GPUs by default: 9 workers, 3 of each kind, so that the kinds have equal capacity (with 8,
+one kind has less and its cases finish last while the others' devices wait).
 
 Starts on loopback a `dask scheduler` and ``gpus / per-worker`` `attnbench worker
 --simulate-gpus` processes of ``kinds`` kinds (cases lease real device ids from the workers'
 lease tables, then sleep ``case-seconds``: attnbench/simulation.py), and drives a sweep of
-``cases`` cases through the same driver loop as `attnbench run` / `submit` (SweepRun, in this
-process, so its memory and time are measured). With churn, workers join and leave during the
+``cases`` cases through the same driver loop as `attnbench run` / `submit` (LaneRun or SweepRun,
+in this process, so its memory and time are measured). With churn, workers join and leave during the
 run: at 20 % of the records one more worker joins, at 40 % one leaves cleanly (SIGTERM), at
 60 % one is SIGKILLed mid-case.
 
 Prints: cases per second through the driver (overall and while every GPU had work), driver
-and scheduler peak RSS, journal appends per second (time inside ``RunStore.append`` and ``.flush``), the share
-of GPU time idle while cases were waiting, and the checks: no device leased twice at once (from
-the records' ``env.lease_start``/``lease_end``), no case lost or duplicated.
+and scheduler peak RSS, journal appends per second (time inside ``RunStore.append`` and
+``.flush``), the share of GPU time idle while cases of its kind were waiting (and while any
+case was), and the checks: no device leased twice at once (from the records'
+``env.lease_start``/``lease_end``), no case lost or duplicated.
 
 What the box limits: every process here shares the same CPU cores (scheduler, driver, all
 workers): the figures are a floor for a cluster whose scheduler and driver have cores of their
@@ -214,7 +219,7 @@ def analyse(records: list[dict], lines: int, cases: int, sampler: Sampler,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100_000)
-    parser.add_argument("--gpus", type=int, default=256)
+    parser.add_argument("--gpus", type=int, default=288)
     parser.add_argument("--per-worker", type=int, default=32)
     parser.add_argument("--kinds", type=int, default=3)
     parser.add_argument("--case-seconds", type=float, default=1.0)
