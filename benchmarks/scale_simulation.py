@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,18 +122,22 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop_event.wait(1.0):
-            self.sample_cpu()
-            self.peak_driver = max(self.peak_driver, self.driver.memory_info().rss)
-            try:
-                self.peak_scheduler = max(self.peak_scheduler, self.scheduler.memory_info().rss)
-                workers = self.conn.workers()
-            except Exception:
-                continue
-            now = time.time()
-            for w in workers:
-                self.presence.setdefault(w.name, [now, now])[1] = now
-                self.devices[w.name] = w.devices
+            self.sample()
 
+    def sample(self) -> None:
+        """Called once before the run too: workers there from the start count from then."""
+        self.sample_cpu()
+        self.peak_driver = max(self.peak_driver, self.driver.memory_info().rss)
+        try:
+            self.peak_scheduler = max(self.peak_scheduler, self.scheduler.memory_info().rss)
+            before = time.time()
+            workers = self.conn.workers()
+        except Exception:
+            return
+        now = time.time()
+        for w in workers:  # first seen when asked, last seen when answered
+            self.presence.setdefault(w.name, [before, now])[1] = now
+            self.devices[w.name] = w.devices
 
     def sample_cpu(self) -> None:
         for proc in self.cluster.procs:
@@ -272,6 +277,7 @@ def main() -> int:
 
         store.append, store.flush = timed_append, timed_flush
         sampler = Sampler(conn, scheduler_pid, cluster)
+        sampler.sample()
         sampler.start()
         cpu_before = psutil.Process().cpu_times()
         sampler.sample_cpu()
@@ -296,7 +302,7 @@ def main() -> int:
               flush=True)
         sampler.stop_event.set()
         sampler.join()
-        sampler.sample_cpu()
+        sampler.sample()  # the workers still there were there until the end
         cpu_after = psutil.Process().cpu_times()
         driver_cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
         scheduler_cpu = sampler.cpu_of([scheduler_pid]) - cpu_start.get(scheduler_pid, 0.0)
@@ -341,6 +347,8 @@ def main() -> int:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     if args.keep:
         print(f"run directory: {tmp / 'run'}")
+    else:  # 100,000 records and the processes' logs: ~110 MB
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
