@@ -167,7 +167,7 @@ class LaneRun(SweepRun):
                 self._queue_todo()
                 self._listen()
                 self.start_lanes()
-                while self.queued() or self.in_flight or not self.done.empty():
+                while self._work_left():
                     self._drain(max(0.0, next_look - time.monotonic()))
                     if time.monotonic() >= next_look:
                         self.look_at_workers()
@@ -190,6 +190,12 @@ class LaneRun(SweepRun):
                                "run them); they stay pending")
         self.summary.wall_s = time.perf_counter() - t0
         return self.summary
+
+    def _work_left(self) -> bool:
+        # Under the lock: a connection that closes moves its case from in_flight back to a
+        # queue in one step, never seen half done.
+        with self.lock:
+            return bool(self.queued() or self.in_flight or not self.done.empty())
 
     def _queue_todo(self) -> None:
         for case in reversed(self.todo):  # todo: next case last
