@@ -31,6 +31,7 @@ from attnbench.validation import positive_int_argument
 def cmd_run(args: argparse.Namespace) -> int:
     from attnbench.cluster import connect, make_security
     from attnbench.driver import local_run_status
+    from attnbench.lanes import run_class
     from attnbench.performance_report import saved_performance_report
     from attnbench.runner import run_pending
     from attnbench.scheduler_address import check_choice, choose_scheduler
@@ -72,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 status = local_run_status(store, conn.where)  # attnbench status / cancel
                 with saved_performance_report(run_dir, conn.client, " ".join(sys.argv)):
                     summary = run_pending(store, conn, worker_wait_s=args.worker_wait,
-                                          on_tick=status)
+                                          on_tick=status, run_class=run_class(args.dispatch))
                 status.finish("cancelled" if summary.interrupted else "finished")
             finally:
                 conn.close()
@@ -273,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also run again the cases recorded with these verdicts, comma-separated "
                           "(e.g. timeout,crash); lost and skipped cases always run again")
     run.add_argument("--no-report", action="store_true", help="do not write the dashboard")
+    run.add_argument("--dispatch", choices=("tasks", "lanes"), default="tasks",
+                     help="tasks: one Dask task per case; lanes: each device pulls its next "
+                          "case from this client (workers must reach it; docs/cluster.md)")
     run.set_defaults(func=cmd_run)
 
     val = sub.add_parser("validate", help="check a sweep file without running it")

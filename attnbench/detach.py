@@ -68,7 +68,8 @@ def _hand_over(conn, sweep, run_dir: Path, args: argparse.Namespace) -> int:
     submission = uuid.uuid4().hex[:12]
     future = conn.client.submit(drive, sweep.source, sweep.path, str(run_dir), submission,
                                 [str(a) for a in sys.argv], tuple(args.retry or ()),
-                                args.worker_wait, key=f"attnbench-driver-{submission}",
+                                args.worker_wait, args.dispatch,
+                                key=f"attnbench-driver-{submission}",
                                 pure=False)
     fire_and_forget(future)
     deadline = time.monotonic() + args.start_wait
@@ -267,6 +268,9 @@ def add_detach_commands(sub, seconds, verdicts) -> None:
                         help="how long to wait for the driver to start (default 60)")
     submit.add_argument("--retry", type=verdicts, metavar="VERDICTS",
                         help="also run again the cases recorded with these verdicts")
+    submit.add_argument("--dispatch", choices=("tasks", "lanes"), default="lanes",
+                        help="lanes (default): each device pulls its next case from the driver; "
+                             "tasks: one Dask task per case")
     for flag in ("--tls-ca-file", "--tls-cert", "--tls-key"):
         submit.add_argument(flag, metavar="PEM", help="TLS (see attnbench run --help)")
     submit.set_defaults(func=cmd_submit)

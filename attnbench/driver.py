@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from attnbench.driver_state import FINAL, LOG, cancel_requested, write_state
 from attnbench.errors import UserError, printable
+from attnbench.lanes import make_run
 from attnbench.runner import Progress, Stop, SweepRun
 
 log = logging.getLogger("attnbench")
@@ -57,7 +58,7 @@ class StatusWriter:
             out.update(total=progress.total + progress.already, already=progress.already,
                        done=progress.done, counts=dict(progress.counts), rate=rate,
                        eta_s=left / rate if rate else None, in_flight=len(run.in_flight),
-                       queued=len(run.todo), workers=len(run.workers),
+                       queued=run.queued(), workers=len(run.workers),
                        devices=sum(w.devices for w in run.workers),
                        running={} if state in FINAL else self.running)
         return out
@@ -108,7 +109,8 @@ def who_runs_what(run: SweepRun) -> dict[str, list[str]]:
 
 
 def drive(sweep_text: str, sweep_path: str, run_dir: str, submission: str, command: list[str],
-          retry: tuple[str, ...] = (), worker_wait_s: float = 60.0) -> dict[str, Any]:
+          retry: tuple[str, ...] = (), worker_wait_s: float = 60.0,
+          dispatch: str = "lanes") -> dict[str, Any]:
     """Dask task: run the sweep's pending cases from inside the cluster, journal in
     ``run_dir``. Returns the final state (also left in ``driver.json``); never raises."""
     from distributed import get_worker, worker_client
@@ -146,8 +148,8 @@ def drive(sweep_text: str, sweep_path: str, run_dir: str, submission: str, comma
                 print(f"attnbench: warning: {store.resume_note}", file=stream, flush=True)
             with worker_client() as client:  # secedes: the driver holds no worker thread
                 conn = Connection(client, None, 1, where=f"scheduler {base['scheduler']}")
-                run = SweepRun(store, conn, Progress(0, len(store.done), stream),
-                               worker_wait_s)
+                run = make_run(store, conn, Progress(0, len(store.done), stream),
+                               worker_wait_s, dispatch)
                 run.on_tick = status
                 summary = run.run()
                 stopped = summary.interrupted

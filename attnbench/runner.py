@@ -95,7 +95,9 @@ class Progress:
             print(printable(f"  {record['verdict'].upper():8s} {record['id'][:10]} "
                             f"{record['label']}: {record['reason']}", 2000), file=self.stream)
         now = time.perf_counter()
-        if self.tty or now - self.last_print > 5 or self.done == self.total:
+        # A terminal is redrawn at most 10 times a second: at hundreds of records a second a
+        # redraw per record would cost the driver more than writing the records.
+        if now - self.last_print > (0.1 if self.tty else 5) or self.done == self.total:
             self.last_print = now
             self._line()
 
@@ -190,11 +192,14 @@ def _interleave_by_kind(cases: list[Case]) -> list[Case]:
 
 def run_pending(store: RunStore, conn: Connection, stream: Optional[TextIO] = None, *,
                 worker_wait_s: float = 60.0, quiet: bool = False,
-                on_tick: Optional[Callable[["SweepRun"], None]] = None) -> RunSummary:
+                on_tick: Optional[Callable[["SweepRun"], None]] = None,
+                run_class: Optional[type] = None) -> RunSummary:
     """Run the store's pending cases on ``conn``; see the module docstring for the rules.
     ``on_tick`` is called once a second (``attnbench cancel``, the driver's status file); it
-    stops the run, as Ctrl-C does, by raising :class:`Stop`."""
-    run = SweepRun(store, conn, Progress(0, len(store.done), stream, quiet), worker_wait_s)
+    stops the run, as Ctrl-C does, by raising :class:`Stop`. ``run_class``: :class:`SweepRun`
+    (default) or :class:`attnbench.lanes.LaneRun`."""
+    run = (run_class or SweepRun)(store, conn, Progress(0, len(store.done), stream, quiet),
+                                  worker_wait_s)
     run.on_tick = on_tick
     return run.run()
 
@@ -246,6 +251,7 @@ class SweepRun:
                             self.on_tick(self)
                         next_look = time.monotonic() + TICK_S
                     self.submit_more()
+                    self.store.flush()  # the batch's records, one write for them all
             except KeyboardInterrupt:
                 self.summary.interrupted = True
                 for flight in self.in_flight.values():
@@ -255,6 +261,8 @@ class SweepRun:
                 for name in ("distributed.client", "distributed.batched", "distributed.core"):
                     logging.getLogger(name).setLevel(logging.CRITICAL)  # no reconnect noise
                 raise
+            finally:
+                self.store.flush()
         if self.summary.not_run:
             self.progress.note(f"{self.summary.not_run} cases not run (no worker left that can "
                                "run them); they stay pending")
@@ -278,7 +286,6 @@ class SweepRun:
         results = self._gather(batch)
         for fut in batch:
             self.collect(fut, results.get(fut.key, _NOT_GATHERED))
-        self.store.sync()
 
     def _gather(self, batch: list) -> dict:
         """Results of the batch's finished futures by key; {} when they must be asked one by
@@ -305,6 +312,10 @@ class SweepRun:
             else:
                 self.todo.append(case)
         self.todo.reverse()
+
+    def queued(self) -> int:
+        """Cases not yet handed to a worker."""
+        return len(self.todo)
 
     def limit(self) -> int:
         return max(2, 2 * sum(w.devices for w in self.workers))
@@ -362,6 +373,11 @@ class SweepRun:
             record = make_record(flight.case, verdict="lost",
                                  reason=f"{type(exc).__name__}: {str(exc)[:300]}",
                                  attempt=self.attempts[flight.case.id])
+        self.accept(flight.case, record)
+
+    def accept(self, case: Case, record) -> None:
+        """A worker's answer for ``case`` (a record, or its JSON text), checked, then written."""
+        flight = _Flight(case, None)
         if isinstance(record, str):  # run_case_task_text
             try:
                 record = json.loads(record)
@@ -375,15 +391,17 @@ class SweepRun:
                 f"the worker returned a record for case {got!r}: does it run another attnbench "
                 f"version ({env.get('attnbench') if isinstance(env, dict) else '?'})?"),
                 attempt=self.attempts[flight.case.id])
+        text = None
         try:  # what the journal cannot hold (NaN, a foreign shape) must not stop the run
             check_record("", record)
-            json.dumps(record, allow_nan=False)
+            text = json.dumps(record, separators=(",", ":"), allow_nan=False)
         except (ValueError, TypeError) as exc:
             record = make_record(flight.case, verdict="error", attempt=self.attempts[
                 flight.case.id], reason=f"the worker's record cannot be stored: {exc}"[:400])
-        self.write(record)
+        self.write(record, text)
 
-    def write(self, record: dict) -> None:
+    def write(self, record: dict, text: Optional[str] = None) -> None:
+        """Append ``record`` (``text``: its JSON) once; the run loop flushes each batch."""
         if self.store.done.get(record["id"]) is not self.before.get(record["id"]):
             self.summary.duplicated += 1
             log.warning("a second result for case %s arrived; the journal keeps the first",
@@ -392,7 +410,7 @@ class SweepRun:
         with self.interrupts.deferred():
             # Counted with the append: an interrupt honoured right after it must not leave the
             # summary one record short of the journal.
-            note = self.store.append(record)
+            note = self.store.append(record, text=text, flush=False)
             self.summary.written += 1
             self.summary.counts[record["verdict"]] += 1
             self.summary.inside_s += record.get("duration_s") or 0.0
@@ -412,7 +430,7 @@ class SweepRun:
                             f"{self.summary.written} records written by this run, "
                             f"{in_flight_count} cases in flight not recorded")
 
-    def look_at_workers(self) -> None:
+    def refresh_workers(self) -> None:
         try:
             if self.conn.client.status not in ("running", "newly-created"):
                 raise OSError(f"client status {self.conn.client.status}")
@@ -420,6 +438,9 @@ class SweepRun:
         except OSError:  # CommClosedError and timeouts included
             raise self.scheduler_lost(len(self.in_flight)) from None
         self.seen.update((w.address, w) for w in self.workers)
+
+    def look_at_workers(self) -> None:
+        self.refresh_workers()
         now = time.monotonic()
         for flight in list(self.in_flight.values()):
             self._check_stuck(flight, now)

@@ -1,8 +1,9 @@
 """Run directories: ``results/<run-id>/manifest.json`` and ``records.jsonl``.
 
 The journal is the truth (the Dask scheduler persists nothing): every record is appended as one
-line and flushed as it arrives (synced to disk with its batch), so an interrupted run loses at
-most the cases in flight.
+line and flushed with the batch it arrives in (synced to disk within about a second), so an
+interrupted run loses at most the cases in flight (a killed one, also the records of the batch
+being written: those cases are pending again).
 Reopening a run tolerates a torn last line (cut off mid-write) by truncating it; a last line that
 lost only its newline is a whole record and is kept. One ``attnbench run`` at a time appends to a
 run directory (:class:`RunLock`). Run directories travel between people (``compare``), so what
@@ -36,11 +37,11 @@ from attnbench.validation import parse_json
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
 SYNC_INTERVAL_S = 0.2
-"""At most this long between a record's append and its fsync. Every record is written and
-flushed at once (a killed process loses nothing); fsync, which only a power loss or kernel
-crash needs, is shared by the records of a batch: one fsync per record cost 8 ms on this
-machine and held the journal to 122 appends/s (benchmarks/scale_simulation.py). A record lost
-that way is a case pending again, never a wrong one."""
+"""At most this long between fsyncs of the journal while records arrive. fsync, which only a
+power loss or kernel crash needs, is shared by the records of a batch: one fsync per record
+cost 8 ms on this machine and held the journal to 122 appends/s
+(benchmarks/scale_simulation.py). A record lost that way is a case pending again, never a
+wrong one."""
 RETRIED = ("lost", "skipped")
 """Infrastructure verdicts: the case never reached a device (no worker could run it) or its
 worker died under it. A resumed run runs these cases again (``--retry`` adds verdicts)."""
@@ -125,6 +126,7 @@ class RunStore:
         self._lock = RunLock(self.dir)
         self._fh = None
         self._synced = 0.0
+        self._dirty = False
         try:
             self._lock.acquire(command, lock_wait_s, **lock_note)
             self._open(command)
@@ -268,22 +270,40 @@ class RunStore:
             {"at": _now(), "versions": client, "differences": changed})
         self._write_manifest()
 
-    def append(self, record: dict[str, Any]) -> Optional[str]:
-        """Append one record (flushed at once, synced within :data:`SYNC_INTERVAL_S`). Returns a note when the record comes from an
-        environment (driver, CUDA, torch, clocks, commit, ...) the run has not seen before while
-        earlier records of the same GPU kind came from another one."""
-        self._fh.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
-        self._fh.flush()  # in the kernel now: a killed or interrupted process loses nothing
-        if time.monotonic() - self._synced >= SYNC_INTERVAL_S:
-            self.sync()
+    def append(self, record: dict[str, Any], *, text: Optional[str] = None,
+               flush: bool = True) -> Optional[str]:
+        """Append one record (``text``: its compact JSON, if already made). ``flush``: handed
+        to the kernel at once (a killed process loses nothing) and synced within
+        :data:`SYNC_INTERVAL_S`; else it waits in the buffer for :meth:`flush` (the run loop's,
+        once per batch: a flush per record cost the driver 0.45 ms at 800 records/s). Returns a
+        note when the record comes from an environment (driver, CUDA, torch, clocks, commit,
+        ...) the run has not seen before while earlier records of the same GPU kind came from
+        another one."""
+        if text is None:
+            text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        self._fh.write(text + "\n")
+        self._dirty = True
+        if flush:
+            self.flush()
         self.done[record["id"]] = record
         return self._note_env(record.get("env") or {})
 
+    def flush(self) -> None:
+        """Hand buffered records to the kernel (a killed process then loses none of them), and
+        fsync when the last one is :data:`SYNC_INTERVAL_S` old. A record still in the buffer
+        when the process is killed is a case pending again."""
+        if self._fh is not None and self._dirty:
+            self._fh.flush()
+            if time.monotonic() - self._synced >= SYNC_INTERVAL_S:
+                self.sync()
+
     def sync(self) -> None:
-        """Force the journal to disk (the run loop calls it after each batch of records)."""
+        """Force the journal to disk."""
         if self._fh is not None:
+            self._fh.flush()
             os.fsync(self._fh.fileno())
             self._synced = time.monotonic()
+            self._dirty = False
 
     def _note_env(self, env: dict) -> Optional[str]:
         from attnbench.hardware import environment_differences

@@ -1,20 +1,25 @@
 """How the orchestration holds up at hundreds of GPUs, simulated on one box.
 
-    python benchmarks/scale_simulation.py [--cases 100000] [--gpus 256] [--per-worker 32]
-        [--kinds 3] [--case-seconds 1.0] [--tp 1] [--no-churn] [--profile]
+    python benchmarks/scale_simulation.py [--cases 100000] [--gpus 288] [--per-worker 32]
+        [--kinds 3] [--case-seconds 1.0] [--tp 1] [--dispatch lanes|tasks] [--no-churn]
+        [--profile]
+
+288 GPUs by default: 9 workers, 3 of each kind, so that the kinds have equal capacity (with 8,
+one kind has less and its cases finish last while the others' devices wait).
 
 Starts on loopback a `dask scheduler` and ``gpus / per-worker`` `attnbench worker
 --simulate-gpus` processes of ``kinds`` kinds (cases lease real device ids from the workers'
 lease tables, then sleep ``case-seconds``: attnbench/simulation.py), and drives a sweep of
-``cases`` cases through the same driver loop as `attnbench run` / `submit` (SweepRun, in this
-process, so its memory and time are measured). With churn, workers join and leave during the
+``cases`` cases through the same driver loop as `attnbench run` / `submit` (LaneRun or SweepRun,
+in this process, so its memory and time are measured). With churn, workers join and leave during the
 run: at 20 % of the records one more worker joins, at 40 % one leaves cleanly (SIGTERM), at
 60 % one is SIGKILLed mid-case.
 
 Prints: cases per second through the driver (overall and while every GPU had work), driver
-and scheduler peak RSS, journal appends per second (time inside ``RunStore.append``), the share
-of GPU time idle while cases were waiting, and the checks: no device leased twice at once (from
-the records' ``env.lease_start``/``lease_end``), no case lost or duplicated.
+and scheduler peak RSS, journal appends per second (time inside ``RunStore.append`` and
+``.flush``), the share of GPU time idle while cases of its kind were waiting (and while any
+case was), and the checks: no device leased twice at once (from the records'
+``env.lease_start``/``lease_end``), no case lost or duplicated.
 
 What the box limits: every process here shares the same CPU cores (scheduler, driver, all
 workers): the figures are a floor for a cluster whose scheduler and driver have cores of their
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,7 +46,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 import psutil  # noqa: E402  (a dependency of distributed)
 
 from attnbench.cluster import Connection  # noqa: E402
-from attnbench.runner import Progress, SweepRun  # noqa: E402
+from attnbench.lanes import DISPATCHES, make_run  # noqa: E402
+from attnbench.runner import Progress  # noqa: E402
 from attnbench.simulation import lease_overlaps  # noqa: E402
 from attnbench.spec import load_sweep  # noqa: E402
 from attnbench.store import RunStore, load_records  # noqa: E402
@@ -63,6 +70,7 @@ class Cluster:
         self.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), self.env.get("PYTHONPATH", "")])
         self.procs: list[subprocess.Popen] = []
         self.workers: dict[str, subprocess.Popen] = {}
+        self.kind_of: dict[str, str] = {}
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
         proc = subprocess.Popen(argv, stdout=open(self.tmp / f"{name}.log", "w"),
@@ -81,6 +89,7 @@ class Cluster:
         return json.loads(info.read_text())["address"], proc.pid
 
     def worker(self, name: str, address: str, kind: str, gpus: int) -> None:
+        self.kind_of[name] = kind
         self.workers[name] = self._start(name, [
             sys.executable, "-m", "attnbench.cli", "worker", "--scheduler", address, "--name",
             name, "--kind", kind, "--simulate-gpus", str(gpus), "--case-seconds",
@@ -113,18 +122,22 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop_event.wait(1.0):
-            self.sample_cpu()
-            self.peak_driver = max(self.peak_driver, self.driver.memory_info().rss)
-            try:
-                self.peak_scheduler = max(self.peak_scheduler, self.scheduler.memory_info().rss)
-                workers = self.conn.workers()
-            except Exception:
-                continue
-            now = time.time()
-            for w in workers:
-                self.presence.setdefault(w.name, [now, now])[1] = now
-                self.devices[w.name] = w.devices
+            self.sample()
 
+    def sample(self) -> None:
+        """Called once before the run too: workers there from the start count from then."""
+        self.sample_cpu()
+        self.peak_driver = max(self.peak_driver, self.driver.memory_info().rss)
+        try:
+            self.peak_scheduler = max(self.peak_scheduler, self.scheduler.memory_info().rss)
+            before = time.time()
+            workers = self.conn.workers()
+        except Exception:
+            return
+        now = time.time()
+        for w in workers:  # first seen when asked, last seen when answered
+            self.presence.setdefault(w.name, [before, now])[1] = now
+            self.devices[w.name] = w.devices
 
     def sample_cpu(self) -> None:
         for proc in self.cluster.procs:
@@ -163,33 +176,55 @@ class Churn:
                                    f"{'leaves (SIGTERM)' if what == 'leave' else 'SIGKILLed'}")
 
 
-def analyse(records: list[dict], lines: int, cases: int, sampler: Sampler) -> dict:
+def _idle(records: list[dict], presence: dict, devices: dict, t0: float) -> tuple[float, float]:
+    """(busy, available) device-seconds from ``t0`` until fewer of these records' cases were
+    left than devices: after that, idle devices are the sweep's tail, not the scheduler's
+    doing."""
+    ends = sorted(r["env"]["lease_end"] for r in records)
+    at_end = sum(devices.get(n, 0) for n, (_, last) in presence.items() if last >= ends[-1] - 2)
+    t1 = ends[max(0, len(ends) - max(at_end, 1) - 1)]
+    busy = sum(max(0.0, min(r["env"]["lease_end"], t1) - max(r["env"]["lease_start"], t0))
+               * len(r["env"]["lease"]) for r in records)
+    available = sum(devices.get(name, 0) * max(0.0, min(last, t1) - max(first, t0))
+                    for name, (first, last) in presence.items())
+    return busy, available
+
+
+def analyse(records: list[dict], lines: int, cases: int, sampler: Sampler,
+            kind_of: dict[str, str]) -> dict:
     """Lease overlaps, idle share, rates -- from the journal alone (plus worker presence)."""
+    lost = sum(r["verdict"] == "lost" for r in records)
+    records = [r for r in records if (r.get("env") or {}).get("lease_start") is not None]
     overlaps = lease_overlaps(records)
     starts = sorted(r["env"]["lease_start"] for r in records)
     ends = sorted(r["env"]["lease_end"] for r in records)
     t0 = starts[0]
     devices_at_end = sum(sampler.devices.get(n, 0) for n, (_, last) in sampler.presence.items()
                          if last >= ends[-1] - 2)
-    # The window in which cases were waiting for devices: after it, fewer cases are left than
-    # GPUs, and idle devices are the sweep's tail, not the scheduler's doing.
     t1 = ends[max(0, len(ends) - max(devices_at_end, 1) - 1)]
-    busy = sum(max(0.0, min(r["env"]["lease_end"], t1) - max(r["env"]["lease_start"], t0))
-               * len(r["env"]["lease"]) for r in records)
-    available = sum(sampler.devices.get(name, 0) * max(0.0, min(last, t1) - max(first, t0))
-                    for name, (first, last) in sampler.presence.items())
+    # Per kind: a device idles "because of scheduling" only while cases of its own kind wait
+    # (with kinds of unequal capacity, one kind's devices run out of work first).
+    busy = available = 0.0
+    for kind in sorted(set(kind_of.values())):
+        mine = [r for r in records if r["env"].get("worker_kind") == kind]
+        if mine:
+            b, a = _idle(mine, {n: p for n, p in sampler.presence.items()
+                                if kind_of.get(n) == kind}, sampler.devices, t0)
+            busy, available = busy + b, available + a
+    all_busy, all_available = _idle(records, sampler.presence, sampler.devices, t0)
     in_window = sum(1 for e in ends if t0 <= e <= t1)
     return {"overlaps": overlaps, "idle_share": 1 - busy / available if available else None,
+            "idle_all": 1 - all_busy / all_available if all_available else None,
             "window_s": t1 - t0, "rate_window": in_window / (t1 - t0) if t1 > t0 else None,
             "span_s": ends[-1] - t0, "distinct": len({r["id"] for r in records}), "lines": lines,
-            "lost": sum(r["verdict"] == "lost" for r in records),
+            "lost": lost,
             "devices_at_end": devices_at_end}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100_000)
-    parser.add_argument("--gpus", type=int, default=256)
+    parser.add_argument("--gpus", type=int, default=288)
     parser.add_argument("--per-worker", type=int, default=32)
     parser.add_argument("--kinds", type=int, default=3)
     parser.add_argument("--case-seconds", type=float, default=1.0)
@@ -197,6 +232,8 @@ def main() -> int:
     parser.add_argument("--no-churn", action="store_true")
     parser.add_argument("--window", type=float, default=2.0,
                         help="cases in flight per device (the driver's default: 2)")
+    parser.add_argument("--dispatch", choices=DISPATCHES, default="lanes",
+                        help="a Dask task per case, or lanes that pull cases (attnbench/lanes.py)")
     parser.add_argument("--profile", action="store_true", help="cProfile the driver loop")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
     args = parser.parse_args()
@@ -223,25 +260,31 @@ def main() -> int:
         client.wait_for_workers(workers, timeout=600)
         conn = Connection(client, None, args.gpus, where=f"scheduler {address}")
         store = RunStore(tmp / "run", sweep, command=["scale_simulation"])
-        append = store.append
+        append, flush = store.append, store.flush
         spent = [0.0, 0]
 
-        def timed_append(record):
+        def timed_append(record, **kwargs):
             t = time.perf_counter()
-            note = append(record)
+            note = append(record, **kwargs)
             spent[0] += time.perf_counter() - t
             spent[1] += 1
             return note
 
-        store.append = timed_append
+        def timed_flush():
+            t = time.perf_counter()
+            flush()
+            spent[0] += time.perf_counter() - t
+
+        store.append, store.flush = timed_append, timed_flush
         sampler = Sampler(conn, scheduler_pid, cluster)
+        sampler.sample()
         sampler.start()
         cpu_before = psutil.Process().cpu_times()
         sampler.sample_cpu()
         cpu_start = dict(sampler.cpu)
         churn = None if args.no_churn else Churn(cluster, address, kinds, args.per_worker)
         with open(tmp / "progress.log", "w") as progress_log:
-            run = SweepRun(store, conn, Progress(0, 0, progress_log))
+            run = make_run(store, conn, Progress(0, 0, progress_log), dispatch=args.dispatch)
             total = len(run.cases)
             run.limit = lambda: max(2, int(args.window * sum(w.devices for w in run.workers)))
             if churn is not None:
@@ -255,9 +298,11 @@ def main() -> int:
             summary = run.run()
             if profiler is not None:
                 profiler.disable()
+        print(f"{time.strftime('%H:%M:%S')} run done in {summary.wall_s:.0f} s; analysing",
+              flush=True)
         sampler.stop_event.set()
         sampler.join()
-        sampler.sample_cpu()
+        sampler.sample()  # the workers still there were there until the end
         cpu_after = psutil.Process().cpu_times()
         driver_cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
         scheduler_cpu = sampler.cpu_of([scheduler_pid]) - cpu_start.get(scheduler_pid, 0.0)
@@ -268,8 +313,9 @@ def main() -> int:
         store.close()
         lines = len((tmp / "run" / "records.jsonl").read_text().splitlines())
         records = load_records(tmp / "run")
-        found = analyse(records, lines, len(sweep.cases), sampler)
+        found = analyse(records, lines, len(sweep.cases), sampler, cluster.kind_of)
         client.close()
+        print(f"{time.strftime('%H:%M:%S')} analysed; stopping the cluster", flush=True)
     finally:
         cluster.stop()
     for event in (churn.events if churn else []):
@@ -281,11 +327,13 @@ def main() -> int:
           f"the whole run ({summary.written} in {summary.wall_s:.0f} s); "
           f"{found['rate_window']:.0f} cases/s while every GPU had work "
           f"({found['window_s']:.0f} s); ideal {args.gpus / args.case_seconds:.0f} cases/s")
-    print(f"idle: {100 * found['idle_share']:.1f} % of GPU time idle while cases were waiting")
+    print(f"idle: {100 * found['idle_share']:.1f} % of GPU time idle while cases of its kind were "
+          f"waiting ({100 * found['idle_all']:.1f} % while any case was waiting)")
     print(f"memory: driver peak RSS {sampler.peak_driver / 2**20:.0f} MiB, scheduler peak RSS "
           f"{sampler.peak_scheduler / 2**20:.0f} MiB")
     print(f"journal: {spent[1]} appends, {spent[1] / spent[0]:.0f} appends/s inside "
-          f"RunStore.append ({1e3 * spent[0] / spent[1]:.2f} ms each, fsync included)")
+          f"RunStore.append and .flush ({1e3 * spent[0] / spent[1]:.2f} ms each, "
+          f"write and fsync included)")
     per = 1e3 / max(1, summary.written)
     print(f"CPU per case: driver process {driver_cpu * per:.2f} ms (its Dask client included), "
           f"scheduler {scheduler_cpu * per:.2f} ms, workers {workers_cpu * per:.2f} ms "
@@ -299,6 +347,8 @@ def main() -> int:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     if args.keep:
         print(f"run directory: {tmp / 'run'}")
+    else:  # 100,000 records and the processes' logs: ~110 MB
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -183,8 +183,8 @@ def test_an_interrupt_during_a_write_is_counted_with_the_record(sweep_file, tmp_
     run = SweepRun(store, _Connection(_passing), Progress(0, 0, io.StringIO()))
     append = store.append
 
-    def append_then_signal(record):
-        note = append(record)
+    def append_then_signal(record, **kwargs):
+        note = append(record, **kwargs)
         run.interrupts.pending = "SIGINT"  # arrived while the record was being written
         return note
 

@@ -271,10 +271,13 @@ def certificate(tmp_path):
     return cert, key
 
 
-def test_tls_then_scheduler_lost_then_resume_elsewhere(cluster, env, tmp_path, certificate):
+@pytest.mark.parametrize("dispatch", ["tasks", "lanes"])
+def test_tls_then_scheduler_lost_then_resume_elsewhere(cluster, env, tmp_path, certificate,
+                                                       dispatch):
     """Over TLS: a client without certificates is refused in one line (exit 2); with them the run works
     until the scheduler is killed, which the client reports in one line (exit 3); the run then
-    resumes on another cluster (the module's, plain TCP) without losing or repeating a case."""
+    resumes on another cluster (the module's, plain TCP) without losing or repeating a case.
+    With lanes, the workers reach the client's own listener over TLS too."""
     plain_address, _ = cluster
     cert, key = certificate
     tls = ["--tls-ca-file", str(cert), "--tls-cert", str(cert), "--tls-key", str(key)]
@@ -290,8 +293,8 @@ def test_tls_then_scheduler_lost_then_resume_elsewhere(cluster, env, tmp_path, c
         assert "speaks TLS: give --tls-ca-file, --tls-cert and --tls-key" in refused.stderr
         assert not out.exists()
 
-        client = _start_run([str(sweep), "--out", str(out), "--scheduler", address, *tls], env,
-                            tmp_path / "client.log")
+        client = _start_run([str(sweep), "--out", str(out), "--scheduler", address, *tls,
+                             "--dispatch", dispatch], env, tmp_path / "client.log")
         _wait_lines(out, 2, client)
         assert {r["env"]["worker"] for r in _journal(out)} == {"wT"}
         procs.started[0].send_signal(signal.SIGKILL)  # the scheduler

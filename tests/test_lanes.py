@@ -1,0 +1,122 @@
+"""Lanes (attnbench/lanes.py): devices pull their next case from the driver. The bookkeeping
+that keeps the journal exact, then real processes: simulated workers, one SIGKILLed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+from attnbench.lanes import LaneRun, _Held, _Lane
+from attnbench.records import make_record
+from attnbench.runner import Progress
+from attnbench.simulation import lease_overlaps
+from attnbench.spec import Case
+from conftest import ROOT, attnbench_cmd
+from test_multinode import Processes, _FakeConnection, _journal, _store, _wait_for, _workers
+
+
+def _lane_run(tmp_path, seeds: int) -> LaneRun:
+    store = _store(tmp_path, ["A"], seeds=seeds)
+    run = LaneRun(store, _FakeConnection(None, [_workers(("A", 2))]),
+                  Progress(0, 0, open(os.devnull, "w")))
+    run.plan()
+    run._queue_todo()
+    group = next(iter(run.queues))
+    run.lanes = {"L1": _Lane("L1", group, "w1", 1), "L2": _Lane("L2", group, "w2", 1)}
+    return run
+
+
+def _record_text(case_dict) -> str:
+    return json.dumps(make_record(Case.from_dict(case_dict), verdict="pass", reason="ok"))
+
+
+def test_a_case_whose_lanes_die_goes_back_then_is_lost_and_nothing_is_written_twice(tmp_path):
+    run = _lane_run(tmp_path, seeds=3)
+    first = run.queues[next(iter(run.queues))][0]
+    for death in range(run.allowed_failures):  # the lane holding `first` dies each time
+        held = _Held()
+        run.lanes["L1"].worker = f"w{death}"  # once per worker: Dask's count
+        case_dict, _ = run._answer({"lane": "L1", "done": []}, held, None)["cases"][0]
+        assert case_dict["seed"] == first.seed  # it went back to the front of the queue
+        assert "L1" in run.in_flight
+        run._release(held)
+        assert "L1" not in run.in_flight
+        if death == 0:  # another lane of the same dying worker: not a second death
+            again = _Held()
+            run._answer({"lane": "L1", "done": []}, again, None)
+            run._release(again)
+            assert run.deaths[first.id] == {"w0"}
+    # Another lane runs the rest; it reports each record with its next request.
+    held, done = _Held(), []
+    while (cases := run._answer({"lane": "L2", "done": done}, held, None)["cases"]):
+        done = [_record_text(cases[0][0])]
+    run._release(held)  # closed after its empty answer: holds nothing, changes nothing
+    # A lane that died holding a case reports nothing more: a late record has no case to match.
+    assert run._answer({"lane": "L1", "done": [_record_text(first.to_dict())]}, _Held(),
+                       None) == {"cases": []}
+    while not run.done.empty():
+        run._drain(0)
+    run.store.close()
+    lines = _journal(tmp_path / "run")
+    assert sorted(r["verdict"] for r in lines) == ["lost", "pass", "pass"]
+    lost = next(r for r in lines if r["verdict"] == "lost")
+    assert lost["id"] == first.id and lost["reason"].startswith("KilledWorker: 3 workers died")
+    assert len({r["id"] for r in lines}) == 3 and not run.in_flight and not run.queued()
+
+
+def test_a_stopping_run_leaves_what_lanes_hold_pending(tmp_path):
+    run = _lane_run(tmp_path, seeds=2)
+    held = _Held()
+    run._answer({"lane": "L1", "done": []}, held, None)
+    run.stopping = True
+    run._release(held)  # the driver closed the connection: not a death, nothing re-queued
+    assert run.queued() == 1 and not run.deaths and run.done.empty()
+    assert run._answer({"lane": "L2", "done": []}, _Held(), None) == {"cases": []}
+    run.store.close()
+
+
+def test_lanes_survive_a_worker_sigkilled_mid_run(tmp_path):
+    """Two simulated workers of one kind; one is SIGKILLed while its lanes hold cases: every
+    case is recorded once, none lost, no device leased twice at once."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    sweep = tmp_path / "sim.yaml"
+    sweep.write_text(json.dumps({"name": "sim", "defaults": {"backend": "naive", "gpu": "SIM-X",
+                                                             "heads_q": 8},
+                                 "axes": {"tp": [1, 2], "seed": list(range(40))}}))
+    procs = Processes(tmp_path, env)
+    out = tmp_path / "run"
+    try:
+        address = procs.scheduler("scheduler")
+        workers = {}
+        for name in ("sim-a", "sim-b"):
+            workers[name] = procs.start(name, [
+                *attnbench_cmd(), "worker", "--scheduler", address, "--name", name, "--kind",
+                "SIM-X", "--simulate-gpus", "4", "--case-seconds", "0.2", "--no-nanny",
+                "--no-dashboard"])
+        for name in workers:
+            _wait_for(lambda: "Registered to" in (tmp_path / f"{name}.log").read_text(), 90,
+                      name)
+        run = subprocess.Popen([*attnbench_cmd(), "run", str(sweep), "--out", str(out),
+                                "--scheduler", address, "--workers", "2", "--no-report",
+                                "--dispatch", "lanes"], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+        journal = out / "records.jsonl"
+        _wait_for(lambda: journal.exists() and len(journal.read_text().splitlines()) >= 15,
+                  120, "15 records")
+        workers["sim-b"].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        output, _ = run.communicate(timeout=180)
+        assert run.returncode == 0, output
+    finally:
+        procs.stop_all()
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert len(records) == len({r["id"] for r in records}) == 80
+    assert {r["verdict"] for r in records} == {"pass"}
+    assert lease_overlaps(records) == 0
+    assert any(r["env"]["worker"] == "sim-b" for r in records)
+    assert any(r["env"]["worker"] == "sim-a" and r["env"]["lease_start"] > killed_at
+               for r in records)
