@@ -24,9 +24,7 @@ import attnbench.kernels  # noqa: F401  (first: TRITON_INTERPRET=1 on machines w
 
 import argparse
 import itertools
-import statistics
 import sys
-import time
 
 import torch
 
@@ -37,6 +35,7 @@ from attnbench.flops import decode_bytes
 from attnbench.inputs import make_inputs
 from attnbench.problem import AttnSpec
 from attnbench.spec import make_case
+from attnbench.bench_timing import bench_ms
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,20 +57,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.seqlen_kv, args.page_size, args.heads, args.head_dim = [64], [0, 16], [4, 2], 32
         args.backends = "triton,naive,sdpa"
     return args
-
-
-def bench_ms(fn, device: torch.device, rep_ms: int) -> float:
-    """Median milliseconds of ``fn``; only this is timed."""
-    if device.type == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
-    samples = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
 
 
 def bandwidth_gbs(device: torch.device):

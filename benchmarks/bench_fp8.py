@@ -29,15 +29,14 @@ import attnbench.kernels  # noqa: F401  (first: TRITON_INTERPRET=1 on machines w
 
 import argparse
 import itertools
-import statistics
 import sys
-import time
 
 import torch
 
 from attnbench.fp8 import FORMATS, quantize
 from attnbench.kernels.flash_fwd import FP8_MIN_CAPABILITY, flash_forward, flash_forward_fp8
 from attnbench.kernels.params import FlashParams
+from attnbench.bench_timing import bench_ms
 
 VARIANTS = ("bf16", "fp8 e4m3", "fp8 e4m3 vT", "fp8 e5m2", "fp8 e5m2 vT")
 
@@ -64,20 +63,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.cpu_smoke:
         args.seqlen, args.head_dim, args.tokens, args.hidden = [64], [32], 64, 64
     return args
-
-
-def bench_ms(fn, device: torch.device, rep_ms: int) -> float:
-    """Median milliseconds of ``fn``; only this is timed."""
-    if device.type == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
-    samples = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
 
 
 def key_contiguous(v: torch.Tensor) -> torch.Tensor:

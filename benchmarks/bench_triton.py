@@ -22,9 +22,7 @@ import attnbench.kernels  # noqa: F401  (first: TRITON_INTERPRET=1 on machines w
 
 import argparse
 import itertools
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +32,7 @@ from attnbench.flops import case_flops
 from attnbench.inputs import make_inputs
 from attnbench.problem import AttnSpec
 from attnbench.spec import make_case
+from attnbench.bench_timing import bench_ms
 
 
 @dataclass(frozen=True)
@@ -71,20 +70,6 @@ def parse_args(argv=None) -> tuple[Axes, argparse.Namespace]:
     axes = Axes(tuple(args.backends.split(",")), tuple(args.seqlen), tuple(args.head_dim),
                 tuple(args.causal), args.dtype, args.tokens, args.hidden)
     return axes, args
-
-
-def bench_ms(fn, device: torch.device, rep_ms: int) -> float:
-    """Median milliseconds of ``fn``; only this is timed."""
-    if device.type == "cuda":
-        import triton.testing
-
-        return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
-    samples = []
-    for _ in range(3):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
 
 
 def run(axes: Axes, args) -> int:
