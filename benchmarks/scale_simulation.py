@@ -99,11 +99,15 @@ class Cluster:
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()
+        # One deadline for all: waiting 30 s per process in turn stalled a run's end for
+        # minutes when several workers were slow to leave.
+        deadline = time.monotonic() + 15
         for proc in self.procs:
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
 
 
 class Sampler(threading.Thread):
