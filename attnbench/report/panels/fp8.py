@@ -38,6 +38,9 @@ def draw_fp8(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     groups = [(key, sub) for key, sub in groups if sub.dtype.isin(FP8).any()]
     for key, sub in groups[: panel["max_figures"]]:
         out.figures.append(_figure(panel, key, sub, ctx))
+    if (df.get("device_name") == "cpu").any() or (df.get("gpu_kind") == "cpu").any():
+        out.notes.append("On CPU the Triton kernels run in the interpreter: their speed-ups "
+                         "measure it, not a GPU's fp8 tensor cores.")
     if len(groups) > panel["max_figures"]:
         out.notes.append(f"{len(groups) - panel['max_figures']} more facets not drawn: this "
                          f"panel draws at most max_figures={panel['max_figures']} (use filter:).")
@@ -60,6 +63,11 @@ def speedups(sub: pd.DataFrame) -> pd.DataFrame:
                          "speedup": pairs.bf16_ms / pairs.fwd_median_ms})
 
 
+def _tick(backend: str, dtype: str, n: int) -> str:
+    """Three short lines: neighbouring bars' labels must not run into each other."""
+    return f"{backend}\n{dtype.removeprefix('fp8_')}\nn={n}"
+
+
 def _figure(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context) -> FigureFile:
     title = facet_title(panel["facets"], key)
     fig = new_figure(9.0, 3.6)
@@ -78,8 +86,8 @@ def _figure(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context) -> Figure
         handles["kernel error (vs exact on the dequantized inputs)"] = kernel
         handles["quantization error (exact: dequantized vs original inputs)"] = quant
         ax_err.set_yscale("log")
-        ax_err.set_xticks(x, [f"{b}\n{d.removeprefix('fp8_')} (n={n})"
-                              for (b, d), n in zip(split.index, split.n)], fontsize=7)
+        ax_err.set_xticks(x, [_tick(b, d, n) for (b, d), n in zip(split.index, split.n)],
+                          fontsize=7)
     else:
         ax_err.text(0.5, 0.5, "no judged fp8 case", ha="center", va="center",
                     transform=ax_err.transAxes)
@@ -91,8 +99,8 @@ def _figure(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context) -> Figure
         xs = np.arange(len(agg))
         ax_speed.bar(xs, agg["median"], 0.6, color=[ctx.color(str(b)) for b, _ in agg.index])
         ax_speed.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax_speed.set_xticks(xs, [f"{b}\n{d.removeprefix('fp8_')} (n={n})"
-                                 for (b, d), n in zip(agg.index, agg["size"])], fontsize=7)
+        ax_speed.set_xticks(xs, [_tick(b, d, n) for (b, d), n in zip(agg.index, agg["size"])],
+                            fontsize=7)
     else:
         ax_speed.text(0.5, 0.5, "no fp8 case timed beside\nthe same bf16 case", ha="center",
                       va="center", transform=ax_speed.transAxes)
