@@ -38,7 +38,7 @@ from attnbench.cluster import plan_case, run_case_task_text
 from attnbench.errors import ClusterError
 from attnbench.records import make_record
 from attnbench.resources import DEVICE
-from attnbench.runner import Progress, RunSummary, SweepRun, _Flight
+from attnbench.runner import TICK_S, Progress, RunSummary, SweepRun, _Flight, quiet_reconnects
 from attnbench.spec import Case
 
 log = logging.getLogger("attnbench")
@@ -160,7 +160,7 @@ class LaneRun(SweepRun):
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> RunSummary:
         t0 = time.perf_counter()
-        next_look = time.monotonic() + 1.0
+        next_look = time.monotonic() + TICK_S
         with self.interrupts.installed():
             try:
                 self.plan()
@@ -173,23 +173,18 @@ class LaneRun(SweepRun):
                         self.look_at_workers()
                         if self.on_tick is not None:
                             self.on_tick(self)
-                        next_look = time.monotonic() + 1.0
+                        next_look = time.monotonic() + TICK_S
                     self.start_lanes()
                     self.store.flush()  # the batch's records, one write for them all
             except KeyboardInterrupt:
                 self.summary.interrupted = True
             except ClusterError:
-                for name in ("distributed.client", "distributed.batched", "distributed.core"):
-                    logging.getLogger(name).setLevel(logging.CRITICAL)  # no reconnect noise
+                quiet_reconnects()
                 raise
             finally:
                 self._shutdown()
                 self.store.flush()
-        if self.summary.not_run:
-            self.progress.note(f"{self.summary.not_run} cases not run (no worker left that can "
-                               "run them); they stay pending")
-        self.summary.wall_s = time.perf_counter() - t0
-        return self.summary
+        return self.finish(t0)
 
     def _work_left(self) -> bool:
         # Under the lock: a connection that closes moves its case from in_flight back to a

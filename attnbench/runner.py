@@ -208,6 +208,12 @@ class Stop(KeyboardInterrupt):
     """Raised by an ``on_tick`` hook: stop as on Ctrl-C (cases in flight stay pending)."""
 
 
+def quiet_reconnects() -> None:
+    """A lost cluster: the run reports it once; Dask's reconnect attempts would repeat it."""
+    for name in ("distributed.client", "distributed.batched", "distributed.core"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 class SweepRun:
     """One pass over a run directory's pending cases. The steps: :meth:`plan` (cases no worker
     can run are skipped now), :meth:`submit_more` (keep a bounded window in flight),
@@ -258,11 +264,14 @@ class SweepRun:
                     flight.cancelled = True
                     flight.future.cancel()
             except ClusterError:
-                for name in ("distributed.client", "distributed.batched", "distributed.core"):
-                    logging.getLogger(name).setLevel(logging.CRITICAL)  # no reconnect noise
+                quiet_reconnects()
                 raise
             finally:
                 self.store.flush()
+        return self.finish(t0)
+
+    def finish(self, t0: float) -> RunSummary:
+        """The summary of a run loop that started at ``t0`` (either dispatch)."""
         if self.summary.not_run:
             self.progress.note(f"{self.summary.not_run} cases not run (no worker left that can "
                                "run them); they stay pending")

@@ -18,7 +18,7 @@ import pandas as pd
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (RAN, Context, FigureFile, PanelOutput, facet_groups,
-                                      facet_title, finish_figure, new_figure, slug)
+                                      facet_title, finish_figure, mpl_text, new_figure, slug)
 
 FP8 = ("fp8_e4m3", "fp8_e5m2")
 PAIR_KEYS = ("backend", "batch", "seqlen_q", "seqlen_kv", "seqlens_q", "seqlens_kv", "heads_q",
@@ -65,7 +65,7 @@ def speedups(sub: pd.DataFrame) -> pd.DataFrame:
 
 def _tick(backend: str, dtype: str, n: int) -> str:
     """Three short lines: neighbouring bars' labels must not run into each other."""
-    return f"{backend}\n{dtype.removeprefix('fp8_')}\nn={n}"
+    return f"{mpl_text(backend)}\n{dtype.removeprefix('fp8_')}\nn={n}"
 
 
 def _figure(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context) -> FigureFile:
