@@ -21,20 +21,21 @@ from attnbench.backends import check_backend_name
 from attnbench.errors import (EXIT_CLUSTER, EXIT_FAILURES, EXIT_FINDINGS, EXIT_INTERRUPTED,
                               EXIT_OK, EXIT_STATUS_HELP, ClusterError, UserError, printable,
                               quiet_broken_pipe, short_repr)
-from attnbench.records import BAD_VERDICTS, VERDICTS
-from attnbench.spec import load_sweep, single_case_sweep
-from attnbench.store import RunStore, default_run_dir, latest_run_dir, load_manifest, load_records
+from attnbench.results.records import BAD_VERDICTS, VERDICTS
+from attnbench.sweep.load import load_sweep, single_case_sweep
+from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
+                                     load_records)
 from attnbench.validation import positive_int_argument
 
 
 # -- run --------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnbench.cluster import connect, make_security
-    from attnbench.driver import local_run_status
-    from attnbench.lanes import run_class
-    from attnbench.performance_report import saved_performance_report
-    from attnbench.runner import run_pending
-    from attnbench.scheduler_address import check_choice, choose_scheduler
+    from attnbench.cluster.connect import connect, make_security
+    from attnbench.dispatch.driver import local_run_status
+    from attnbench.dispatch.lanes import run_class
+    from attnbench.cluster.performance_report import saved_performance_report
+    from attnbench.dispatch.run import run_pending
+    from attnbench.cluster.scheduler_address import check_choice, choose_scheduler
 
     sweep = load_sweep(args.sweep, check_backend_name, args.set or ())
     if args.case:
@@ -110,8 +111,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def findings_text(records: list[dict]) -> list[str]:
-    """The accuracy findings across the sweep (:mod:`attnbench.trends`), one line each."""
-    from attnbench.trends import findings
+    """The accuracy findings across the sweep (:mod:`attnbench.report.trends`), one line each."""
+    from attnbench.report.trends import findings
 
     found = findings(records)
     if not found:
@@ -178,7 +179,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                     f"{', '.join(devices) or '-'}", 2000))
     print(summary_table(records))
     if args.all:
-        from attnbench.case_lines import case_lines
+        from attnbench.report.case_lines import case_lines
 
         for line in case_lines(records):
             print(printable(line, 2000))
@@ -191,8 +192,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_backends(args: argparse.Namespace) -> int:
     """Each backend, and whether it can run a plain bf16 case on this machine's device."""
     from attnbench.backends import backend_names, get_backend
-    from attnbench.device import device_env, pick_device
-    from attnbench.spec import make_case
+    from attnbench.hardware.device import device_env, pick_device
+    from attnbench.sweep.case import make_case
 
     device = pick_device()
     env = device_env(device)
@@ -305,11 +306,11 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--all", action="store_true", help="include test-only backends and mutants")
     be.set_defaults(func=cmd_backends)
 
-    from attnbench.detach import add_detach_commands
+    from attnbench.dispatch.detach import add_detach_commands
     from attnbench.report.commands import add_report_commands
     from attnbench.report.export import add_export_command
     from attnbench.selftest import add_selftest_command
-    from attnbench.sweep_schema import add_schema_command
+    from attnbench.sweep.schema import add_schema_command
 
     add_report_commands(sub)
     add_export_command(sub)
@@ -338,7 +339,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
         handler.addFilter(lambda r: r.levelno >= logging.ERROR or not r.name.startswith(noisy))
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:
-        from attnbench.worker import main as worker_main
+        from attnbench.cluster.worker import main as worker_main
 
         return worker_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -35,7 +35,7 @@ ENV_THREADS = "ATTNBENCH_THREADS"
 """torch threads per rank process."""
 ENV_SIMULATE = "ATTNBENCH_SIMULATE_S"
 """Set by ``attnbench worker --simulate-gpus``: cases sleep this many seconds instead of running
-(:mod:`attnbench.simulation`)."""
+(:mod:`attnbench.cluster.simulation`)."""
 
 # -- environment of a rank process ---------------------------------------------------------------
 ENV_DEVICE = "ATTNBENCH_DEVICE"

@@ -36,11 +36,13 @@ from typing import Iterable, Optional, Sequence, TextIO
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_OK, ClusterError
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN, Mutant, by_name)
-from attnbench.records import BAD_VERDICTS
+from attnbench.results.records import BAD_VERDICTS
 from attnbench.resources import ENV_DEVICE, ENV_THREADS
-from attnbench.fp8_rules import is_fp8
-from attnbench.spec import Case, RunOptions, Sweep, TimingOptions, load_sweep
-from attnbench.trends import SLOPE_BOUND, findings, trends
+from attnbench.sweep.fp8_rules import is_fp8
+from attnbench.sweep.case import Case
+from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.sweep.load import Sweep, load_sweep
+from attnbench.report.trends import SLOPE_BOUND, findings, trends
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 DEFAULT_SWEEPS = (SWEEPS_DIR / "standard.yaml", SWEEPS_DIR / "decode.yaml",
@@ -122,9 +124,9 @@ def is_long(case: Case) -> bool:
 def run_with_dask(sweep: Sweep, run_dir: Path, *, scheduler: Optional[str] = None,
                   workers: Optional[int] = None, stream: TextIO = sys.stderr) -> list[dict]:
     """The normal path: a run directory, Dask, rank pools. Resumes a run directory."""
-    from attnbench.cluster import connect
-    from attnbench.runner import run_pending
-    from attnbench.store import RunStore, load_records
+    from attnbench.cluster.connect import connect
+    from attnbench.dispatch.run import run_pending
+    from attnbench.results.store import RunStore, load_records
 
     store = RunStore(run_dir, sweep, command=sys.argv)
     try:
@@ -144,7 +146,7 @@ def run_with_dask(sweep: Sweep, run_dir: Path, *, scheduler: Optional[str] = Non
 def run_in_pools(cases: Sequence[Case], options: RunOptions, *,
                  stream: TextIO = sys.stderr) -> list[dict]:
     """Rank pools without Dask (one case at a time): crashes and hangs still become records."""
-    from attnbench.cluster import CASE_FUNC, outcome_to_record
+    from attnbench.cluster.task import CASE_FUNC, outcome_to_record
     from attnbench.execution.pool import RankPool
 
     pools: dict[int, RankPool] = {}
@@ -253,7 +255,7 @@ class MutantResult:
     """How many failing cases each kind of check caught."""
 
     trends: list = field(default_factory=list)
-    """Error-trend findings on this mutant's series (:mod:`attnbench.trends`)."""
+    """Error-trend findings on this mutant's series (:mod:`attnbench.report.trends`)."""
 
     @property
     def caught(self) -> bool:
@@ -420,7 +422,7 @@ def add_selftest_command(subparsers) -> None:
 
 def _choose_device(device: str) -> Optional[str]:
     """Set the environment the rank processes inherit; None, or why it cannot be done."""
-    from attnbench.worker import detect_gpus
+    from attnbench.cluster.worker import detect_gpus
 
     gpus = detect_gpus()
     if device == "cuda" and not gpus:
@@ -433,7 +435,7 @@ def _choose_device(device: str) -> Optional[str]:
 
 def cmd_selftest(args: argparse.Namespace) -> int:
     from attnbench.backends import check_backend_name
-    from attnbench.store import default_run_dir
+    from attnbench.results.store import default_run_dir
 
     if args.seeds < 1:
         print("attnbench: error: --seeds: expected >= 1", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Checks for what users and colleagues hand attnbench: sweep and dashboard files, journals and
 manifests. One place for the typed value rules every field and option goes through (a sweep's
-fields and options in :mod:`attnbench.spec`, a stored record's case and a manifest's options in
-:mod:`attnbench.store`), for reading a small input file without trusting its size or kind, and
+fields and options in :mod:`attnbench.sweep`, a stored record's case and a manifest's options in
+:mod:`attnbench.results.store`), for reading a small input file without trusting its size or kind, and
 for parsing YAML and JSON strictly. Every mistake is a :class:`~attnbench.errors.UserError` whose
 message shows a bounded part of the input (:func:`~attnbench.errors.short_repr`).
 """

@@ -6,7 +6,7 @@ standard sweep's length ladder catch?
 
 Part 1 -- old and new bound for a correct fused kernel, per dtype: the old rule was
 2 x naive's error + RATIO_FLOOR, the new one 2 x the fused baseline's + FUSED_FLOOR (both from
-attnbench.accuracy), on the same inputs (4 heads, d64, causal, normal inputs).
+attnbench.accuracy.bounds), on the same inputs (4 heads, d64, causal, normal inputs).
 
 Part 2 -- an accumulator kept with fewer mantissa bits than fp32 (bf16 keeps 8 significant bits,
 fp16 11, fp32 24): the fused baseline with its P·V accumulator (forward) or its dQ accumulator
@@ -24,15 +24,15 @@ import time
 
 import torch
 
-from attnbench import accuracy as acc
-from attnbench.dropout import hash_keep_mask
-from attnbench.evaluation import References
-from attnbench.fused_baseline import FusedBaseline, fused_backward, fused_forward
-from attnbench.inputs import make_inputs
-from attnbench.problem import AttnSpec
-from attnbench.records import TENSORS
-from attnbench.spec import make_case
-from attnbench.trends import SLOPE_BOUND, Point, Series, fit
+from attnbench.accuracy import bounds as acc
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.accuracy.evaluate import References
+from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
+from attnbench.problem.inputs import make_inputs
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.results.records import TENSORS
+from attnbench.sweep.case import make_case
+from attnbench.report.trends import SLOPE_BOUND, Point, Series, fit
 
 
 def round_to_bits(x: torch.Tensor, bits: int) -> torch.Tensor:

@@ -6,7 +6,7 @@
     python benchmarks/bench_decode.py --cpu-smoke            # tiny shapes, interpreter
 
 Shapes: 32 query heads, 8 KV heads, head_dim 128, bf16, batch 2 (``--batch``). Bytes come from
-:func:`attnbench.flops.decode_bytes` (each sequence's cache read once, q, out, the block table),
+:func:`attnbench.sweep.flops.decode_bytes` (each sequence's cache read once, q, out, the block table),
 the model the sweeps use; % of bandwidth is against the datasheet figure of
 :mod:`attnbench.hardware.peaks`. Every backend is called through the attnbench backend protocol,
 exactly as the harness calls it; the paged pool and block table are built by the first
@@ -31,11 +31,11 @@ import torch
 from attnbench.backends import Unsupported, get_backend
 from attnbench.backends.masks import release_prepared
 from attnbench.execution.single import paged_refusal
-from attnbench.flops import decode_bytes
-from attnbench.inputs import make_inputs
-from attnbench.problem import AttnSpec
-from attnbench.spec import make_case
-from attnbench.bench_timing import bench_ms
+from attnbench.sweep.flops import decode_bytes
+from attnbench.problem.inputs import make_inputs
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.sweep.case import make_case
+from attnbench.timing.bench import bench_ms
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def bandwidth_gbs(device: torch.device):
     if device.type != "cuda":
         return None
-    from attnbench.device import device_env
+    from attnbench.hardware.device import device_env
     from attnbench.hardware import peak_bandwidth_gbs
 
     return peak_bandwidth_gbs(device_env(device)["gpu_kind"])

@@ -18,7 +18,7 @@ head_dim = ``--hidden``). Rows:
   PTX of the d128 forward has 109 shared stores per loop against 13 with V key-contiguous:
   kernels/compile_check.py), which is why Triton's tutorial and FA3 keep fp8 V transposed.
 
-FLOPs: 4 * B * H * Sq * Sk * D (halved when causal), the forward of :mod:`attnbench.flops`.
+FLOPs: 4 * B * H * Sq * Sk * D (halved when causal), the forward of :mod:`attnbench.sweep.flops`.
 Timing: ``triton.testing.do_bench`` (median, L2 flushed); the first call of a shape autotunes
 and is not timed. Inputs are quantized outside the timed region (a model hands fp8 tensors).
 """
@@ -33,10 +33,10 @@ import sys
 
 import torch
 
-from attnbench.fp8 import FORMATS, quantize
+from attnbench.problem.fp8 import FORMATS, quantize
 from attnbench.kernels.flash_fwd import FP8_MIN_CAPABILITY, flash_forward, flash_forward_fp8
 from attnbench.kernels.params import FlashParams
-from attnbench.bench_timing import bench_ms
+from attnbench.timing.bench import bench_ms
 
 VARIANTS = ("bf16", "fp8 e4m3", "fp8 e4m3 vT", "fp8 e5m2", "fp8 e5m2 vT")
 

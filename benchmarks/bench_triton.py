@@ -6,7 +6,7 @@
 
 Shapes follow the FlashAttention papers so numbers compare with published ones: batch x seqlen
 = ``--tokens`` (16k), heads x head_dim = ``--hidden`` (2048), bf16. FLOPs come from
-:func:`attnbench.flops.case_flops` (backward = 2.5 x forward), the same model the sweeps use.
+:func:`attnbench.sweep.flops.case_flops` (backward = 2.5 x forward), the same model the sweeps use.
 Every backend is called through the attnbench backend protocol, exactly as the harness calls it.
 
 Timing is ``triton.testing.do_bench`` on GPU (CUDA events, the L2 cache flushed before each
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.backends import Unsupported, get_backend
-from attnbench.flops import case_flops
-from attnbench.inputs import make_inputs
-from attnbench.problem import AttnSpec
-from attnbench.spec import make_case
-from attnbench.bench_timing import bench_ms
+from attnbench.sweep.flops import case_flops
+from attnbench.problem.inputs import make_inputs
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.sweep.case import make_case
+from attnbench.timing.bench import bench_ms
 
 
 @dataclass(frozen=True)

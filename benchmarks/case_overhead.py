@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnbench.store import load_records
+from attnbench.results.store import load_records
 
 SWEEP = """
 name: overhead

@@ -21,10 +21,12 @@ import statistics
 import time
 from pathlib import Path
 
-from attnbench.cluster import outcome_to_record
+from attnbench.cluster.task import outcome_to_record
 from attnbench.execution.pool import RankPool
-from attnbench.spec import Case, RunOptions, TimingOptions, load_sweep
-from attnbench.store import load_records
+from attnbench.sweep.case import Case
+from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.sweep.load import load_sweep
+from attnbench.results.store import load_records
 
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
 SWEEP = Path(__file__).resolve().parent.parent / "sweeps" / "cp_tp.yaml"

@@ -8,7 +8,7 @@ then measures:
 * Dask alone: trivial tasks (a function returning a small dict) submitted with the same
   resources and the same bounded window (2 x devices in flight) as ``attnbench run``.
 * attnbench: trivial cases (backend ``testing.noop``, accuracy and timing off) through
-  :func:`attnbench.runner.run_pending` on warm rank pools; per case = wall / cases, so two
+  :func:`attnbench.dispatch.run.run_pending` on warm rank pools; per case = wall / cases, so two
   workers in parallel count once. Inside each record: ``wall_s`` (the task: device lease + rank
   pool round trip + the case) and ``duration_s`` (inside the rank).
 * Faults, through ``attnbench run`` in a subprocess as a user would: a worker SIGKILLed while
@@ -36,10 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from attnbench.cluster import connect  # noqa: E402
-from attnbench.runner import run_pending  # noqa: E402
-from attnbench.spec import load_sweep  # noqa: E402
-from attnbench.store import RunStore  # noqa: E402
+from attnbench.cluster.connect import connect  # noqa: E402
+from attnbench.dispatch.run import run_pending  # noqa: E402
+from attnbench.sweep.load import load_sweep  # noqa: E402
+from attnbench.results.store import RunStore  # noqa: E402
 
 SLEEPY = "sleepy_backend:make"
 

@@ -1,4 +1,4 @@
-"""Measure the error scales the accuracy bounds rest on (see attnbench/accuracy.py).
+"""Measure the error scales the accuracy bounds rest on (see attnbench/accuracy/bounds.py).
 
 Runs correct backends in-process over a feature matrix and several seeds, with timing off, and
 prints the largest relative L2 error per (backend, dtype, tensor), the largest ratio of a
@@ -18,7 +18,8 @@ import math
 import time
 
 from attnbench.execution.case_runner import run_case
-from attnbench.spec import RunOptions, TimingOptions, make_case
+from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.sweep.case import make_case
 
 
 def cases(args):

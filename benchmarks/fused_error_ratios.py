@@ -1,6 +1,6 @@
 """How far correct fused backends sit from the fused-precision baseline (the new bounds' scale).
 
-For each case: the fp64 reference, the fused baseline (:mod:`attnbench.fused_baseline`) and the
+For each case: the fp64 reference, the fused baseline (:mod:`attnbench.accuracy.fused_baseline`) and the
 backend on the same inputs and the same dropout mask; the ratio (backend rel. L2 error) /
 (baseline rel. L2 error) per tensor. Prints the largest ratio per (dtype, tensor), per backend
 and over all of them, with the case that gave it, and the median.
@@ -30,14 +30,14 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.accuracy import tensor_errors
+from attnbench.accuracy.bounds import tensor_errors
 from attnbench.backends import Unsupported, get_backend
-from attnbench.dropout import hash_keep_mask
-from attnbench.fused_baseline import FusedBaseline
-from attnbench.inputs import make_inputs
-from attnbench.problem import AttnSpec
-from attnbench.reference import reference_backward, reference_forward
-from attnbench.spec import make_case
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.accuracy.fused_baseline import FusedBaseline
+from attnbench.problem.inputs import make_inputs
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.reference import reference_backward, reference_forward
+from attnbench.sweep.case import make_case
 
 TENSORS = ("out", "dq", "dk", "dv")
 BASELINE = FusedBaseline()  # block_q 128, block_k 64: FA2's forward tile

@@ -16,8 +16,8 @@ import time
 
 from attnbench.execution.pool import RankPool
 
-ECHO = "attnbench.backends.testing:echo"
-SEGFAULT = "attnbench.backends.testing:segfault"
+ECHO = "attnbench.execution.testing:echo"
+SEGFAULT = "attnbench.execution.testing:segfault"
 # About the size of a real payload: a Case dict plus RunOptions.
 PAYLOAD = {"case": {f"field_{i}": i for i in range(24)},
            "options": {"timeout_s": 300.0, "accuracy": True,

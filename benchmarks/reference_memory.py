@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from attnbench.problem import AttnSpec
-from attnbench.reference import reference_backward, reference_forward
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.reference import reference_backward, reference_forward
 
 
 def main() -> None:

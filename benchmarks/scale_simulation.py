@@ -9,7 +9,7 @@ one kind has less and its cases finish last while the others' devices wait).
 
 Starts on loopback a `dask scheduler` and ``gpus / per-worker`` `attnbench worker
 --simulate-gpus` processes of ``kinds`` kinds (cases lease real device ids from the workers'
-lease tables, then sleep ``case-seconds``: attnbench/simulation.py), and drives a sweep of
+lease tables, then sleep ``case-seconds``: attnbench/cluster/simulation.py), and drives a sweep of
 ``cases`` cases through the same driver loop as `attnbench run` / `submit` (LaneRun or SweepRun,
 in this process, so its memory and time are measured). With churn, workers join and leave during the
 run: at 20 % of the records one more worker joins, at 40 % one leaves cleanly (SIGTERM), at
@@ -45,12 +45,12 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 import psutil  # noqa: E402  (a dependency of distributed)
 
-from attnbench.cluster import Connection  # noqa: E402
-from attnbench.lanes import DISPATCHES, make_run  # noqa: E402
-from attnbench.runner import Progress  # noqa: E402
-from attnbench.simulation import lease_overlaps  # noqa: E402
-from attnbench.spec import load_sweep  # noqa: E402
-from attnbench.store import RunStore, load_records  # noqa: E402
+from attnbench.cluster.connect import Connection  # noqa: E402
+from attnbench.dispatch.lanes import DISPATCHES, make_run  # noqa: E402
+from attnbench.dispatch.run import Progress  # noqa: E402
+from attnbench.cluster.simulation import lease_overlaps  # noqa: E402
+from attnbench.sweep.load import load_sweep  # noqa: E402
+from attnbench.results.store import RunStore, load_records  # noqa: E402
 
 
 def write_sweep(path: Path, cases: int, kinds: list[str], tp: list[int]) -> None:
@@ -237,7 +237,7 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=2.0,
                         help="cases in flight per device (the driver's default: 2)")
     parser.add_argument("--dispatch", choices=DISPATCHES, default="lanes",
-                        help="a Dask task per case, or lanes that pull cases (attnbench/lanes.py)")
+                        help="a Dask task per case, or lanes that pull cases (attnbench/dispatch/lanes.py)")
     parser.add_argument("--profile", action="store_true", help="cProfile the driver loop")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
     args = parser.parse_args()

@@ -4,7 +4,7 @@
     python benchmarks/timer_vs_do_bench.py --backends sdpa_cudnn --mode graph
 
 Every row times one backend call (forward, then backward on one forward's context) twice: with
-:func:`attnbench.timing.measure` under the sweep defaults the GPU sweeps use, and with
+:func:`attnbench.timing.loop.measure` under the sweep defaults the GPU sweeps use, and with
 ``do_bench`` (CUDA events, L2 flushed before each call, median). Shapes run from a ~30 us call
 to several ms, so both regimes of the target show: within 3 % at >= 1 ms, within 10 % at 50 us.
 The ``ok`` column says whether the ratio meets the target of its size. On a CPU it says it needs
@@ -21,10 +21,11 @@ import sys
 import torch
 
 from attnbench.backends import Unsupported, get_backend
-from attnbench.inputs import make_inputs
-from attnbench.problem import AttnSpec
-from attnbench.spec import TimingOptions, make_case
-from attnbench.timing import make_clock, measure
+from attnbench.problem.inputs import make_inputs
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.sweep.options import TimingOptions
+from attnbench.sweep.case import make_case
+from attnbench.timing.loop import make_clock, measure
 
 # (batch, seqlen, heads, head_dim): from tens of microseconds to milliseconds on an H100/H200.
 SHAPES = ((1, 256, 8, 64), (1, 1024, 16, 64), (2, 2048, 16, 128), (4, 4096, 16, 128),

@@ -5,7 +5,7 @@
 
 Part 1 (arithmetic only) -- for lognormal length mixes (mean 2048, max 16384, as the GPU sweep
 draws them) and the issue's explicit mix: the number of documents, the longest, and the FLOPs of
-the packed case (each document's own pairs, attnbench.flops) against two ways of not packing:
+the packed case (each document's own pairs, attnbench.sweep.flops) against two ways of not packing:
 padding every document to the longest (a dense batch x max_len case) and attending across
 documents (one dense sequence of the whole pack, causal). The ratios are the throughput a
 kernel that pads, or leaks, wastes on FLOPs that are not the case's; the dashboard's packed
@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from attnbench.flops import case_flops
-from attnbench.spec import make_case
+from attnbench.sweep.flops import case_flops
+from attnbench.sweep.case import make_case
 
 MIXES = [{"lengths": "lognormal", "mean": 2048, "max": 16384, "total": total, "seed": 0}
          for total in (16384, 32768, 65536, 131072)]
@@ -36,7 +36,7 @@ def work_table(causal: bool) -> None:
     cases = [("issue [4096,1024,77,2999]", {"seqlens_q": [4096, 1024, 77, 2999]})]
     cases += [(f"lognormal total {m['total']}", {"varlen": m}) for m in MIXES]
     for label, fields in cases:
-        from attnbench.spec import parse_sweep  # noqa: PLC0415  (expands varlen like a sweep)
+        from attnbench.sweep.load import parse_sweep  # noqa: PLC0415  (expands varlen like a sweep)
 
         text = ("name: w\ndefaults: {backend: naive, heads_q: 16, head_dim: 128, mask: "
                 f"{mask}}}\naxes: {{dtype: [bf16]}}\ninclude: [{_yaml(fields)}]\n")
@@ -63,9 +63,9 @@ def judge_times() -> None:
     import torch
 
     from attnbench.backends import get_backend
-    from attnbench.inputs import make_inputs
-    from attnbench.problem import AttnSpec
-    from attnbench.reference import reference_backward, reference_forward
+    from attnbench.problem.inputs import make_inputs
+    from attnbench.problem.attn_spec import AttnSpec
+    from attnbench.problem.reference import reference_backward, reference_forward
 
     torch.set_num_threads(1)
     print("\nCPU seconds to judge (fp64 reference fwd+bwd, naive fwd+bwd), 4 heads, d64, causal")

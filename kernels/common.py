@@ -2,7 +2,7 @@
 
 Legend: BM = BLOCK_M (query rows of a tile), BN = BLOCK_N (key rows), D / DV = head dims.
 Indices inside the kernels are *local* to this call (0 .. Sq-1, 0 .. Sk-1). Two numbers connect
-them to the global problem of :mod:`attnbench.problem`:
+them to the global problem of :mod:`attnbench.problem.attn_spec`:
 
 * ``diag`` = q_start + (Sk_total - Sq_total) - kv_start: local query ``i`` sits at local key
   position ``i + diag`` (bottom-right alignment), so key ``j`` is visible iff

@@ -5,7 +5,7 @@ Sk = cache length (per sequence: ``seqlens_k``), D / DV = head dims, S = splits,
 R = G * Sq query rows that share one kv head, BM / BN = BLOCK_M / BLOCK_N.
 q (B, Hq, Sq, D); a contiguous cache k (B, Hkv, Sk, D), v (B, Hkv, Sk, DV), or a paged one
 k_pages (P, T, Hkv, D), v_pages (P, T, Hkv, DV) with block_table (B, N) int32
-(:mod:`attnbench.paged`); out (B, Hq, Sq, DV) in q's dtype, lse (B, Hq, Sq) float32.
+(:mod:`attnbench.problem.paged`); out (B, Hq, Sq, DV) in q's dtype, lse (B, Hq, Sq) float32.
 
 Decode reads the whole cache for a handful of queries: it is memory-bound, and one program
 per (batch, head) would leave most of a GPU idle. So (1) the R rows of a GQA group are one

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.fp8 import FORMATS, P_PRESCALE
+from attnbench.problem.fp8 import FORMATS, P_PRESCALE
 from attnbench.kernels import configs
 from attnbench.kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile, \
     sequence_of

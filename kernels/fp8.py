@@ -1,4 +1,4 @@
-"""fp8 quantization inside a kernel, in fp32 arithmetic (see :mod:`attnbench.fp8` for the model).
+"""fp8 quantization inside a kernel, in fp32 arithmetic (see :mod:`attnbench.problem.fp8` for the model).
 
 Triton 3.9's interpreter casts fp32 -> fp8 wrongly when the rounding carries into the exponent
 (-1.965 becomes -1.0, not -2.0); a compiled kernel's ``cvt`` rounds correctly. Rounding to the

@@ -1,7 +1,7 @@
 """What a kernel launch needs besides the tensors, and the small helpers every launcher shares.
 
 This module is plain Python (no ``@triton.jit``): the backend builds :class:`FlashParams` from an
-:class:`attnbench.problem.AttnSpec`, the launchers turn it into kernel arguments.
+:class:`attnbench.problem.attn_spec.AttnSpec`, the launchers turn it into kernel arguments.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from attnbench.kernels.common import LOG2E, UNBOUNDED
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FlashParams:
-    """Features of one call, in the conventions of :mod:`attnbench.problem`."""
+    """Features of one call, in the conventions of :mod:`attnbench.problem.attn_spec`."""
 
     sm_scale: float
     diag: int = 0
@@ -42,7 +42,7 @@ class FlashParams:
     cu_seqlens_kv: tuple[int, ...] = ()
     seq_q_start: tuple[int, ...] = ()
     """Packed context parallelism: each sequence's first query of this call as a position in
-    its sequence (empty: 0); likewise keys. See :class:`attnbench.problem.AttnSpec`."""
+    its sequence (empty: 0); likewise keys. See :class:`attnbench.problem.attn_spec.AttnSpec`."""
     seq_kv_start: tuple[int, ...] = ()
     seqlens_q_total: tuple[int, ...] = ()
     """Packed CP: each whole sequence's length (empty: this call's lengths)."""

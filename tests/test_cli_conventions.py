@@ -15,7 +15,7 @@ from importlib import metadata
 import pytest
 
 from attnbench.errors import EXIT_BROKEN_PIPE, UsageError
-from attnbench.scheduler_address import choose_scheduler, read_scheduler_file
+from attnbench.cluster.scheduler_address import choose_scheduler, read_scheduler_file
 from conftest import ROOT
 
 
@@ -162,7 +162,7 @@ def test_the_performance_report_shows_the_command_as_text(tmp_path, monkeypatch)
             return asyncio.run(fn(*args, **kwargs))
 
     monkeypatch.setattr(distributed, "performance_report", FakeReport)
-    from attnbench.performance_report import REPORT_NAME, saved_performance_report
+    from attnbench.cluster.performance_report import REPORT_NAME, saved_performance_report
 
     with saved_performance_report(tmp_path, FakeClient(), "attnbench run <script>x</script>.yaml"):
         pass

@@ -18,13 +18,15 @@ import pytest
 import torch
 
 from attnbench.execution.case_runner import run_case
-from attnbench.flops import case_bytes
-from attnbench.paged import build_paged_cache, decode_cache, gather_kv
-from attnbench.problem import AttnSpec, alibi_slopes
-from attnbench.reference import reference_forward
-from attnbench.spec import Case, RunOptions, TimingOptions, make_case, parse_sweep
+from attnbench.sweep.flops import case_bytes
+from attnbench.problem.paged import build_paged_cache, decode_cache, gather_kv
+from attnbench.problem.attn_spec import AttnSpec, alibi_slopes
+from attnbench.problem.reference import reference_forward
+from attnbench.sweep.case import Case, make_case
+from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.sweep.load import parse_sweep
 from attnbench.errors import SweepError
-from attnbench.store import check_record
+from attnbench.results.schema import check_record
 from attnbench.kernels.decode import decode_forward, merge_splits_torch
 from attnbench.kernels.params import FlashParams
 

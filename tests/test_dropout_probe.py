@@ -1,4 +1,4 @@
-"""Dropout of hidden-mask backends (attnbench.dropout_probe): the mask is recovered for sdpa on
+"""Dropout of hidden-mask backends (attnbench.accuracy.dropout_probe): the mask is recovered for sdpa on
 CPU and the fp64 reference judges with it; the forward dropout mutants are caught, by the
 recovered mask and by statistics alone; the correct control passes both.
 
@@ -26,17 +26,17 @@ import math
 import pytest
 import torch
 
-from attnbench import dropout_probe
+from attnbench.accuracy import dropout_probe
 from attnbench.backends import get_backend
 from attnbench.backends.base import Forward
 from attnbench.backends.sdpa import SdpaDefault
-from attnbench.dropout_probe import RecoveredKeepMask, RngState, judge_dropout
-from attnbench.evaluation import evaluate
-from attnbench.inputs import make_inputs
+from attnbench.accuracy.dropout_probe import RecoveredKeepMask, RngState, judge_dropout
+from attnbench.accuracy.evaluate import evaluate
+from attnbench.problem.inputs import make_inputs
 from attnbench.mutants.dropout import DropoutKeepP, DropoutRenormalised, HiddenTorchRngDropout
-from attnbench.problem import AttnSpec
-from attnbench.records import TENSORS
-from attnbench.spec import make_case
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.results.records import TENSORS
+from attnbench.sweep.case import make_case
 
 BASE = dict(backend="sdpa", seqlen_q=128, heads_q=4, heads_kv=4, head_dim=32)
 GQA_CAUSAL = dict(heads_kv=2, mask="causal", seqlen_q=96, seqlen_kv=203)

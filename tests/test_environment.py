@@ -7,12 +7,13 @@ import json
 import pytest
 import torch
 
-from attnbench import cli, store
-from attnbench.device import interpreter_on_gpu
+from attnbench import cli
+from attnbench.results import store
+from attnbench.hardware.device import interpreter_on_gpu
 from attnbench.execution.case_runner import served_kinds
-from attnbench.records import make_record
+from attnbench.results.records import make_record
 from attnbench.resources import ENV_FAMILY, ENV_KIND, node_resources
-from attnbench.spec import load_sweep
+from attnbench.sweep.load import load_sweep
 
 SWEEP = "name: envtest\ndefaults: {backend: naive, seqlen_q: 16, heads_q: 2, head_dim: 8}\n" \
         "axes: {seed: [0, 1]}\n"
@@ -88,7 +89,7 @@ def test_triton_interpreter_is_refused_on_a_cuda_device(monkeypatch):
 
 
 def test_a_gpu_worker_refuses_an_inherited_triton_interpreter(monkeypatch):
-    from attnbench.worker import DetectionError, detect_node
+    from attnbench.cluster.worker import DetectionError, detect_node
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(DetectionError, match="TRITON_INTERPRET=1 is set on a node with GPUs"):

@@ -7,10 +7,12 @@ import threading
 import pytest
 import torch
 
-from attnbench.flops import BACKWARD_FACTOR, case_bytes, case_flops, visible_pairs
-from attnbench.problem import AttnSpec
-from attnbench.spec import TimingOptions, make_case
-from attnbench.timing import CpuClock, EventClock, StopRule, calls_per_sample, measure, summarize
+from attnbench.sweep.flops import BACKWARD_FACTOR, case_bytes, case_flops, visible_pairs
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.sweep.options import TimingOptions
+from attnbench.sweep.case import make_case
+from attnbench.timing.loop import (CpuClock, EventClock, StopRule, calls_per_sample, measure,
+                                   summarize)
 
 
 @pytest.mark.parametrize("sq, sk, left, right", list(itertools.product(

@@ -9,17 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench.accuracy import tensor_errors
+from attnbench.accuracy.bounds import tensor_errors
 from attnbench.errors import SweepError
 from attnbench.execution.case_runner import run_case
-from attnbench.flops import case_bytes
-from attnbench.fp8 import FORMATS, dequantize_call, round_to_fp8, with_descales
-from attnbench.fused_baseline import FusedBaseline
-from attnbench.inputs import make_fp8_inputs
-from attnbench.problem import AttnSpec
-from attnbench.reference import reference_forward
-from attnbench.spec import RunOptions, TimingOptions, make_case, parse_sweep
-from attnbench.store import check_record
+from attnbench.sweep.flops import case_bytes
+from attnbench.problem.fp8 import FORMATS, dequantize_call, round_to_fp8, with_descales
+from attnbench.accuracy.fused_baseline import FusedBaseline
+from attnbench.problem.inputs import make_fp8_inputs
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.reference import reference_forward
+from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.sweep.case import make_case
+from attnbench.sweep.load import parse_sweep
+from attnbench.results.schema import check_record
 
 NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))
 FP8 = dict(batch=2, seqlen_q=64, heads_q=4, heads_kv=2, head_dim=32, dtype="fp8_e4m3")
@@ -191,7 +193,7 @@ def test_flash_attn3_adapter_hands_fa3_its_fp8_layout(monkeypatch):
 def test_show_lines_give_fp8_throughput_in_tflops_and_the_error_split():
     """A forward-only fp8 case is compute-bound (TFLOP/s, not decode's GB/s), and its line
     says how much of its error is the kernel's."""
-    from attnbench.case_lines import case_lines
+    from attnbench.report.case_lines import case_lines
 
     one_sample = RunOptions(timeout_s=120, timing=TimingOptions(
         warmup=0, warmup_ms=0, min_samples=1, max_samples=1, max_seconds=0.2))

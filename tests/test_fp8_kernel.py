@@ -4,7 +4,7 @@ dequantized inputs, held to a Python model of the same roundings.
 The model (:func:`model_forward`, FA3's fp8 precision): fp32 scores of the dequantized values,
 online softmax in fp32 over key blocks of the kernel's BLOCK_N, P (relative to the running max)
 rounded to v's fp8 grid before P·V, an fp32 accumulator, one rounding of the output. It takes
-fp32 dequantized q, k, v: with power-of-two descales (what :func:`attnbench.fp8.quantize` makes)
+fp32 dequantized q, k, v: with power-of-two descales (what :func:`attnbench.problem.fp8.quantize` makes)
 (q8 * dq)·(k8 * dk) = dq * dk * (q8·k8) exactly, so this is the kernel's arithmetic, not an
 approximation of it. The kernel's relative L2 error of ``out`` must be within
 ``ERROR_RATIO_TOL`` of the model's and the two must be far closer to each other than either is
@@ -25,14 +25,14 @@ import pytest
 import torch
 
 from attnbench.backends.triton_backend import flash_params
-from attnbench.fp8 import FORMATS, Fp8Format, Quantized, quantize
-from attnbench.fused_baseline import FusedBaseline
+from attnbench.problem.fp8 import FORMATS, Fp8Format, Quantized, quantize
+from attnbench.accuracy.fused_baseline import FusedBaseline
 from attnbench.kernels import flash_fwd
 from attnbench.kernels.configs import BlockConfig
 from attnbench.kernels.flash_fwd import flash_forward_fp8
 from attnbench.kernels.params import is_interpreted
-from attnbench.problem import AttnSpec, alibi_slopes
-from attnbench.reference import reference_forward
+from attnbench.problem.attn_spec import AttnSpec, alibi_slopes
+from attnbench.problem.reference import reference_forward
 
 REPO = Path(__file__).resolve().parents[1]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

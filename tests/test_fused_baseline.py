@@ -6,14 +6,14 @@ import itertools
 import pytest
 import torch
 
-from attnbench.accuracy import tensor_errors
+from attnbench.accuracy.bounds import tensor_errors
 from attnbench.backends import get_backend
-from attnbench.dropout import hash_keep_mask
-from attnbench.fused_baseline import FusedBaseline, fused_backward, fused_forward
-from attnbench.inputs import make_inputs
-from attnbench.problem import AttnSpec
-from attnbench.reference import reference_backward, reference_forward
-from attnbench.spec import make_case
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
+from attnbench.problem.inputs import make_inputs
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.reference import reference_backward, reference_forward
+from attnbench.sweep.case import make_case
 
 TENSORS = ("out", "dq", "dk", "dv")
 

@@ -30,9 +30,10 @@ from hypothesis import strategies as st  # noqa: E402
 
 from attnbench import cli  # noqa: E402
 from attnbench.errors import ClusterError  # noqa: E402
-from attnbench.records import TENSORS, VERDICTS, make_record  # noqa: E402
-from attnbench.spec import CASE_FIELDS, load_sweep, make_case  # noqa: E402
-from attnbench.store import RunStore  # noqa: E402
+from attnbench.results.records import TENSORS, VERDICTS, make_record  # noqa: E402
+from attnbench.sweep.case import CASE_FIELDS, make_case  # noqa: E402
+from attnbench.sweep.load import load_sweep  # noqa: E402
+from attnbench.results.store import RunStore  # noqa: E402
 from conftest import ROOT, attnbench_cmd  # noqa: E402
 
 # Hypothesis keeps caches (not examples) in its home: the git-ignored build/, not the checkout.
@@ -256,12 +257,12 @@ def _check(rc, err, allowed=(0, 1, 2)):
 @pytest.fixture(autouse=True)
 def _no_cluster(monkeypatch):
     """A generated run never reaches Dask: connecting is where the fuzzed path ends."""
-    import attnbench.cluster
+    import attnbench.cluster.connect
 
     def refuse(*args, **kwargs):
         raise ClusterError(NO_CLUSTER)
 
-    monkeypatch.setattr(attnbench.cluster, "connect", refuse)
+    monkeypatch.setattr(attnbench.cluster.connect, "connect", refuse)
 
 
 @contextlib.contextmanager
@@ -326,7 +327,7 @@ def _cases():
 
 
 def load_sweep_text(text: str):
-    from attnbench.spec import parse_sweep
+    from attnbench.sweep.load import parse_sweep
 
     return parse_sweep(text, "fuzz.yaml")
 

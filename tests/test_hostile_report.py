@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from attnbench import cli
-from attnbench.records import make_record
-from attnbench.spec import load_sweep
-from attnbench.store import RunStore
+from attnbench.results.records import make_record
+from attnbench.sweep.load import load_sweep
+from attnbench.results.store import RunStore
 from conftest import ROOT
 
 MINIMAL = str(ROOT / "tests" / "data" / "minimal.yaml")

@@ -21,10 +21,11 @@ from pathlib import Path
 import pytest
 
 from attnbench import cli
-from attnbench.cluster import WorkerInfo, plan_case
-from attnbench.records import make_record
-from attnbench.spec import Case, load_sweep, make_case
-from attnbench.store import RunStore, load_records
+from attnbench.cluster.connect import WorkerInfo, plan_case
+from attnbench.results.records import make_record
+from attnbench.sweep.case import Case, make_case
+from attnbench.sweep.load import load_sweep
+from attnbench.results.store import RunStore, load_records
 
 SWEEP = """name: tiny
 defaults: {backend: naive, batch: 1, seqlen_q: 32, heads_q: 2, head_dim: 16, dtype: fp32}
@@ -97,7 +98,7 @@ def _passing(case, attempt):
 
 
 def _run(store, answer=_passing, stream=None):
-    from attnbench.runner import run_pending
+    from attnbench.dispatch.run import run_pending
 
     conn = _Connection(answer)
     return run_pending(store, conn, stream=stream or io.StringIO()), conn
@@ -127,7 +128,7 @@ def test_lost_and_skipped_cases_run_again_on_resume(sweep_file, tmp_path):
 
 
 def test_case_reruns_into_the_same_run_directory(sweep_file, tmp_path):
-    from attnbench.spec import single_case_sweep
+    from attnbench.sweep.load import single_case_sweep
 
     out = tmp_path / "run"
     _store(sweep_file, out, ["fail", "pass", "pass", "pass"]).close()
@@ -177,7 +178,7 @@ def test_a_record_with_nan_does_not_stop_the_run(sweep_file, tmp_path):
 # -- class 13: the count after an interrupt ---------------------------------------------------
 
 def test_an_interrupt_during_a_write_is_counted_with_the_record(sweep_file, tmp_path):
-    from attnbench.runner import Progress, SweepRun
+    from attnbench.dispatch.run import Progress, SweepRun
 
     store = _store(sweep_file, tmp_path / "run", [])
     run = SweepRun(store, _Connection(_passing), Progress(0, 0, io.StringIO()))
@@ -266,7 +267,7 @@ def test_bad_numbers_and_names_are_argument_errors(sweep_file, tmp_path, capsys,
 
 
 def test_worker_refuses_zero_threads_and_offers_its_listen_options(capsys):
-    from attnbench.worker import main as worker_main
+    from attnbench.cluster.worker import main as worker_main
 
     for bad in (["--nthreads", "0"], ["--slots", "0"]):
         with pytest.raises(SystemExit) as info:
@@ -321,7 +322,7 @@ def test_resuming_with_other_options_is_refused(sweep_file, tmp_path, capsys):
 
 
 def test_escape_sequences_in_records_never_reach_the_terminal(sweep_file, tmp_path, capsys):
-    from attnbench.runner import Progress
+    from attnbench.dispatch.run import Progress
 
     out = tmp_path / "run"
     store = _store(sweep_file, out, [])
@@ -343,7 +344,7 @@ def test_escape_sequences_in_records_never_reach_the_terminal(sweep_file, tmp_pa
 # -- class 7: oversubscription bounded before any rank starts ---------------------------------
 
 def test_cpu_oversubscription_is_bounded_at_planning():
-    from attnbench.cluster import CPU_RANKS_PER_SLOT
+    from attnbench.cluster.task import CPU_RANKS_PER_SLOT
 
     two_slots = [WorkerInfo("tcp://x:1", "w", {"device": 2, "kind-cpu": 2})]
     fits = Case(backend="naive", heads_q=8, cp=4, tp=2)  # sweeps/cp_tp.yaml's largest
@@ -359,7 +360,7 @@ def test_cpu_oversubscription_is_bounded_at_planning():
 
 def test_embedded_cluster_and_its_dashboard_listen_on_loopback_only():
     psutil = pytest.importorskip("psutil")
-    from attnbench.cluster import connect
+    from attnbench.cluster.connect import connect
 
     conn = connect(None, 1)
     try:

@@ -1,4 +1,4 @@
-"""Lanes (attnbench/lanes.py): devices pull their next case from the driver. The bookkeeping
+"""Lanes (attnbench/dispatch/lanes.py): devices pull their next case from the driver. The bookkeeping
 that keeps the journal exact, then real processes: simulated workers, one SIGKILLed mid-run."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import signal
 import subprocess
 import time
 
-from attnbench.lanes import LaneRun, _Held, _Lane
-from attnbench.records import make_record
-from attnbench.runner import Progress
-from attnbench.simulation import lease_overlaps
-from attnbench.spec import Case
+from attnbench.dispatch.lanes import LaneRun, _Held, _Lane
+from attnbench.results.records import make_record
+from attnbench.dispatch.run import Progress
+from attnbench.cluster.simulation import lease_overlaps
+from attnbench.sweep.case import Case
 from conftest import ROOT, attnbench_cmd
 from test_multinode import Processes, _FakeConnection, _journal, _store, _wait_for, _workers
 

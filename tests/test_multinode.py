@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.cluster import WorkerInfo, plan_case
-from attnbench.spec import Case
-from attnbench.worker import DetectionError, DeviceLeases, LeaseTimeout, detect_node
-from attnbench.worker import main as worker_main
+from attnbench.cluster.connect import WorkerInfo, plan_case
+from attnbench.sweep.case import Case
+from attnbench.cluster.worker import DetectionError, DeviceLeases, LeaseTimeout, detect_node
+from attnbench.cluster.worker import main as worker_main
 from conftest import ROOT, attnbench_cmd
 
 SLEEP_S = 0.3
@@ -329,7 +329,7 @@ exit 0
 
 def test_slurm_cluster_runs_attnbench_workers(env, tmp_path):
     """`--cluster slurm` with dask-jobqueue, `sbatch`/`scancel` replaced by local stand-ins:
-    the job script starts `python -m attnbench.worker`, which advertises its slots."""
+    the job script starts `python -m attnbench.cluster.worker`, which advertises its slots."""
     pytest.importorskip("dask_jobqueue")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -499,8 +499,8 @@ class _FakeConnection:
 
 
 def _store(tmp_path: Path, gpus: list[str], seeds: int = 2):
-    from attnbench.spec import load_sweep
-    from attnbench.store import RunStore
+    from attnbench.sweep.load import load_sweep
+    from attnbench.results.store import RunStore
 
     path = tmp_path / "fake.yaml"
     path.write_text(json.dumps({"name": "fake", "defaults": {"backend": "naive"},
@@ -509,7 +509,7 @@ def _store(tmp_path: Path, gpus: list[str], seeds: int = 2):
 
 
 def _passing(case_dict, fut) -> None:
-    from attnbench.records import make_record
+    from attnbench.results.records import make_record
 
     fut.finish("result", make_record(Case.from_dict(case_dict), verdict="pass"))
 
@@ -519,8 +519,8 @@ def test_killed_worker_becomes_lost_and_nothing_is_written_twice(tmp_path):
 
     from distributed.scheduler import KilledWorker
 
-    from attnbench.records import make_record
-    from attnbench.runner import run_pending
+    from attnbench.results.records import make_record
+    from attnbench.dispatch.run import run_pending
 
     store = _store(tmp_path, ["any"], seeds=3)
 
@@ -546,7 +546,7 @@ def test_killed_worker_becomes_lost_and_nothing_is_written_twice(tmp_path):
 
 
 def test_cases_of_a_kind_whose_worker_left_stay_pending(tmp_path, monkeypatch):
-    from attnbench import runner
+    from attnbench.dispatch import run as runner
 
     monkeypatch.setattr(runner, "TICK_S", 0.01)
     held = []
@@ -566,8 +566,8 @@ def test_cases_of_a_kind_whose_worker_left_stay_pending(tmp_path, monkeypatch):
 def test_losing_the_scheduler_raises_one_line_and_records_nothing_in_flight(tmp_path):
     from distributed.client import FutureCancelledError
 
-    from attnbench.cluster import ClusterError
-    from attnbench.runner import run_pending
+    from attnbench.errors import ClusterError
+    from attnbench.dispatch.run import run_pending
 
     def script(case_dict, fut):
         if Case.from_dict(case_dict).seed == 0:

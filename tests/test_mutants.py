@@ -15,14 +15,16 @@ import subprocess
 import pytest
 
 from attnbench.backends import BUILTIN, get_backend
-from attnbench.cluster import outcome_to_record
+from attnbench.cluster.task import outcome_to_record
 from attnbench.execution.case_runner import run_case
 from attnbench.execution.pool import RankPool
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, by_name)
 from attnbench.selftest import (Evidence, evidence, is_long, judge_controls, judge_mutant,
                                 make_plan, run_in_pools, summary)
-from attnbench.spec import Case, RunOptions, TimingOptions, load_sweep, make_case
+from attnbench.sweep.case import Case, make_case
+from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.sweep.load import load_sweep
 from conftest import ROOT, attnbench_cmd
 
 NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))

@@ -12,12 +12,13 @@ import torch
 
 import attnbench.kernels  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before the kernels load)
 from attnbench.backends.triton_backend import flash_params, triton_keep_mask
-from attnbench.inputs import make_inputs
-from attnbench.packing import segments, sequence_spec
-from attnbench.problem import AttnSpec
-from attnbench.reference import reference_backward, reference_forward
+from attnbench.problem.inputs import make_inputs
+from attnbench.problem.packing import segments, sequence_spec
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.reference import reference_backward, reference_forward
 from attnbench.execution.case_runner import run_case
-from attnbench.spec import RunOptions, TimingOptions, make_case
+from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.sweep.case import make_case
 from attnbench.kernels.configs import BlockConfig
 from attnbench.kernels.flash_bwd import flash_backward
 from attnbench.kernels.flash_fwd import _attn_fwd, flash_forward

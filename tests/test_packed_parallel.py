@@ -11,12 +11,13 @@ import time
 
 import pytest
 
-from attnbench.accuracy import REFERENCE_SELF_BOUND
-from attnbench.cluster import outcome_to_record
+from attnbench.accuracy.bounds import REFERENCE_SELF_BOUND
+from attnbench.cluster.task import outcome_to_record
 from attnbench.execution.pool import RankPool
 from attnbench.parallel import layout as lay
-from attnbench.records import TENSORS
-from attnbench.spec import RunOptions, TimingOptions, make_case
+from attnbench.results.records import TENSORS
+from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.sweep.case import make_case
 
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
 OPTIONS = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))
@@ -71,7 +72,7 @@ def test_every_position_of_every_sequence_is_held_once_in_uneven_chunks(algo, cp
 
 
 def test_a_block_spec_places_each_chunk_in_its_own_sequence():
-    from attnbench.problem import AttnSpec
+    from attnbench.problem.attn_spec import AttnSpec
 
     case = make_case("t", dict(backend="naive", cp=2, cp_algo="zigzag", **CROSS))
     spec = AttnSpec.from_case(case)

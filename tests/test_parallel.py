@@ -18,13 +18,14 @@ import torch
 
 from attnbench.backends.base import Forward
 from attnbench.backends.naive import NaiveBackend
-from attnbench.cluster import outcome_to_record
+from attnbench.cluster.task import outcome_to_record
 from attnbench.execution.pool import RankPool
 from attnbench.parallel import layout as lay
 from attnbench.parallel.ring import _merge
-from attnbench.problem import AttnSpec
-from attnbench.records import TENSORS
-from attnbench.spec import Case, RunOptions, TimingOptions
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.results.records import TENSORS
+from attnbench.sweep.case import Case
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
 OPTIONS = RunOptions(timeout_s=60, timing=TimingOptions(warmup=0, min_samples=2, max_samples=3,
@@ -47,7 +48,7 @@ class SegfaultMidRing(NaiveBackend):
 
     def forward(self, q, k, v, spec):
         if os.environ.get("RANK") == "1" and spec.kv_start != spec.q_start:
-            from attnbench.backends.testing import segfault
+            from attnbench.execution.testing import segfault
 
             segfault(None)
         return super().forward(q, k, v, spec)
@@ -60,7 +61,7 @@ class HangMidRing(NaiveBackend):
 
     def forward(self, q, k, v, spec):
         if os.environ.get("RANK") == "1" and spec.kv_start != spec.q_start:
-            from attnbench.backends.testing import sleep_forever
+            from attnbench.execution.testing import sleep_forever
 
             sleep_forever(None)
         return super().forward(q, k, v, spec)
@@ -394,7 +395,7 @@ def test_cp_tp_sweep_end_to_end(tmp_path):
     import subprocess
     import sys
 
-    from attnbench.store import load_records
+    from attnbench.results.store import load_records
     from conftest import ROOT
 
     out = tmp_path / "run"

@@ -1,5 +1,5 @@
 """Rank pools with real processes: crashes, hangs, errors and OOM become outcomes, and the pool
-answers again afterwards. The rank functions live in attnbench.backends.testing (a rank process
+answers again afterwards. The rank functions live in attnbench.execution.testing (a rank process
 cannot import tests/). About 15 s, mostly the two torch imports of the last test; elsewhere the
 ranks never import torch."""
 
@@ -20,7 +20,7 @@ from attnbench.execution.child import is_oom, write_message
 from attnbench.execution.pool import PoolSet, RankPool
 from attnbench.execution.ranks import FrameReader
 
-T = "attnbench.backends.testing:"
+T = "attnbench.execution.testing:"
 
 
 def _alive(pid: int) -> bool:
@@ -268,7 +268,7 @@ def test_start_failure_is_an_outcome():
 def test_well_behaved_testing_backends_in_process():
     torch = pytest.importorskip("torch")
     from attnbench.backends import get_backend
-    from attnbench.problem import AttnSpec
+    from attnbench.problem.attn_spec import AttnSpec
 
     q, k, v = torch.randn(2, 4, 8, 16), torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 8)
     spec = AttnSpec(scale=0.25)

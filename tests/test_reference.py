@@ -7,17 +7,17 @@ import sys
 import pytest
 import torch
 
-from attnbench import reference as ref_mod
-from attnbench.dropout import hash_keep_mask, uniform01
-from attnbench.problem import AttnSpec, alibi_slopes
-from attnbench.reference import reference_backward, reference_forward
-from attnbench.spec import make_case
+from attnbench.problem import reference as ref_mod
+from attnbench.problem.dropout import hash_keep_mask, uniform01
+from attnbench.problem.attn_spec import AttnSpec, alibi_slopes
+from attnbench.problem.reference import reference_backward, reference_forward
+from attnbench.sweep.case import make_case
 
 F64 = torch.float64
 
 
 def dense_attention(q, k, v, spec):
-    """Textbook fp64 attention with autograd, written independently of attnbench.reference."""
+    """Textbook fp64 attention with autograd, written independently of attnbench.problem.reference."""
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -98,8 +98,8 @@ def test_dropout_mask_depends_on_global_position_only():
 
 MEMORY_SCRIPT = """
 import resource, torch, time
-from attnbench.problem import AttnSpec
-from attnbench.reference import reference_forward
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.reference import reference_forward
 torch.manual_seed(0)
 s = {s}
 q, k, v = (torch.randn(1, 1, s, 64) for _ in range(3))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.records import TENSORS
+from attnbench.results.records import TENSORS
 from attnbench.report import commands
 from attnbench.report.dashboard import PANEL_KINDS, default_dashboard, load_dashboard
 from attnbench.report.data import load_run

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from attnbench.store import load_records
+from attnbench.results.store import load_records
 from conftest import ROOT, attnbench_cmd
 
 SWEEP = """

@@ -1,4 +1,4 @@
-"""The run-directory lock across machines (attnbench/runlock.py): link-created, heartbeat,
+"""The run-directory lock across machines (attnbench/results/lock.py): link-created, heartbeat,
 stale takeover. Other hosts are simulated by writing their note into the lock file; the
 filesystem's clock is the mtime, so an old heartbeat is an mtime set back."""
 
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from attnbench.errors import RunDirError
-from attnbench.runlock import LOCK, RunLock
+from attnbench.results.lock import LOCK, RunLock
 
 
 def _foreign(tmp_path, *, age_s: float, host: str = "gpu-node-7", pid: int = 4242,
@@ -104,7 +104,7 @@ def test_a_waiting_contender_gets_the_lock_when_the_holder_leaves(tmp_path):
     holder = RunLock(tmp_path)
     holder.acquire(["holder"])
     proc = subprocess.Popen([sys.executable, "-c", (
-        "import sys; from attnbench.runlock import RunLock\n"
+        "import sys; from attnbench.results.lock import RunLock\n"
         f"lock = RunLock({str(tmp_path)!r}); lock.acquire(['waiter'], wait_s=30)\n"
         "print('got it', flush=True); lock.release()")], stdout=subprocess.PIPE, text=True)
     time.sleep(1.0)
@@ -116,7 +116,7 @@ def test_a_waiting_contender_gets_the_lock_when_the_holder_leaves(tmp_path):
 _CONTENDER = """
 import sys, time
 from attnbench.errors import RunDirError
-from attnbench.runlock import RunLock
+from attnbench.results.lock import RunLock
 lock = RunLock(sys.argv[1], stale_s=60)
 time.sleep(max(0.0, float(sys.argv[2]) - time.time() - 0.02))
 while time.time() < float(sys.argv[2]):

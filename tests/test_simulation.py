@@ -1,4 +1,4 @@
-"""Simulated GPUs (attnbench/simulation.py): a real scheduler and an `attnbench worker
+"""Simulated GPUs (attnbench/cluster/simulation.py): a real scheduler and an `attnbench worker
 --simulate-gpus` on loopback, and the lease-overlap check the scale benchmark relies on, shown
 to catch a lease table that hands a device out twice."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from attnbench.simulation import lease_overlaps
-from attnbench.worker import DeviceLeases
+from attnbench.cluster.simulation import lease_overlaps
+from attnbench.cluster.worker import DeviceLeases
 from conftest import ROOT, attnbench_cmd
 from test_multinode import Processes, _wait_for
 

@@ -5,7 +5,9 @@ import subprocess
 import pytest
 
 from attnbench.backends import check_backend_name
-from attnbench.spec import Case, SweepError, load_sweep, parse_sweep
+from attnbench.sweep.case import Case
+from attnbench.errors import SweepError
+from attnbench.sweep.load import load_sweep, parse_sweep
 from conftest import ROOT, attnbench_cmd
 
 GOOD = """

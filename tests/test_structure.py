@@ -103,15 +103,17 @@ def test_no_module_over_the_size_limit():
 
 def test_spec_depends_on_nothing_above_it():
     known = _modules()
-    deps = _imports(known["attnbench.spec"], known)
-    packed = {"attnbench.packed_fields", "attnbench.length_mix",  # pure-Python field rules
-              "attnbench.decode_rules", "attnbench.fp8_rules", "attnbench.options"}
-    assert deps <= {"attnbench.errors", "attnbench.validation", "attnbench.sweep_axes"} | packed, \
-        deps
+    deps = _imports(known["attnbench.sweep.load"], known) | _imports(known["attnbench.sweep.case"],
+                                                                       known)
+    packed = {"attnbench.sweep.packed_rules", "attnbench.sweep.length_mix",  # pure-Python rules
+              "attnbench.sweep.decode_rules", "attnbench.sweep.fp8_rules", "attnbench.sweep.options"}
+    allowed = {"attnbench.errors", "attnbench.validation", "attnbench.sweep.axes",
+               "attnbench.sweep.case"}
+    assert deps <= allowed | packed, deps
     for name in packed:
         assert _imports(known[name], known) <= {"attnbench.errors", "attnbench.validation"}
     # ranges, zips and overrides know no field by name: the field table is handed to them
-    assert _imports(known["attnbench.sweep_axes"], known) <= {"attnbench.errors",
+    assert _imports(known["attnbench.sweep.axes"], known) <= {"attnbench.errors",
                                                              "attnbench.validation"}
     # the typed value rules and strict readers, shared with store and the dashboards: below spec
     assert _imports(known["attnbench.validation"], known) <= {"attnbench.errors"}

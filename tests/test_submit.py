@@ -221,7 +221,7 @@ def test_bad_input_is_one_line_and_creates_nothing(tmp_path, capsys):
 
 
 def test_status_counts_the_last_record_of_each_case_and_names_unreadable_lines(tmp_path):
-    from attnbench.detach import journal_verdicts
+    from attnbench.dispatch.detach import journal_verdicts
 
     lines = [{"id": "a", "verdict": "lost"}, {"id": "a", "verdict": "pass"},
              {"id": "b", "verdict": "fail"}]

@@ -13,9 +13,10 @@ import pytest
 from attnbench import cli
 from attnbench.backends import check_backend_name
 from attnbench.errors import RunDirError, SweepError
-from attnbench.spec import MAX_CASES, PUBLIC_FIELDS, load_sweep, parse_sweep
-from attnbench.store import RunStore, latest_run_dir, load_manifest
-from attnbench.sweep_schema import schema_text, sweep_schema
+from attnbench.sweep.case import MAX_CASES, PUBLIC_FIELDS
+from attnbench.sweep.load import load_sweep, parse_sweep
+from attnbench.results.store import RunStore, latest_run_dir, load_manifest
+from attnbench.sweep.schema import schema_text, sweep_schema
 from conftest import ROOT, attnbench_cmd
 
 BASE = "name: t\ndefaults: {backend: naive, heads_q: 8, head_dim: 16}\n"

@@ -1,4 +1,4 @@
-"""Error trends across a sweep (attnbench.trends): a series whose error grows with the sequence
+"""Error trends across a sweep (attnbench.report.trends): a series whose error grows with the sequence
 faster than the fused baseline's is a finding, even when every case passed; flat series, tensors
 judged against naive (input precision by design) and series with too few lengths are not."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from attnbench import cli
 from attnbench.errors import EXIT_FAILURES, EXIT_FINDINGS, EXIT_OK
-from attnbench.trends import GROWTH_BOUND, SLOPE_BOUND, findings, trends
+from attnbench.report.trends import GROWTH_BOUND, SLOPE_BOUND, findings, trends
 
 
 def record(seqlen, error, base, *, backend="k", tensor="dq", kind="fused", verdict="pass",

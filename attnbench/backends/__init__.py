@@ -35,11 +35,11 @@ BUILTIN: dict[str, str] = {
 # Test-only backends that misbehave on purpose (segfault, hang, ...): real code, never in
 # user sweeps by accident because their names say what they are.
 BUILTIN.update({
-    "testing.segfault": "attnbench.backends.testing:SegfaultBackend",
-    "testing.hang": "attnbench.backends.testing:HangBackend",
-    "testing.oom": "attnbench.backends.testing:OomBackend",
-    "testing.raises": "attnbench.backends.testing:RaisesBackend",
-    "testing.noop": "attnbench.backends.testing:NoopBackend",
+    "testing.segfault": "attnbench.execution.testing:SegfaultBackend",
+    "testing.hang": "attnbench.execution.testing:HangBackend",
+    "testing.oom": "attnbench.execution.testing:OomBackend",
+    "testing.raises": "attnbench.execution.testing:RaisesBackend",
+    "testing.noop": "attnbench.execution.testing:NoopBackend",
 })
 # The selftest's catalogue of plausible bugs (attnbench.mutants), named mutant.*.
 from attnbench.mutants.catalogue import BACKENDS as _MUTANTS  # noqa: E402  (data only)

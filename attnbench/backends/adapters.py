@@ -23,8 +23,8 @@ import torch
 
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
-from attnbench.packing import cu_tensor, from_thd, to_thd
-from attnbench.paged import decode_cache, decode_queries, packed_like
+from attnbench.problem.packing import cu_tensor, from_thd, to_thd
+from attnbench.problem.paged import decode_cache, decode_queries, packed_like
 
 
 def _missing(module: str) -> Optional[str]:
@@ -76,7 +76,7 @@ FA2_PAGE_MULTIPLE = 256
 class FlashAttnBackend(PreparesOnce):
     """flash-attn 2 (``flash_attn.flash_attn_func``; packed cases ``flash_attn_varlen_func``
     with the pack's ``cu_seqlens``, whose masks, ALiBi and bottom-right alignment are per
-    sequence as in :mod:`attnbench.packing`; decode cases ``flash_attn_with_kvcache``,
+    sequence as in :mod:`attnbench.problem.packing`; decode cases ``flash_attn_with_kvcache``,
     contiguous or paged through ``block_table``, one cache length per sequence)."""
 
     name = "flash_attn"
@@ -98,7 +98,7 @@ class FlashAttnBackend(PreparesOnce):
         return _missing("flash_attn")
 
     def decode(self, q, k, v, spec):
-        """``flash_attn_with_kvcache`` on the cache of :func:`attnbench.paged.decode_cache`:
+        """``flash_attn_with_kvcache`` on the cache of :func:`attnbench.problem.paged.decode_cache`:
         the pool (P, T, Hkv, D) with ``block_table``, or the contiguous cache as (B, Sk, Hkv, D)
         (made contiguous once, before timing); ``cache_seqlens`` gives each sequence's length,
         so flash-attn aligns the queries bottom-right at the end of it, as attnbench does."""

@@ -3,7 +3,7 @@
 Legend: B = batch, Hq / Hkv = query / key-value heads, Sq / Sk = lengths, D / Dv = head dims.
 q: (B, Hq, Sq, D), k: (B, Hkv, Sk, D), v: (B, Hkv, Sk, Dv), out and dout: (B, Hq, Sq, Dv),
 all in the case's dtype on the case's device. Semantics (masks, ALiBi, softcap, dropout, GQA
-head mapping, alignment) are fixed by :mod:`attnbench.problem`.
+head mapping, alignment) are fixed by :mod:`attnbench.problem.attn_spec`.
 
 A backend::
 
@@ -21,7 +21,7 @@ bias, tables) should be built once per case, not per call (:mod:`attnbench.backe
 every call is timed. A backend that finds at run time that it cannot handle a case raises
 :class:`Unsupported`.
 
-Optional, for the accuracy rule (:mod:`attnbench.accuracy`)::
+Optional, for the accuracy rule (:mod:`attnbench.accuracy.bounds`)::
 
         def input_precision(self, case, device) -> tuple[str, ...]: ...
 
@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from attnbench.problem import AttnSpec, KeepMaskFn
-    from attnbench.spec import Case
+    from attnbench.problem.attn_spec import AttnSpec, KeepMaskFn
+    from attnbench.sweep.case import Case
 
 
 class Unsupported(Exception):

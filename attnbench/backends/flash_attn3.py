@@ -3,7 +3,7 @@ forward.
 
 fp8 cases hand FA3 exactly what it takes: e4m3 q, k, v in (B, S, H, D) and float32
 ``q_descale / k_descale / v_descale`` of shape (batch, num_heads_k) -- the layout of
-:func:`attnbench.fp8.descale_tensors` -- and get bf16 back. FA3's fp8 path has no backward and
+:func:`attnbench.problem.fp8.descale_tensors` -- and get bf16 back. FA3's fp8 path has no backward and
 no dropout; FA3 has no ALiBi. Its dropout is absent altogether, so nothing is hidden from the
 reference.
 
@@ -20,7 +20,7 @@ import torch
 from attnbench.backends.adapters import _autograd_backward, _missing
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key
-from attnbench.fp8 import descale_tensors
+from attnbench.problem.fp8 import descale_tensors
 
 
 class FlashAttn3Backend(PreparesOnce):

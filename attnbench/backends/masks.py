@@ -15,7 +15,7 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from attnbench.dropout import hash_keep_mask
+from attnbench.problem.dropout import hash_keep_mask
 
 
 def dense_masks(spec, batch: int, heads_q: int, sq: int, sk: int, dtype, device,

@@ -12,11 +12,11 @@ import torch
 
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
-from attnbench.dropout import hash_keep_mask
-from attnbench.fp8 import dequantize_call
-from attnbench.paged import build_paged_cache, gather_kv
-from attnbench.packing import backward_per_sequence, per_sequence
-from attnbench.records import TENSORS
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.problem.fp8 import dequantize_call
+from attnbench.problem.paged import build_paged_cache, gather_kv
+from attnbench.problem.packing import backward_per_sequence, per_sequence
+from attnbench.results.records import TENSORS
 
 
 class NaiveBackend(PreparesOnce):
@@ -24,7 +24,7 @@ class NaiveBackend(PreparesOnce):
     keep_mask = staticmethod(hash_keep_mask)
     deterministic = True  # checked: repeated backward calls must agree bit for bit
     paged_kv = True  # decode: the cache is gathered from its pages through the block table
-    supports_packed = True  # each sequence of a pack alone (attnbench.packing)
+    supports_packed = True  # each sequence of a pack alone (attnbench.problem.packing)
     supports_fp8 = True  # the textbook math in bf16 on the dequantized values (exact in bf16)
     supports_packed_chunks = True  # packed CP: per sequence through packing.sequence_spec
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from attnbench.backends.base import Forward
-from attnbench.dropout import hash_keep_mask
-from attnbench.fp8 import dequantize_call
-from attnbench.reference import reference_backward, reference_forward
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.problem.fp8 import dequantize_call
+from attnbench.problem.reference import reference_backward, reference_forward
 
 
 class ReferenceBackend:

@@ -17,7 +17,7 @@ Packed (variable-length) cases go through PyTorch's jagged nested tensors
 whole pack. PyTorch supports there neither ``is_causal`` nor an ``attn_mask`` (so no causal,
 window or ALiBi: torch/nested/_internal/sdpa.py) nor K/V heads shared by GQA groups, and a
 packed case's hidden dropout mask cannot be read back by the probe
-(:mod:`attnbench.dropout_probe` is dense): those cases are ``unsupported``.
+(:mod:`attnbench.accuracy.dropout_probe` is dense): those cases are ``unsupported``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
-from attnbench.packing import from_thd, to_thd
-from attnbench.records import TENSORS
+from attnbench.problem.packing import from_thd, to_thd
+from attnbench.results.records import TENSORS
 
 
 def attention_mask(spec, q: torch.Tensor, k: torch.Tensor):

@@ -3,7 +3,7 @@
 Decode cases (``decode: true``) run the split-KV kernel of :mod:`attnbench.kernels.decode` instead,
 on a contiguous or paged cache (forward only).
 
-Everything of :mod:`attnbench.problem` is native: MHA/GQA/MQA without repeating K/V, causal
+Everything of :mod:`attnbench.problem.attn_spec` is native: MHA/GQA/MQA without repeating K/V, causal
 (bottom-right) and sliding-window masks, ALiBi, softcap, dropout, any lengths, Sq != Sk, global
 offsets of a context/tensor-parallel slice, and packed variable-length batches (``cu_seqlens``:
 one launch per kernel for the whole pack, no padding). The backward is deterministic (no
@@ -34,10 +34,10 @@ from attnbench.kernels.params import FlashParams, dropout_threshold, is_interpre
 
 from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.masks import PreparesOnce, call_key
-from attnbench.fp8 import descale_tensors
-from attnbench.paged import decode_cache, decode_queries, packed_like
-from attnbench.problem import AttnSpec
-from attnbench.records import TENSORS
+from attnbench.problem.fp8 import descale_tensors
+from attnbench.problem.paged import decode_cache, decode_queries, packed_like
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.results.records import TENSORS
 
 MAX_HEAD_DIM = 256  # tiles are (BLOCK, head_dim) in registers/shared memory; 256 is the largest
 MAX_SEQLEN = 1 << 30  # attnbench.kernels.common.UNBOUNDED stands for "no window bound"
@@ -143,7 +143,7 @@ class TritonBackend(PreparesOnce):
 
     def decode(self, q, k, v, spec: AttnSpec, params: FlashParams, merge=None) -> Forward:
         """Decode cases: the split-KV kernel (:mod:`attnbench.kernels.decode`) over the cache as
-        :func:`attnbench.paged.decode_cache` lays it out (built once per case)."""
+        :func:`attnbench.problem.paged.decode_cache` lays it out (built once per case)."""
         cache = self.prepared.get(call_key(spec, q, k, "cache"), lambda: decode_cache(spec, k, v))
         out, lse = decode_forward(decode_queries(q, spec), cache.k, cache.v, params,
                                   seqlens_k=cache.seqlens, max_seqlen_k=cache.max_seqlen,

@@ -6,6 +6,7 @@ and turns their crashes, hangs and out-of-memory errors into :class:`Outcome` va
 neither torch nor the case runner.
 """
 
-from attnbench.execution.pool import Outcome, PoolSet, RankPool, get_default_poolset
+from attnbench.execution.ranks import Outcome
+from attnbench.execution.pool import PoolSet, RankPool, get_default_poolset
 
 __all__ = ["Outcome", "PoolSet", "RankPool", "get_default_poolset"]

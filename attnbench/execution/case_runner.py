@@ -2,8 +2,8 @@
 
 Called by the rank pool as ``attnbench.execution.case_runner:run_payload`` (every rank of a pool
 gets the same call). Single-device cases run in :mod:`attnbench.execution.single`, CP/TP cases
-in :mod:`attnbench.parallel.runner`; both judge through :mod:`attnbench.evaluation` and time
-through :mod:`attnbench.case_timing`, and neither imports the other.
+in :mod:`attnbench.execution.multi`; both judge through :mod:`attnbench.accuracy.evaluate` and time
+through :mod:`attnbench.timing.case`, and neither imports the other.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from typing import Optional
 
 import torch
 
-from attnbench.device import device_env, pick_device
-from attnbench.records import RecordMaker
+from attnbench.hardware.device import device_env, pick_device
+from attnbench.results.records import RecordMaker
 from attnbench.resources import ENV_FAMILY, ENV_KIND
-from attnbench.spec import Case, RunOptions
+from attnbench.sweep.case import Case
+from attnbench.sweep.options import RunOptions
 
 
 def run_payload(payload: dict) -> Optional[dict]:
@@ -42,7 +43,7 @@ def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = N
             return RecordMaker(case, env)("skipped", f"case asks for gpu {case.gpu!r}, this "
                                                      f"worker serves {', '.join(sorted(served))}")
     if case.world_size > 1:
-        from attnbench.parallel.runner import run_parallel_case  # every rank of the pool runs it
+        from attnbench.execution.multi import run_parallel_case  # every rank of the pool runs it
 
         return run_parallel_case(case, options)
     from attnbench.execution.single import run_single_case

@@ -68,7 +68,7 @@ class Outcome:
         return self.kind == "ok"
 
     def crash_info(self) -> Optional[dict[str, Any]]:
-        """The record's ``crash`` field (see :mod:`attnbench.records`), None when ``ok``."""
+        """The record's ``crash`` field (see :mod:`attnbench.results.records`), None when ``ok``."""
         if self.kind == "ok":
             return None
         return {"signal": self.signal, "exit_code": self.exit_code, "rank": self.rank,

@@ -2,7 +2,7 @@
 
 Python exceptions of the backend become ``error`` (or ``oom``) records here; segfaults, aborts
 and hangs kill or stall the process and are turned into records by the pool
-(:mod:`attnbench.execution.pool`). Multi-rank cases run in :mod:`attnbench.parallel.runner`;
+(:mod:`attnbench.execution.pool`). Multi-rank cases run in :mod:`attnbench.execution.multi`;
 :mod:`attnbench.execution.case_runner` sends each case to one of the two.
 """
 
@@ -12,20 +12,22 @@ from typing import Optional
 
 import torch
 
-from attnbench import evaluation
+from attnbench.accuracy import evaluate as evaluation
 from attnbench.backends import Unsupported, get_backend
 from attnbench.backends.masks import release_prepared
-from attnbench.case_timing import time_case
-from attnbench.device import (backend_env, device_env, device_peaks, interpreter_on_gpu, is_oom,
-                              pick_device, release_memory, sync)
-from attnbench.dropout_probe import RngState
-from attnbench.fp8 import with_descales
-from attnbench.fp8_rules import fp8_support, is_fp8
-from attnbench.inputs import make_fp8_inputs, make_inputs
-from attnbench.packing import packed_support
-from attnbench.problem import AttnSpec
-from attnbench.records import RecordMaker
-from attnbench.spec import Case, RunOptions
+from attnbench.timing.case import time_case
+from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
+                                       pick_device, release_memory, sync)
+from attnbench.execution.child import is_oom
+from attnbench.accuracy.dropout_probe import RngState
+from attnbench.problem.fp8 import with_descales
+from attnbench.sweep.fp8_rules import fp8_support, is_fp8
+from attnbench.problem.inputs import make_fp8_inputs, make_inputs
+from attnbench.problem.packing import packed_support
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.results.records import RecordMaker
+from attnbench.sweep.case import Case
+from attnbench.sweep.options import RunOptions
 
 
 def run_single_case(case: Case, options: RunOptions,
@@ -64,7 +66,7 @@ def run_single_case(case: Case, options: RunOptions,
 
 def paged_refusal(case: Case, backend) -> Optional[str]:
     """Why ``backend`` cannot run a paged case: only a backend that says it reads the cache
-    through the block table (``paged_kv = True``, see :mod:`attnbench.paged`) may, or its
+    through the block table (``paged_kv = True``, see :mod:`attnbench.problem.paged`) may, or its
     times would be a contiguous cache's under a paged case's name."""
     if case.page_size and not getattr(backend, "paged_kv", False):
         return f"{case.backend} reads a contiguous KV cache only (no paged_kv)"
@@ -83,7 +85,7 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
     else:
         q, k, v, dout = make_inputs(case, device)
     # A backend that hides its dropout mask draws it from the device's generator: its state now
-    # lets the judge replay this very forward's mask (attnbench.dropout_probe).
+    # lets the judge replay this very forward's mask (attnbench.accuracy.dropout_probe).
     rng = RngState.capture(device) if spec.dropout_p > 0 and backend.keep_mask is None else None
     fwd = backend.forward(q, k, v, spec)
     # A forward-only case (decode) asks for no gradient: none is computed, judged or timed.

@@ -1,6 +1,6 @@
 """Decode bugs: a paged cache addressed wrongly, and a split-KV merge without the max.
 
-The paged mutants edit :func:`attnbench.paged.gather_kv` (how ``naive`` reads a paged cache,
+The paged mutants edit :func:`attnbench.problem.paged.gather_kv` (how ``naive`` reads a paged cache,
 token by token, as a paged kernel addresses it); the merge mutant edits
 :func:`attnbench.kernels.decode.merge_splits_torch` and runs our split-KV kernel with it. All are forward
 bugs of forward-only cases: only the fp64 reference (and NaN counts) can see them.
@@ -8,7 +8,7 @@ bugs of forward-only cases: only the fp64 reference (and NaN counts) can see the
 
 from __future__ import annotations
 
-from attnbench import paged
+from attnbench.problem import paged
 from attnbench.backends.naive import NaiveBackend
 from attnbench.mutants.patch import mutated, rebound
 

@@ -1,12 +1,12 @@
 """Accumulation bugs of fused kernels: one edit each of the fused-precision model.
 
-:class:`FusedModel` is :mod:`attnbench.fused_baseline` as a backend (its dropout mask is the
+:class:`FusedModel` is :mod:`attnbench.accuracy.fused_baseline` as a backend (its dropout mask is the
 hash mask, exposed): a correct fused kernel, registered as ``mutant.fused_base`` and run by
 ``attnbench selftest`` among the controls. The mutants keep one accumulator in the input dtype
 where a correct kernel keeps it in fp32. Their error is small at short lengths -- every case of
 a 128-token sweep passes -- and grows with the number of key blocks summed, the shape of seed
 001's dQ report: only long cases (``sweeps/standard.yaml``'s length ladder) and the error trend
-across lengths (:mod:`attnbench.trends`) expose them.
+across lengths (:mod:`attnbench.report.trends`) expose them.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.backends.base import Forward
-from attnbench.dropout import hash_keep_mask
-from attnbench.fp8 import FORMATS, dequantize_call
-from attnbench.fused_baseline import FusedBaseline
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.problem.fp8 import FORMATS, dequantize_call
+from attnbench.accuracy.fused_baseline import FusedBaseline
 
 
 class FusedModel:

@@ -1,7 +1,7 @@
 """Bugs of packed (variable-length) attention: the layout's offsets and its boundaries.
 
 Both edit ``naive``'s packed path (:meth:`NaiveBackend.forward` runs each sequence of the pack
-with :func:`attnbench.packing.per_sequence`): the correct backend is ``naive`` itself, which the
+with :func:`attnbench.problem.packing.per_sequence`): the correct backend is ``naive`` itself, which the
 selftest runs on the same packed cases as a control. On dense cases both are plain ``naive``.
 """
 

@@ -3,7 +3,7 @@
 log-sum-exp breaks the ring's merge.
 
 A backend brings its own split through ``parallel_algorithm(case)`` (see
-:func:`attnbench.parallel.runner.algorithm`); the mutants below return a mutated copy of the
+:func:`attnbench.execution.multi.algorithm`); the mutants below return a mutated copy of the
 ring or TP algorithm for the cases they target and None otherwise. Legend: B = batch,
 Hq / Hkv = this rank's query / key-value heads, S = lengths, D = head dim.
 """

@@ -1,7 +1,7 @@
 """Context and tensor parallelism over torch.distributed, on warm rank pools.
 
 A case with ``cp * tp > 1`` runs on every rank of a ``cp * tp`` rank pool
-(:mod:`attnbench.execution.pool`) through :func:`attnbench.parallel.runner.run_parallel_case`:
+(:mod:`attnbench.execution.pool`) through :func:`attnbench.execution.multi.run_parallel_case`:
 
 * :mod:`~attnbench.parallel.group` -- the process group (created once per pool: TCPStore
   rendezvous, gloo / NCCL / gloo with host staging), CP x TP sub-groups, the few communication

@@ -22,7 +22,7 @@ import torch
 from attnbench.backends.base import Unsupported
 from attnbench.parallel.group import Comm
 from attnbench.parallel.layout import Shard, block_spec, offsets, padded, put_rows, take_rows
-from attnbench.problem import AttnSpec
+from attnbench.problem.attn_spec import AttnSpec
 
 F32 = torch.float32
 

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from attnbench.backends.base import Unsupported
-from attnbench.device import pick_device
+from attnbench.hardware.device import pick_device
 from attnbench.resources import ENV_POOL_DIR, ENV_POOL_START
 
 log = logging.getLogger("attnbench.parallel")

@@ -22,7 +22,7 @@ whose spec places each sequence's chunk in its sequence (:func:`block_spec`). Ra
 different numbers of tokens: what travels is padded to the longest (:func:`padded`).
 
 Heads (``tp`` ranks): query heads are split in equal contiguous slices; K/V heads follow their
-GQA groups (group = Hq / Hkv is contiguous, see :mod:`attnbench.problem`), so a rank's query heads
+GQA groups (group = Hq / Hkv is contiguous, see :mod:`attnbench.problem.attn_spec`), so a rank's query heads
 only ever read its own K/V heads. MQA's single K/V head is replicated on every TP rank and its
 gradient summed over them.
 """
@@ -34,9 +34,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from attnbench.packing import cu_seqlens
-from attnbench.problem import AttnSpec
-from attnbench.spec import Case
+from attnbench.problem.packing import cu_seqlens
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.sweep.case import Case
 
 
 @dataclass(frozen=True)

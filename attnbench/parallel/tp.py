@@ -20,7 +20,7 @@ import torch
 from attnbench.backends.base import Unsupported
 from attnbench.parallel.group import Comm
 from attnbench.parallel.layout import Shard
-from attnbench.problem import AttnSpec
+from attnbench.problem.attn_spec import AttnSpec
 
 F32 = torch.float32
 

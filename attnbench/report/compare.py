@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from attnbench.records import BAD_VERDICTS, JUDGED_VERDICTS, TENSORS
+from attnbench.results.records import BAD_VERDICTS, JUDGED_VERDICTS, TENSORS
 from attnbench.report.data import DIRECTIONS, Run, case_key
 from attnbench.report.doubt import why_ambiguous
 from attnbench.report.environment import (kind_text, mixed_kinds, representative, run_warnings,

@@ -17,7 +17,7 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from attnbench.records import TENSORS
+from attnbench.results.records import TENSORS
 from attnbench.report.compare import (NOISY_WHY, Comparison, ambiguous_reasons, describe,
                                       run_facts)
 from attnbench.report.data import DIRECTIONS

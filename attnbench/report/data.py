@@ -15,7 +15,7 @@ Columns of :func:`frame` (one row per record)::
     <t>_rel_l2, <t>_bound, <t>_ratio, <t>_nonfinite, <t>_over  for t in out, dq, dk, dv
     worst_over                                    # max over tensors of rel_l2 / bound
     fp8_kernel_rel_l2, fp8_quantization_rel_l2,   # fp8 cases' error split (accuracy.fp8,
-    fp8_end_to_end_rel_l2                         # attnbench.fp8_accuracy); NaN otherwise
+    fp8_end_to_end_rel_l2                         # attnbench.accuracy.fp8_split); NaN otherwise
     crash_signal, crash_exit_code
     run_id
 
@@ -35,12 +35,12 @@ from typing import Any, Iterable
 import pandas as pd
 
 from attnbench.errors import ReportError  # noqa: F401  (raised here, importers' name)
-from attnbench.records import TENSORS
+from attnbench.results.records import TENSORS
 
 IDENTITIES = ("dv_v", "dq_q", "dk_sum")
 # Heatmap columns besides the tensors: the identities, then CP/TP parity.
 CHECK_COLUMNS = IDENTITIES + ("parity",)
-from attnbench.spec import CASE_FIELDS
+from attnbench.sweep.case import CASE_FIELDS
 
 
 # Columns a dashboard filter may name besides the Case fields (validated without data).
@@ -57,12 +57,13 @@ FP8_SPLIT = ("kernel", "quantization", "end_to_end")
 
 
 # ------------------------------------------------------------------------------------------
-# loading (through attnbench.store, which owns the run directory format)
+# loading (through attnbench.results.store, which owns the run directory format)
 
 
 def load_records(run_dir: Path) -> list[dict[str, Any]]:
     """The run's records (last one per case id; a torn last line is skipped)."""
-    from attnbench.store import RunDirError, load_records as store_load_records
+    from attnbench.errors import RunDirError
+    from attnbench.results.store import load_records as store_load_records
 
     path = Path(run_dir) / "records.jsonl"
     if not path.exists():
@@ -78,7 +79,8 @@ def load_records(run_dir: Path) -> list[dict[str, Any]]:
 def load_manifest(run_dir: Path) -> dict[str, Any]:
     """The manifest, or a minimal stand-in (run_id from the directory name) when it is absent:
     a report of records without their manifest is still worth drawing."""
-    from attnbench.store import RunDirError, load_manifest as store_load_manifest
+    from attnbench.errors import RunDirError
+    from attnbench.results.store import load_manifest as store_load_manifest
 
     path = Path(run_dir) / "manifest.json"
     if not path.exists():

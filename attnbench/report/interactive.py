@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.records import TENSORS
+from attnbench.results.records import TENSORS
 from attnbench.report.dashboard import Dashboard, Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (DIRECTION_LABELS, RAN, TENSOR_LABELS, facet_groups,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.records import BAD_VERDICTS
+from attnbench.results.records import BAD_VERDICTS
 from attnbench.report.dashboard import Dashboard
 from attnbench.report.data import Run
 from attnbench.report.environment import environments, hardware_text, software_text

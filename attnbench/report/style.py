@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from attnbench.records import VERDICTS
+from attnbench.results.records import VERDICTS
 
 VERDICT_COLORS: dict[str, str] = {
     "pass": "#2e9e4f",

@@ -1,7 +1,7 @@
 """Synthetic run directories that follow the record schema, for tests and dashboard previews.
 
-Cases come from a real sweep text through :func:`attnbench.spec.parse_sweep` and records from
-:func:`attnbench.records.make_record`, so ids, labels and features are the real ones; only the
+Cases come from a real sweep text through :func:`attnbench.sweep.load.parse_sweep` and records from
+:func:`attnbench.results.records.make_record`, so ids, labels and features are the real ones; only the
 numbers are made up (a plausible roofline for timings, dtype-sized errors for accuracy). The
 three seed bugs of ``/work/shared/seeds`` are planted so the accuracy heatmap can be checked for
 them:
@@ -17,7 +17,7 @@ GPU names are either the coarse kinds of records written before exact identity (
 ``A100``, ...: env with ``gpu_kind``/``torch``/``triton`` only, timing without ``noisy``, GB/s
 or memory) or exact kinds (``H100-SXM5-80GB``, ``H100-PCIe-80GB``, ``H200-SXM-141GB``,
 ``A100-SXM4-80GB``: env with ``identity``/``software``/``backend``, timing with every field
-:mod:`attnbench.case_timing` writes), so reports are tested on both.
+:mod:`attnbench.timing.case` writes), so reports are tested on both.
 
 Usage: ``python -m attnbench.report.synthetic OUT_DIR [--gpu H100 --gpu A100]``.
 """
@@ -31,10 +31,11 @@ import random
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnbench.flops import case_bytes, case_flops
+from attnbench.sweep.flops import case_bytes, case_flops
 from attnbench.hardware import kind_from_name, peak_tflops
-from attnbench.records import TENSORS, make_record
-from attnbench.spec import Case, parse_sweep
+from attnbench.results.records import TENSORS, make_record
+from attnbench.sweep.case import Case
+from attnbench.sweep.load import parse_sweep
 
 PEAK_TFLOPS = {  # dense tensor-core peaks (bf16/fp16) from the vendor data sheets
     "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A6000": 155.0,
@@ -132,7 +133,7 @@ def _timing(c: Case, gpu: str, rng: random.Random, slowdown: float,
     out: dict[str, Any] = {"clock": "cuda_events", "flops_fwd": _flops_fwd(c),
                            "flops_bwd": 2.5 * _flops_fwd(c)}  # 2.0 (bwd) + 0.5 (recompute)
     exact = gpu in IDENTITIES
-    if exact:  # the fields of attnbench.case_timing
+    if exact:  # the fields of attnbench.timing.case
         out.update(mode="eager", world_size=c.world_size, l2_flush_bytes=256 << 20)
         out["flops_fwd"], out["flops_bwd"] = case_flops(c)
         out["bytes_fwd"], out["bytes_bwd"] = case_bytes(c)
@@ -169,7 +170,7 @@ def _timing(c: Case, gpu: str, rng: random.Random, slowdown: float,
 
 def _env(gpu: str, host: str, versions: dict[str, str], software: dict[str, Any]) -> dict:
     """A record's env: the coarse fields of old records, or (exact kinds) what
-    attnbench.device.device_env writes."""
+    attnbench.hardware.device.device_env writes."""
     if gpu not in IDENTITIES:
         return {"host": host, "device": "cuda:0", "gpu_kind": gpu,
                 "device_name": DEVICE_NAMES[gpu], **versions}

@@ -18,7 +18,7 @@ from matplotlib.colors import ListedColormap, LogNorm, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from attnbench.records import TENSORS
+from attnbench.results.records import TENSORS
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (NO_RESULT, RAN, TENSOR_LABELS, Context, PanelOutput,

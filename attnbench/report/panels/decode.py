@@ -2,7 +2,7 @@
 page size.
 
 Decode reads the whole KV cache for a handful of queries, so it is memory-bound: its figure is
-bandwidth (GB/s against the minimal traffic of :func:`attnbench.flops.decode_bytes`, with a
+bandwidth (GB/s against the minimal traffic of :func:`attnbench.sweep.flops.decode_bytes`, with a
 percent-of-peak-bandwidth axis when the device is in the peak table) beside latency, not
 TFLOP/s. One line per backend (colour) and page size (line style; "triton p16": 16-token
 pages, "p0": contiguous), one figure per facet (by default GPU kind x dtype x heads x new

@@ -1,5 +1,5 @@
 """The ``error_trend`` panel: does a backend's error grow with the sequence faster than the fused
-baseline's? (:mod:`attnbench.trends`)
+baseline's? (:mod:`attnbench.report.trends`)
 
 One subplot per series (a backend and every case field but the lengths), findings first: the
 backend's relative L2 error and the fused baseline's on the same inputs against keys, both log2,
@@ -16,7 +16,7 @@ from attnbench.report.data import Run
 from attnbench.report.figures import (TENSOR_LABELS, Context, PanelOutput, finish_figure, fmt_len,
                                       new_figure, plain_log_ticks)
 from attnbench.report.style import VERDICT_COLORS
-from attnbench.trends import GROWTH_BOUND, MIN_LENGTHS, SLOPE_BOUND, trends
+from attnbench.report.trends import GROWTH_BOUND, MIN_LENGTHS, SLOPE_BOUND, trends
 
 BASELINE_COLOR = "#444444"
 COLUMNS = 3

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.records import TENSORS
+from attnbench.results.records import TENSORS
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (RAN, TENSOR_LABELS, Context, PanelOutput, facet_groups,

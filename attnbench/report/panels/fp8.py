@@ -2,7 +2,7 @@
 and how much faster fp8 is than bf16.
 
 Left: per backend and fp8 format, the median relative L2 error of the output split as
-:mod:`attnbench.fp8_accuracy` measures it -- the kernel's (against exact attention on the
+:mod:`attnbench.accuracy.fp8_split` measures it -- the kernel's (against exact attention on the
 dequantized inputs; what the verdict judges) beside the quantization's (exact on the dequantized
 vs exact on the original inputs) -- on a log axis. Right: the forward's speed-up, bf16 median
 time over fp8 median time of the same backend on the same case (every field but dtype and

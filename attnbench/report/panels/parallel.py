@@ -12,7 +12,7 @@ from typing import Any
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from attnbench.records import TENSORS
+from attnbench.results.records import TENSORS
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter, case_key, parity_checks
 from attnbench.report.figures import (DIRECTION_LABELS, RAN, TENSOR_LABELS, Context, PanelOutput,

@@ -1,0 +1,254 @@
+"""Judging one case's results: the one place both case runners (single- and multi-rank) use.
+
+Given the inputs and a backend's out/dq/dk/dv, :func:`evaluate` measures errors against the
+fp64 reference (when one applies), a baseline's errors on the same inputs -- the fused-precision
+baseline, or for tensors the backend computes in the input dtype by design the naive backend
+(:func:`input_precision`) -- and the reference-free identities, and returns a
+:class:`Judgement`. Further checks (determinism of
+repeated backward calls, CP/TP parity) are folded in with :meth:`Judgement.merged`. Bounds and
+the per-check verdict rule live in :mod:`attnbench.accuracy.bounds`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from attnbench.accuracy import bounds as acc
+from attnbench.backends import get_backend
+from attnbench.backends.masks import release_prepared
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.accuracy.dropout_probe import RngState, judge_dropout
+from attnbench.execution.child import is_oom
+from attnbench.problem.fp8 import FORMATS, dequantize_call
+from attnbench.accuracy.fp8_split import quantization_split
+from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
+from attnbench.accuracy.invariants import identity_residuals
+from attnbench.results.records import TENSORS
+from attnbench.problem.reference import reference_backward, reference_forward
+
+DETERMINISM_CALLS = 3
+"""Backward calls compared bit for bit (the checked one and two more): a dQ summed in a random
+order differs from another order in only a few bf16 elements of a small case, so one extra call
+can miss it where two rarely do."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the checks of one case concluded."""
+
+    verdict: str
+    """pass | fail | timed (``accuracy: false``: only NaN/Inf were checked)."""
+    reason: str
+    """One line; empty for a plain pass."""
+    checks: tuple[acc.Check, ...] = ()
+    accuracy: Optional[dict] = None
+    """The record's ``accuracy`` section (None when accuracy was off)."""
+
+    def merged(self, checks: Sequence[acc.Check], label: str = "",
+               **accuracy: Any) -> "Judgement":
+        """This judgement plus more checks (and ``accuracy`` sections): a failing one makes the
+        verdict ``fail`` and joins the reason, after a failure already there."""
+        sections = dict(self.accuracy or {}, **accuracy)
+        failed = [c for c in checks if not c.passed]
+        verdict, reason = self.verdict, self.reason
+        if failed:
+            text = label + "; ".join(c.describe() for c in failed[:2])
+            reason = f"{reason}; {text}" if reason and verdict == "fail" else text
+            verdict = "fail"
+        return dataclasses.replace(self, verdict=verdict, reason=reason,
+                                   checks=(*self.checks, *checks), accuracy=sections)
+
+    def record_fields(self) -> dict[str, Any]:
+        return {"checks": [c.to_dict() for c in self.checks], "accuracy": self.accuracy}
+
+
+def timed_only(out: torch.Tensor, grads: Optional[Sequence[torch.Tensor]]) -> Judgement:
+    """``accuracy: false``: no reference, no baseline -- but a NaN or Inf is still a failure."""
+    checks = []
+    for name, tensor in zip(TENSORS, (out, *(grads or ()))):
+        count = int((~torch.isfinite(tensor)).sum().item())
+        checks.append(acc.Check("nonfinite", name, "count", float(count), 0.0, count == 0))
+    return Judgement("timed", "accuracy not checked (accuracy: false)").merged(checks)
+
+
+def input_precision(backend, case, device) -> frozenset[str]:
+    """Tensors ``backend`` computes in the input dtype by design (judged against the naive
+    baseline); every other tensor is judged against the fused baseline. Declared by the
+    backend's optional ``input_precision(case, device)``; a backend that does not declare it is
+    a fused kernel."""
+    declared = getattr(backend, "input_precision", None)
+    return frozenset(declared(case, device)) if callable(declared) else frozenset()
+
+
+BACKWARD_NOT_APPLICABLE = "not applicable: forward only (decode, or backward: false)"
+"""The record's ``accuracy.backward`` of a forward-only case: no gradient was asked for, so
+none is judged or timed -- not ``unsupported`` (nothing was refused), not a failure."""
+
+
+class References:
+    """fp64 references of one case's inputs, one per dropout mask (one in all without dropout),
+    each computed once; ``tensors``: ("out",) for a forward-only case."""
+
+    def __init__(self, q, k, v, dout, spec, tensors: Sequence[str] = TENSORS):
+        self.inputs, self.spec, self.tensors = (q, k, v, dout), spec, tuple(tensors)
+        self._cache: dict[Any, dict] = {}
+
+    def get(self, keep_mask) -> dict:
+        key = keep_mask if self.spec.dropout_p > 0 else None
+        if key not in self._cache:
+            q, k, v, dout = self.inputs
+            out, lse = reference_forward(q, k, v, self.spec, keep_mask=keep_mask)
+            self._cache[key] = {"out": out, "lse": lse}
+            if "dq" in self.tensors:
+                dq, dk, dv = reference_backward(q, k, v, out, lse, dout, self.spec,
+                                                keep_mask=keep_mask)
+                self._cache[key].update(dq=dq, dk=dk, dv=dv)
+        return self._cache[key]
+
+    def errors(self, results: dict, keep_mask) -> dict:
+        ref = self.get(keep_mask)
+        scale = acc.problem_scale(ref)
+        return {t: acc.tensor_errors(results[t], ref[t], scale) for t in self.tensors}
+
+    def logit_scale(self) -> float:
+        """Largest finite |lse| of the fp64 reference (any entry: dropout does not change it)."""
+        for ref in self._cache.values():
+            finite = ref["lse"][torch.isfinite(ref["lse"])]
+            return float(finite.abs().max()) if finite.numel() else 0.0
+        return 0.0
+
+
+def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
+             rng: Optional[RngState] = None, originals=None,
+             reference_roundings: Optional[dict] = None) -> Judgement:
+    """Errors against fp64 (when a reference applies), baseline errors and identities.
+
+    ``rng``: the state of the generator a hidden-mask backend's dropout drew from, captured right
+    before the judged forward (:mod:`attnbench.accuracy.dropout_probe`); with it the mask is recovered
+    and the exact reference applies, without it statistics judge the forward's dropout.
+    fp8 cases (``spec.fp8_format``): q, k, v are the fp8 values; the reference is exact on
+    their dequantized numbers, and ``originals`` (q, k, v before quantization) give the
+    quantization / kernel split of :mod:`attnbench.accuracy.fp8_split`.
+    ``reference_roundings``: see :func:`attnbench.accuracy.bounds.judge`."""
+    device = device or q.device
+    tensors = TENSORS if grads is not None else ("out",)  # grads None: forward only
+    results = dict(zip(tensors, (out, *(grads or ()))))
+    keep_mask = getattr(backend, "keep_mask", None)
+    exact_inputs = dequantize_call(q, k, v, spec, torch.float64) if spec.fp8_format else (q, k, v)
+    refs = References(*exact_inputs, dout, spec, tensors)
+    errors, dropout = None, None
+    if spec.dropout_p > 0 and keep_mask is None:
+        dropout = judge_dropout(backend, q, k, v, spec, out, rng)
+        keep_mask = dropout.keep_mask
+        note = dropout.method if keep_mask is not None else (
+            f"{dropout.method}: the backend hides its dropout mask and it could not be "
+            "recovered; dropout statistics and the identities decide")
+    else:
+        note = "exact-mask" if spec.dropout_p > 0 else "exact"
+    if keep_mask is not None or spec.dropout_p == 0:
+        errors = refs.errors(results, keep_mask)
+    judged_by = _baselines(case, backend, spec, q, k, v, dout, refs, device)
+    baseline = {t: e for t, (_, e) in judged_by.items() if e is not None} or None
+    kinds = {t: kind for t, (kind, _) in judged_by.items()}
+    scale = acc.conditioning(errors if case.backend == "naive" else _naive_scale(judged_by))
+    identities = {} if grads is None else identity_residuals(
+        q, k, v, out, dout, *grads, softcap=spec.softcap, cu_seqlens_q=spec.cu_seqlens_q,
+        cu_seqlens_kv=spec.cu_seqlens_kv)
+    zero = {t for t, e in (errors or {}).items() if e.get("degenerate")}
+    if zero & {"dq", "dk"}:
+        # dQ = dK = 0 exactly (every query sees one key): <dQ,Q> = <dK,K> and sum dK = 0 read
+        # 0 = 0 and their normalisation is 0/0; the reference judges those tensors.
+        identities = {n: r for n, r in identities.items() if n == "dv_v"}
+    bounds = acc.identity_bounds(case.dtype, scale)
+    verdict, reason, checks, table = acc.judge(
+        dtype=case.dtype, backend=case.backend, errors=errors, baseline=baseline,
+        identities=identities, softcap=spec.softcap, reference_note=note,
+        identity_bound=bounds, logit_scale=refs.logit_scale(), baseline_kind=kinds,
+        reference_roundings=reference_roundings)
+    accuracy = {
+        "reference": note,
+        "tensors": table,
+        "identities": {name: {"value": acc._finite_or_none(value), "bound": bounds[name]}
+                       for name, value in identities.items()},
+    }
+    if grads is None:
+        accuracy["backward"] = BACKWARD_NOT_APPLICABLE
+    if spec.fp8_format and originals is not None:
+        accuracy["fp8"] = quantization_split(case, spec, out, refs.get(None), exact_inputs,
+                                             originals)
+    judgement = Judgement(verdict, reason, tuple(checks), accuracy)
+    if dropout is not None:
+        judgement = judgement.merged(dropout.checks, "dropout: ", dropout=dropout.to_dict())
+    return judgement
+
+
+def _baselines(case, backend, spec, q, k, v, dout, refs: References,
+               device) -> dict[str, tuple[str, Optional[dict]]]:
+    """tensor -> (baseline kind, its errors on these inputs against its own fp64 reference)."""
+    if case.backend in ("naive", "reference"):
+        return {}
+    low = set(input_precision(backend, case, device)) & set(refs.tensors)
+    naive = _naive_errors(q, k, v, dout, spec, refs) if low else None
+    fused = _fused_errors(q, k, v, dout, spec, refs) if len(low) < len(refs.tensors) else None
+    return {t: ("naive", naive and naive[t]) if t in low else ("fused", fused[t])
+            for t in refs.tensors}
+
+
+def _naive_scale(judged_by: dict) -> Optional[dict]:
+    """Errors on the naive baseline's scale, which the identity bounds were calibrated on: the
+    naive errors where they were measured, else the fused baseline's x NAIVE_OVER_FUSED."""
+    scaled = {}
+    for t, (kind, e) in judged_by.items():
+        if e is None:
+            continue
+        factor = 1.0 if kind == "naive" else NAIVE_OVER_FUSED
+        scaled[t] = dict(e, rel_l2=e["rel_l2"] * factor)
+    return scaled or None
+
+
+NAIVE_OVER_FUSED = 2.0
+"""naive's error over the fused baseline's on the same inputs: 1.6-1.9 measured (bf16/fp16,
+S 256-4096, benchmarks/baseline_memory.py); the identity bounds scale with the naive error."""
+
+
+def _naive_errors(q, k, v, dout, spec, refs: References) -> Optional[dict]:
+    """Errors of the naive backend on the same inputs, against its own exact reference; None
+    where its S x S matrices do not fit."""
+    naive = get_backend("naive")
+    try:
+        fwd = naive.forward(q, k, v, spec)
+        grads = naive.backward(fwd.ctx, dout) if "dq" in refs.tensors else ()
+    except Exception as exc:
+        if is_oom(exc):
+            return None
+        raise
+    finally:
+        release_prepared(naive)
+    return refs.errors(dict(zip(refs.tensors, (fwd.out, *grads))), naive.keep_mask)
+
+
+def _fused_errors(q, k, v, dout, spec, refs: References) -> dict:
+    """Errors of the fused-precision baseline on the same inputs (its dropout mask: the hash
+    mask of :mod:`attnbench.problem.dropout`), against its own exact reference. fp8: FA3's roundings
+    (fp8 operands, P in the inputs' fp8 format, O in bf16) on the dequantized values."""
+    if spec.fp8_format:
+        baseline = FusedBaseline(p_format=FORMATS[spec.fp8_format], out_dtype=torch.bfloat16)
+        out, _ = baseline.forward(*dequantize_call(q, k, v, spec, torch.float32), spec)
+        return refs.errors({"out": out}, hash_keep_mask)
+    out, lse = fused_forward(q, k, v, spec, keep_mask=hash_keep_mask)
+    grads = (fused_backward(q, k, v, out, lse, dout, spec, keep_mask=hash_keep_mask)
+             if "dq" in refs.tensors else ())
+    return refs.errors(dict(zip(refs.tensors, (out, *grads))), hash_keep_mask)
+
+
+def check_determinism(judgement: Judgement, backend, ctx, dout, grads) -> Judgement:
+    """For a backend that declares ``deterministic = True``: repeated backward calls on one
+    forward context must return bit-identical gradients."""
+    runs = [tuple(grads)] + [tuple(backend.backward(ctx, dout))
+                             for _ in range(DETERMINISM_CALLS - 1)]
+    found = acc.determinism_checks(runs)
+    return judgement.merged(found, determinism={c.tensor: int(c.value) for c in found})

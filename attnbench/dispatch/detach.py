@@ -1,0 +1,294 @@
+"""``attnbench submit | status | attach | cancel``: a sweep that runs without its submitter.
+
+``submit`` checks everything a run would check (the sweep, the run directory, the scheduler
+and its workers), then hands the sweep to a driver task on the cluster
+(:func:`attnbench.dispatch.driver.drive`, ``fire_and_forget``) and returns once the driver holds the
+run directory. ``status`` and ``attach`` read what the driver leaves in the run directory
+(:mod:`attnbench.dispatch.driver_state`) and the journal; ``cancel`` asks the lock holder to stop (a
+driver or a plain ``attnbench run``), which it does within a second, leaving the journal valid.
+All four need only the run directory, on the filesystem the cluster shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from attnbench.dispatch.driver_state import FINAL, LOG, read_state, request_cancel
+from attnbench.errors import EXIT_CLUSTER, EXIT_OK, ClusterError, UsageError, printable
+from attnbench.results.lock import RunLock, describe_holder
+from attnbench.results.store import load_manifest
+from attnbench.validation import positive_int_argument
+
+
+# -- submit -------------------------------------------------------------------------------------
+def cmd_submit(args: argparse.Namespace) -> int:
+    from attnbench.backends import check_backend_name
+    from attnbench.cluster.connect import check_connection_arguments, connect, make_security
+    from attnbench.sweep.load import load_sweep
+    from attnbench.results.store import RunStore, default_run_dir
+
+    sweep = load_sweep(args.sweep, check_backend_name)
+    security = make_security(args.tls_ca_file, args.tls_cert, args.tls_key)
+    if not args.scheduler:
+        raise UsageError("submit needs --scheduler tcp://host:8786 (a scheduler that outlives "
+                         "this command; see docs/cluster.md, Submit and walk away)")
+    check_connection_arguments(args.scheduler, None, security)
+    # Absolute: the driver runs elsewhere, in another working directory.
+    run_dir = Path(args.out or default_run_dir(sweep)).absolute()
+    conn = connect(args.scheduler, args.workers, security=security,
+                   worker_wait_s=args.worker_wait)
+    try:
+        # What a run would refuse is refused here, in one line (the lock included); the
+        # directory and its manifest are made by the user, on the shared filesystem.
+        store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or ())
+        pending, done = len(store.pending()), len(store.done)
+        store.close(discard_unused=not pending)
+        print(f"attnbench: sweep {sweep.name!r}: {len(sweep.cases)} cases, {done} already in "
+              f"{run_dir}, {pending} to run")
+        if not pending:
+            print(f"attnbench: nothing to run; see attnbench status {run_dir}")
+            return EXIT_OK
+        return _hand_over(conn, sweep, run_dir, args)
+    finally:
+        conn.close()
+
+
+def _hand_over(conn, sweep, run_dir: Path, args: argparse.Namespace) -> int:
+    from distributed import fire_and_forget
+
+    from attnbench.dispatch.driver import drive
+
+    submission = uuid.uuid4().hex[:12]
+    future = conn.client.submit(drive, sweep.source, sweep.path, str(run_dir), submission,
+                                [str(a) for a in sys.argv], tuple(args.retry or ()),
+                                args.worker_wait, args.dispatch,
+                                key=f"attnbench-driver-{submission}",
+                                pure=False)
+    fire_and_forget(future)
+    deadline = time.monotonic() + args.start_wait
+    while time.monotonic() < deadline:
+        state = read_state(run_dir) or {}
+        if state.get("submission") == submission and state.get("state") != "submitted":
+            if state.get("state") == "failed":
+                print(f"attnbench: error: the driver failed: {printable(state.get('message'), 2000)}",
+                      file=sys.stderr)
+                return EXIT_CLUSTER
+            print(f"attnbench: submitted: driver {submission} runs on worker "
+                  f"{printable(state.get('worker'))} ({printable(state.get('host'))}, pid "
+                  f"{state.get('pid')}); this machine may go now")
+            _print_follow_up(run_dir)
+            return EXIT_OK
+        if future.done():
+            result = future.result() if future.status == "finished" else None
+            message = (result or {}).get("message") or f"driver task {future.status}"
+            print(f"attnbench: error: the driver did not start: {printable(message, 2000)}",
+                  file=sys.stderr)
+            return EXIT_CLUSTER
+        time.sleep(0.2)
+    print(f"attnbench: the driver has not started after {args.start_wait:g} s (no free worker "
+          "thread?); it stays submitted and starts when the scheduler places it")
+    _print_follow_up(run_dir)
+    return EXIT_OK
+
+
+def _print_follow_up(run_dir: Path) -> None:
+    print(f"  attnbench status {run_dir}     progress, ETA, who runs what\n"
+          f"  attnbench attach {run_dir}     the live progress lines (Ctrl-C detaches)\n"
+          f"  attnbench cancel {run_dir}     stop; the same submit --out resumes")
+
+
+# -- status -------------------------------------------------------------------------------------
+def _age(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def driver_line(run_dir: Path) -> tuple[str, Optional[dict], bool]:
+    """One line on who drives the run, the driver's last state, and whether a holder is
+    alive."""
+    lock = RunLock(run_dir)
+    holder = lock.holder()
+    state = read_state(run_dir)
+    alive = holder is not None and not lock.stale_reason(holder)
+    if alive:
+        age = lock.heartbeat_age() or 0.0
+        who = describe_holder(holder)
+        if holder.get("worker"):
+            who = f"worker {printable(holder['worker'])}, {who}"
+        return f"driver: running ({who}; heartbeat {_age(age)} ago)", state, True
+    if holder is not None:
+        return (f"driver: gone ({lock.stale_reason(holder)}; {describe_holder(holder)}); "
+                "resubmit with the same --out to resume", state, False)
+    if state and state.get("state") not in FINAL and not state.get("submission"):
+        return ("driver: not running (an `attnbench run` that stopped without finishing; rerun "
+                "it with this --out to resume)", state, False)
+    if state and state.get("state") not in FINAL:
+        return ("driver: not running (submitted or between workers; last state "
+                f"{printable(state.get('state'))}, {_age(time.time() - state.get('updated', 0))} "
+                "ago)", state, False)
+    if state:
+        message = f": {printable(state['message'], 500)}" if state.get("message") else ""
+        return f"driver: {printable(state.get('state'))}{message}", state, False
+    return "driver: none (not running)", state, False
+
+
+def journal_verdicts(run_dir: Path) -> tuple[collections.Counter, int]:
+    """Verdict of each case's last record, and lines that are not a record. A quick look for
+    ``status`` while a driver appends (1.3 s for 100,000 records here; ``show`` and ``report``
+    check every field, ~60 s at that size)."""
+    last: dict[str, str] = {}
+    unreadable = 0
+    try:
+        with open(run_dir / "records.jsonl", "rb") as fh:
+            for line in fh:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    record = None
+                if isinstance(record, dict) and isinstance(record.get("id"), str) \
+                        and isinstance(record.get("verdict"), str):
+                    last[record["id"]] = record["verdict"]
+                elif line.strip():
+                    unreadable += line.endswith(b"\n")  # a line being written is not counted
+    except FileNotFoundError:
+        pass
+    return collections.Counter(last.values()), unreadable
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run)
+    manifest = load_manifest(run_dir)
+    counts, unreadable = journal_verdicts(run_dir)
+    sweep = manifest.get("sweep") or {}
+    total = sweep.get("cases") or 0
+    parts = ", ".join(f"{n} {printable(v, 20)}" for v, n in sorted(counts.items())) or "none yet"
+    print(printable(f"run {manifest.get('run_id')}: sweep {sweep.get('name')!r}: "
+                    f"{sum(counts.values())}/{total} cases recorded ({parts})", 2000))
+    if unreadable:
+        print(f"warning: {unreadable} lines of records.jsonl are not records; attnbench show "
+              f"{run_dir} names the first")
+    line, state, alive = driver_line(run_dir)
+    print(line)
+    if alive and state and state.get("state") == "running":
+        eta = state.get("eta_s")
+        print(f"progress: {state.get('done', 0)} done by this driver at "
+              f"{state.get('rate', 0):.1f} cases/s, ETA {_age(eta) if eta is not None else '?'}; "
+              f"{state.get('in_flight', 0)} in flight, {state.get('queued', 0)} queued; "
+              f"{state.get('workers', 0)} workers with {state.get('devices', 0)} devices "
+              f"(scheduler {printable(state.get('scheduler'))})")
+        for worker, cases in sorted((state.get("running") or {}).items())[:args.limit]:
+            print(printable(f"  {worker}: {'; '.join(cases)}", 2000))
+    return EXIT_OK
+
+
+# -- attach -------------------------------------------------------------------------------------
+def cmd_attach(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run)
+    load_manifest(run_dir)  # a run directory, or one line and exit 2
+    log = run_dir / LOG
+    position = 0
+    if log.exists():  # the last lines, then what comes
+        text = log.read_bytes()
+        position = len(text)
+        for line in text.decode("utf-8", "replace").splitlines()[-args.lines:] if args.lines else []:
+            print(printable(line, 2000))
+    line, state, alive = driver_line(run_dir)
+    print(line, flush=True)
+    try:
+        while True:
+            if log.exists():
+                with open(log, "rb") as fh:
+                    fh.seek(position)
+                    chunk = fh.read()
+                cut = chunk.rfind(b"\n") + 1  # whole lines only
+                for text in chunk[:cut].decode("utf-8", "replace").splitlines():
+                    print(printable(text, 2000), flush=True)
+                position += cut
+            line, state, alive = driver_line(run_dir)
+            if not alive and (state is None or state.get("state") in FINAL):
+                print(line)
+                return EXIT_OK if (state or {}).get("state") != "failed" else EXIT_CLUSTER
+            time.sleep(args.poll)
+    except KeyboardInterrupt:
+        print(f"\nattnbench: detached; the run goes on (attnbench status {run_dir})")
+        return EXIT_OK
+
+
+# -- cancel -------------------------------------------------------------------------------------
+def cmd_cancel(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run)
+    load_manifest(run_dir)
+    lock = RunLock(run_dir)
+    holder = lock.holder()
+    state = read_state(run_dir) or {}
+    tokens = [(holder or {}).get("token"), (holder or {}).get("submission")]
+    if state.get("state") not in FINAL:
+        tokens.append(state.get("submission"))  # a driver queued or between workers
+    tokens = [t for t in tokens if isinstance(t, str)]
+    if not tokens:
+        print(f"attnbench: nothing runs in {run_dir}")
+        return EXIT_OK
+    request_cancel(run_dir, tokens)
+    if holder is None or lock.stale_reason(holder):
+        print(f"attnbench: no driver holds {run_dir} now; a driver that starts for it will "
+              "stop at once")
+        return EXIT_OK
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        now = lock.holder()
+        if now is None or now.get("token") != holder.get("token"):
+            count = sum(journal_verdicts(run_dir)[0].values())
+            print(f"attnbench: cancelled; {count} records in {run_dir}; the same "
+                  "`attnbench submit` (or `run`) with this --out resumes")
+            return EXIT_OK
+        time.sleep(0.2)
+    raise ClusterError(f"{run_dir}: asked the driver ({describe_holder(holder)}) to stop; it "
+                       f"still holds the run after {args.wait:g} s")
+
+
+# -- registration -------------------------------------------------------------------------------
+def add_detach_commands(sub, seconds, verdicts) -> None:
+    """Register the four commands (``seconds``, ``verdicts``: the CLI's argument types)."""
+    submit = sub.add_parser("submit", help="run a sweep on a cluster without staying connected")
+    submit.add_argument("sweep", help="sweep file (YAML)")
+    submit.add_argument("--scheduler", help="a running Dask scheduler (tcp://host:8786)")
+    submit.add_argument("--out", help="run directory on a filesystem the workers share "
+                                      "(default results/<sweep>-<UTC time>); same --out resumes")
+    submit.add_argument("--workers", type=positive_int_argument, default=1,
+                        help="workers to wait for before planning (default 1)")
+    submit.add_argument("--worker-wait", type=seconds, default=60.0, metavar="SECONDS",
+                        help="how long to wait for workers (default 60)")
+    submit.add_argument("--start-wait", type=seconds, default=60.0, metavar="SECONDS",
+                        help="how long to wait for the driver to start (default 60)")
+    submit.add_argument("--retry", type=verdicts, metavar="VERDICTS",
+                        help="also run again the cases recorded with these verdicts")
+    submit.add_argument("--dispatch", choices=("tasks", "lanes"), default="lanes",
+                        help="lanes (default): each device pulls its next case from the driver; "
+                             "tasks: one Dask task per case")
+    for flag in ("--tls-ca-file", "--tls-cert", "--tls-key"):
+        submit.add_argument(flag, metavar="PEM", help="TLS (see attnbench run --help)")
+    submit.set_defaults(func=cmd_submit)
+
+    status = sub.add_parser("status", help="progress of a run: verdicts, ETA, who runs what")
+    status.add_argument("run", help="run directory")
+    status.add_argument("--limit", type=positive_int_argument, default=20, help="workers shown (default 20)")
+    status.set_defaults(func=cmd_status)
+
+    attach = sub.add_parser("attach", help="follow a run's progress lines (Ctrl-C detaches)")
+    attach.add_argument("run", help="run directory")
+    attach.add_argument("--lines", type=int, default=10, help="earlier lines shown (default 10)")
+    attach.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
+    attach.set_defaults(func=cmd_attach)
+
+    cancel = sub.add_parser("cancel", help="stop a run cleanly (the journal stays valid)")
+    cancel.add_argument("run", help="run directory")
+    cancel.add_argument("--wait", type=seconds, default=60.0, metavar="SECONDS",
+                        help="how long to wait for the driver to stop (default 60)")
+    cancel.set_defaults(func=cmd_cancel)
+

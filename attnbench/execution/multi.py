@@ -1,0 +1,256 @@
+"""One CP/TP case, run on every rank of a pool: shard -> parallel fwd/bwd -> gather -> checks.
+
+Called by :func:`attnbench.execution.case_runner.run_case` for ``cp * tp > 1``; every rank of a
+``world_size = cp * tp`` pool runs it with the same case, and rank 0's record is the pool's answer.
+
+Phases, and what a failure in each becomes:
+
+1. Checks that need no communication (heads or lengths that do not split, a backend without
+   ``supports`` or, for ring/zigzag, without ``backward_from_stats``): identical on every rank,
+   so every rank returns the same ``unsupported`` record and no rank waits for another.
+2. The process group (once per pool, :mod:`attnbench.parallel.group`), full inputs on every rank
+   from the case seed (same seed, same tensors), this rank's shard.
+3. The first forward step, then an agreement (:meth:`Comm.agree`): a backend that raises
+   ``Unsupported`` or returns no log-sum-exp there is ``unsupported`` on every rank.
+4. The rest of forward, backward, gathering out/dq/dk/dv to rank 0 and timing: any exception
+   escapes, so the pool records ``error`` (or ``oom``) naming the rank and rebuilds the group --
+   collectives may be half done. Crashes and hangs are the pool's as for any case.
+5. Rank 0 alone: accuracy of the gathered full tensors against fp64 (the usual checks,
+   :func:`attnbench.accuracy.evaluate.evaluate`) and parity against the same backend at CP = 1,
+   TP = 1 on the same inputs (:mod:`attnbench.parallel.parity`).
+
+Timing: the one loop of :mod:`attnbench.timing.loop` on every rank, the :class:`Comm` as its
+coordinator: barrier-aligned samples, each one CUDA events (perf_counter on CPU) around the whole
+parallel forward or backward with an L2 flush before, the slowest rank's time as the sample, and
+rank 0's decisions (warm-up done, calls per sample, stop) for all -- every rank makes the same
+calls. Timings of CPU ranks and of ranks sharing a GPU are correctness only: ``timing.note`` says
+so and ``tflops`` / ``pct_peak`` are null.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any, Optional
+
+import torch
+
+from attnbench.accuracy import bounds as acc
+from attnbench.backends import Unsupported, get_backend
+from attnbench.backends.masks import release_prepared
+from attnbench.timing.case import time_case
+from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
+                                       pick_device, release_memory, sync)
+from attnbench.accuracy.evaluate import Judgement, evaluate, timed_only
+from attnbench.problem.inputs import make_inputs
+from attnbench.parallel import allgather, layout, ring, tp
+from attnbench.parallel.group import Comm, PeerFailed, get_world, rank_layout
+from attnbench.problem.packing import packed_support, tensor_batch
+from attnbench.parallel.layout import Shard
+from attnbench.parallel.parity import parity, reference_roundings, summed_partials
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.results.records import TENSORS, RecordMaker
+from attnbench.problem.reference import reference_backward, reference_forward
+from attnbench.sweep.case import Case
+from attnbench.sweep.options import RunOptions
+
+def algorithm(case: Case, backend: Any = None) -> ModuleType:
+    """The module (``forward``, ``backward``) that runs this case's split: the backend's own
+    when it brings one (``backend.parallel_algorithm(case)`` not None -- a library with its own
+    CP, or a selftest mutant of ours), else ours."""
+    own = getattr(backend, "parallel_algorithm", None)
+    chosen = own(case) if callable(own) else None
+    if chosen is not None:
+        return chosen
+    if case.cp == 1:
+        return tp
+    match case.cp_algo:
+        case "ring" | "zigzag":
+            return ring
+        case "allgather":
+            return allgather
+        case _:
+            raise NotImplementedError(f"cp_algo {case.cp_algo!r} is not implemented")
+
+
+def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
+    """Run ``case`` on this rank; rank 0 returns the record, the other ranks None."""
+    rank = int(os.environ.get("RANK", "0"))
+    pool_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = pick_device(int(os.environ.get("LOCAL_RANK", rank)))
+    make = RecordMaker(case, device_env(device))
+
+    def record(verdict: str, reason: str = "", **fields) -> Optional[dict]:
+        return make(verdict, reason, **fields) if rank == 0 else None
+
+    # 1. decided alike on every rank, before any communication
+    if pool_size != case.world_size or "RANK" not in os.environ:
+        return record("error", f"cp={case.cp} x tp={case.tp} needs a rank pool of "
+                               f"{case.world_size} processes; this one has {pool_size}")
+    refused = interpreter_on_gpu(device)
+    if refused:
+        return record("error", refused)
+    reason = layout.unsupported_reason(case)
+    if reason:
+        return record("unsupported", reason)
+    try:
+        backend = get_backend(case.backend)
+    except Exception as exc:
+        return make.exception("error", exc, f"cannot load backend {case.backend!r}: ") \
+            if rank == 0 else None
+    make.env["backend"] = backend_env(case.backend, backend)
+    reason = packed_support(backend, case) or backend.supports(case, device)
+    if not reason and case.is_packed and case.cp > 1 \
+            and not getattr(backend, "supports_packed_chunks", False):
+        reason = (f"packed CP: backend {case.backend!r} does not declare that it places chunks "
+                  "of packed sequences (supports_packed_chunks = True; AttnSpec.seq_q_start and "
+                  "seqlens_q_total, see attnbench.parallel.layout)")
+    algo = algorithm(case, backend)
+    if not reason and algo is ring:
+        reason = ring.unsupported_reason(backend)
+    if reason:
+        return record("unsupported", reason)
+    try:
+        return _run(case, options, device, backend, algo, rank, record, make)
+    finally:
+        release_prepared(backend)
+        release_memory(device)
+
+
+def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, rank: int,
+         record, make: RecordMaker) -> Optional[dict]:
+    # 2. group, inputs, shard
+    world = get_world(options.timeout_s)
+    comm = Comm(world, rank_layout(world, case.cp, case.tp))
+    shard = Shard.of(case, comm.layout.cp_rank, comm.layout.tp_rank)
+    make.env["process_group"] = {"backend": world.backend, "host_staging": world.staging,
+                                 "created": world.prefix}
+    spec = AttnSpec.from_case(case).replace(head_start=shard.heads.q_start)
+    q, k, v, dout = make_inputs(case, device)
+    local = (shard.slice_q(q), shard.slice_kv(k), shard.slice_kv(v))
+    local_dout = shard.slice_q(dout)
+
+    def run_forward(probe: bool = False):
+        return algo.forward(backend, comm, shard, *local, spec, probe=probe)
+
+    def run_backward(ctx):
+        dq, dk, dv = algo.backward(ctx, local_dout)
+        dk, dv = tp.reduce_replicated_kv(comm, shard, dk, dv)
+        return dq, dk, dv
+
+    # 3. first step, agreed; 4. the rest (exceptions escape: the pool rebuilds the group)
+    try:
+        ctx = run_forward(probe=True)
+    except Unsupported as exc:
+        return record("unsupported", str(exc))
+    except PeerFailed as exc:
+        return record("error", str(exc))
+    grads = run_backward(ctx)
+    sync(device)
+    full = _gather(comm, case, shard, ctx.out, grads)
+    timing = None
+    if options.timing.enabled:
+        timing = time_case(case, device, run_forward, lambda: run_backward(ctx), options.timing,
+                           peaks=device_peaks(device, case.dtype), ranks=comm,
+                           world_size=case.world_size, note=world.timing_note)
+    if rank != 0:
+        return None
+
+    # 5. rank 0: accuracy and parity of the whole result
+    if not options.accuracy:
+        judgement = timed_only(full["out"], [full[t] for t in ("dq", "dk", "dv")])
+        return record(judgement.verdict, judgement.reason, timing=timing,
+                      **judgement.record_fields())
+    try:
+        judgement = evaluate_parallel(case, backend, q, k, v, dout, full)
+    except Exception as exc:  # the checks' own failure (say, OOM in the single-device run)
+        return make.exception("error", exc, "evaluating the gathered result: ", timing=timing)
+    return record(judgement.verdict, judgement.reason, timing=timing,
+                  **judgement.record_fields())
+
+
+# -- gathering -----------------------------------------------------------------------------------
+
+
+def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> Optional[dict]:
+    """Full out/dq/dk/dv on rank 0 (None elsewhere), in the case's dtype, from every rank's
+    local parts: one flat message per rank."""
+    dtype = out.dtype
+    parts = [out, *(g.to(dtype) for g in grads)]
+    # Uneven packed chunks: every rank's message padded to the largest one's size.
+    size = max(sum(s.numel() for s in _local_shapes(case, Shard.of(case, *divmod(r, case.tp))))
+               for r in range(case.world_size))
+    flat = torch.cat([p.reshape(-1) for p in parts])
+    gathered = comm.gather_to_first(torch.cat([flat, flat.new_zeros(size - flat.numel())]))
+    if gathered is None:
+        return None
+    b, sq, sk = tensor_batch(case), case.seqlen_q, case.seqlen_kv  # a pack is one buffer
+    full = {
+        "out": out.new_empty(b, case.heads_q, sq, case.head_dim_v),
+        "dq": out.new_empty(b, case.heads_q, sq, case.head_dim),
+        "dk": out.new_empty(b, case.heads_kv, sk, case.head_dim),
+        "dv": out.new_empty(b, case.heads_kv, sk, case.head_dim_v),
+    }
+    for r, flat in enumerate(gathered):
+        cp_rank, tp_rank = divmod(r, case.tp)
+        theirs = Shard.of(case, cp_rank, tp_rank)
+        pieces, at = [], 0
+        for shape in _local_shapes(case, theirs):
+            n = shape.numel()
+            pieces.append(flat[at:at + n].view(shape))
+            at += n
+        theirs.place_q(full["out"], pieces[0])
+        theirs.place_q(full["dq"], pieces[1])
+        theirs.place_kv(full["dk"], pieces[2])  # MQA: every TP rank holds the same sum
+        theirs.place_kv(full["dv"], pieces[3])
+    return full
+
+
+def _local_shapes(case: Case, shard: Shard) -> list[torch.Size]:
+    """Shapes of a rank's local out, dq, dk, dv."""
+    b, h = tensor_batch(case), shard.heads
+    sq, sk = shard.local_length("q"), shard.local_length("kv")
+    return [torch.Size(s) for s in ((b, h.q_count, sq, case.head_dim_v),
+                                    (b, h.q_count, sq, case.head_dim),
+                                    (b, h.kv_count, sk, case.head_dim),
+                                    (b, h.kv_count, sk, case.head_dim_v))]
+
+
+# -- checks (rank 0) -----------------------------------------------------------------------------
+
+
+def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict) -> Judgement:
+    """The usual accuracy checks on the gathered tensors, plus parity against the same backend
+    at CP = 1, TP = 1 on the same inputs."""
+    spec = AttnSpec.from_case(case)
+    results = (full["out"], full["dq"], full["dk"], full["dv"])
+    judged_as = case
+    if case.backend == "reference" and algorithm(case) is ring:
+        # "fp64 rounded once" no longer describes a ring of the reference: its blocks merge
+        # through float32 log-sum-exps (fp32: ~1e-7 against a bound of 6e-8). Judge it like a
+        # fused kernel instead, against the baseline.
+        judged_as = case.replace(backend="reference (ring)")
+    keep_mask = getattr(backend, "keep_mask", None)
+    ref = None
+    if spec.dropout_p == 0 or keep_mask is not None:
+        out64, lse64 = reference_forward(q, k, v, spec, keep_mask=keep_mask)
+        ref = dict(zip(TENSORS, (out64, *reference_backward(q, k, v, out64, lse64, dout, spec,
+                                                            keep_mask=keep_mask))))
+    roundings = None
+    if case.backend == "reference" and judged_as is case:
+        # Each rank rounds its partial dK/dV before the sum: not "rounded once" (a packed TP
+        # case showed it first; dense MQA TP sat at 0.6 of that bound).
+        roundings = reference_roundings(case, q, k, v, dout, out64, lse64, spec, keep_mask, ref,
+                                        summed_partials(case, algorithm(case) is allgather))
+    judgement = evaluate(judged_as, backend, spec, q, k, v, dout, results[0], results[1:],
+                         reference_roundings=roundings)
+    fwd = backend.forward(q, k, v, spec)
+    single = dict(zip(TENSORS, (fwd.out, *backend.backward(fwd.ctx, dout))))
+    if ref is None:
+        _, table = parity(full, single, None, case.dtype)
+        return judgement.merged([], parity=table, parity_note=(
+            "not judged: the backend does not expose its dropout mask, so the split run's "
+            "masks need not be the single run's"))
+    single_errors = {t: acc.tensor_errors(single[t], ref[t])["rel_l2"] for t in TENSORS}
+    checks, table = parity(full, single, single_errors, case.dtype)
+    return judgement.merged(checks, "parity: ", parity=table)

@@ -1,0 +1,127 @@
+"""Input tensors for a case: the same numbers on every device and every rerun.
+
+Drawn in fp32 on the CPU from a generator seeded by the case seed, rounded to the case's dtype,
+then moved to the device; the fp64 reference starts from those same rounded values. fp8 cases
+quantize q, k and v with a power-of-two scale (:mod:`attnbench.problem.fp8`) and keep the fp32 draws for
+the end-to-end error.
+
+Distributions:
+  normal        q, k, v, dout ~ N(0, 1)
+  large_logits  q and k ~ N(0, 3^2): scaled scores have std ~9 and reach ~40, where an
+                exp() without the running max overflows fp16 (max e^11) and strains bf16 sums
+  outliers      N(0, 1) with a few whole channels (feature dims) scaled, like the activation
+                outliers of large language models: x20 in v (stresses the P @ V accumulation)
+                and x4 in q and k (logits ~16x larger on those channels; x20 there made
+                logits of several hundred, where even bf16 inputs carry no usable softmax)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.problem.fp8 import FORMATS, Quantized, is_fp8, quantize
+from attnbench.problem.packing import tensor_batch
+from attnbench.sweep.case import Case
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+FP8_OUTPUT = "bf16"
+"""The dtype an fp8 case's output (and dout) is in: what FA3's and our fp8 forwards return."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The dtype of a case's output; for fp8 cases bf16 (their inputs: :func:`make_fp8_inputs`)."""
+    return TORCH_DTYPES[FP8_OUTPUT if is_fp8(name) else name]
+
+
+def _draw(case: Case) -> dict[str, torch.Tensor]:
+    """q, k, v, dout in fp32 on the CPU (shapes (B, H, S, D); a packed case (1, H, T, D))."""
+    gen = torch.Generator(device="cpu").manual_seed(case.seed)
+    batch = tensor_batch(case)  # a packed case is one buffer of seqlen_q tokens
+    shapes = {
+        "q": (batch, case.heads_q, case.seqlen_q, case.head_dim),
+        "k": (batch, case.heads_kv, case.seqlen_kv, case.head_dim),
+        "v": (batch, case.heads_kv, case.seqlen_kv, case.head_dim_v),
+        "dout": (batch, case.heads_q, case.seqlen_q, case.head_dim_v),
+    }
+    tensors = {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+    if case.inputs == "large_logits":
+        tensors["q"] *= 3.0
+        tensors["k"] *= 3.0
+    elif case.inputs == "outliers":
+        for name, factor in (("q", 4.0), ("k", 4.0), ("v", 20.0)):
+            t = tensors[name]
+            n_out = max(1, t.shape[-1] // 32)
+            channels = torch.randperm(t.shape[-1], generator=gen)[:n_out]
+            t[..., channels] *= factor
+    elif case.inputs == "sink":
+        _add_sink(case, tensors, gen)
+    elif case.inputs == "loud_heads":
+        for name in ("q", "k", "v"):
+            heads = tensors[name].shape[1]
+            tensors[name] *= (2.0 ** (torch.arange(heads) % 3 - 1.0))[None, :, None, None]
+    return tensors
+
+
+SINK_GAP = 8.0
+"""How far (in logits) the sink key scores above a typical key: e^-8 ~ 3e-4, under e4m3's
+2^-10 rounding-to-zero threshold, so without pre-scaling every other key's P is lost."""
+
+
+def _add_sink(case: Case, tensors: dict, gen: torch.Generator) -> None:
+    """Every query leans towards one direction u (|u|^2 = D); the first key of each sequence
+    is u * SINK_GAP / sqrt(D), so its scaled score is ~SINK_GAP for every query."""
+    d = case.head_dim
+    u = torch.sign(torch.randn(d, generator=gen))
+    tensors["q"] = tensors["q"] * 0.5 + u
+    starts = [0]
+    if case.is_packed:  # the first key of every packed sequence
+        starts = [sum(case.seqlens_kv[:i]) for i in range(len(case.seqlens_kv))
+                  if case.seqlens_kv[i] > 0]
+    tensors["k"][:, :, starts, :] = u * (SINK_GAP / d ** 0.5)
+
+
+def make_inputs(case: Case, device: torch.device | str = "cpu"):
+    """Return (q, k, v, dout) in the case's dtype on ``device``; shapes (B, H, S, D), for a
+    packed case (1, H, total tokens, D) (:mod:`attnbench.problem.packing`). fp8 cases: q, k, v are
+    the fp8 values of :func:`make_fp8_inputs` (their descales are there), dout bf16."""
+    if is_fp8(case.dtype):
+        return make_fp8_inputs(case, device).tensors
+    tensors = _draw(case)
+    dtype = torch_dtype(case.dtype)
+    return tuple(tensors[n].to(dtype).to(device) for n in ("q", "k", "v", "dout"))
+
+
+@dataclass(frozen=True)
+class Fp8Inputs:
+    """An fp8 case's inputs: q, k, v quantized as the fp8 APIs take them, and the fp32 values
+    they were quantized from (the end-to-end error is measured against those)."""
+
+    q: Quantized
+    k: Quantized
+    v: Quantized
+    dout: torch.Tensor
+    originals: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    """q, k, v in fp32 before quantization, on the same device."""
+
+    @property
+    def tensors(self):
+        return self.q.values, self.k.values, self.v.values, self.dout
+
+    def dequantized(self, dtype: torch.dtype = torch.float64):
+        """(q, k, v) as the exact real numbers the kernel is given."""
+        return tuple(x.dequantized(dtype) for x in (self.q, self.k, self.v))
+
+
+def make_fp8_inputs(case: Case, device: torch.device | str = "cpu") -> Fp8Inputs:
+    """The case's fp32 draws quantized with :func:`attnbench.problem.fp8.quantize`: one power-of-two
+    scale per tensor, or per (batch row, KV head) with ``fp8_scaling: head``."""
+    tensors = _draw(case)
+    fmt = FORMATS[case.dtype]
+    per_head = case.fp8_scaling == "head"
+    quantized = [quantize(tensors[n], fmt, per_head=per_head, heads_kv=case.heads_kv)
+                 for n in ("q", "k", "v")]
+    quantized = [Quantized(x.values.to(device), x.descale.to(device)) for x in quantized]
+    return Fp8Inputs(*quantized, tensors["dout"].to(torch_dtype(case.dtype)).to(device),
+                     tuple(tensors[n].to(device) for n in ("q", "k", "v")))

@@ -1,0 +1,186 @@
+"""Error trends across a sweep: does a backend's error grow with the sequence faster than the
+baseline's?
+
+A correct fused kernel's relative error is flat (within noise) as the sequence doubles, like the
+fused-precision baseline's on the same inputs; an accumulator kept in low precision (a P·V sum
+in bf16, a dQ summed across key blocks in bf16) makes it grow -- the shape of seed 001's dQ
+report -- and at short lengths every single case can still pass. So after a run, per series
+(same backend and every case field but the lengths and the seed) with at least
+:data:`MIN_LENGTHS` lengths, fit log2(error / baseline error) against log2(keys): the slope is
+how many doublings of *excess* error each doubling of the sequence adds. A series whose slope
+exceeds :data:`SLOPE_BOUND` and whose excess grew by at least :data:`GROWTH_BOUND` from the
+shortest to the longest length is a :class:`Finding` -- in ``attnbench show``, the dashboard
+(the ``error_trend`` panel) and the exit status (4, :mod:`attnbench.errors`).
+
+Only judged records (pass or fail) count, and only tensors judged against the fused baseline
+(``accuracy.tensors[t].baseline == "fused"``, its error in ``baseline_rel_l2``): a tensor a
+backend computes in the input dtype by design (judged against naive) is expected to lose
+precision with length. Pure data: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from attnbench.results.records import JUDGED_VERDICTS, TENSORS
+
+MIN_LENGTHS = 3
+"""Distinct key lengths a series needs before a slope means anything."""
+
+SLOPE_BOUND = 0.25
+"""Excess-error doublings per sequence doubling above which a series is a finding (0.25: the
+excess grows 19 % per doubling, 2x over three doublings). Calibration: see GROWTH_BOUND."""
+
+GROWTH_BOUND = 1.5
+"""... and the excess at the longest length must be at least this many times the shortest's,
+so a slope fitted to noise on a nearly flat series is not a finding.
+
+Measured with ``python benchmarks/error_trends.py`` (the lengths of sweeps/standard.yaml's trend
+block): see the module docstring of that script for the table; correct backends stay well under
+both bounds, the accumulation mutants far over them."""
+
+_SERIES_IGNORES = ("seqlen_q", "seqlen_kv", "seed")
+
+
+@dataclass(frozen=True)
+class Point:
+    keys: int
+    error: float
+    baseline: float
+
+
+@dataclass
+class Series:
+    """One backend's cases that differ only in length (and seed), for one tensor."""
+
+    backend: str
+    tensor: str
+    key: tuple
+    label: str
+    points: list[Point] = field(default_factory=list)
+
+    def by_length(self) -> list[tuple[int, float, float]]:
+        """(keys, geometric-mean error, geometric-mean baseline) per length, shortest first."""
+        grouped: dict[int, list[Point]] = {}
+        for p in self.points:
+            grouped.setdefault(p.keys, []).append(p)
+        return [(n, _geomean(p.error for p in ps), _geomean(p.baseline for p in ps))
+                for n, ps in sorted(grouped.items())]
+
+
+@dataclass(frozen=True)
+class Trend:
+    series: Series
+    slope: float
+    """Least-squares slope of log2(error / baseline) against log2(keys)."""
+    backend_slope: float
+    baseline_slope: float
+    growth: float
+    """Excess error (error / baseline) at the longest length over that at the shortest."""
+    lengths: tuple[int, ...]
+
+    @property
+    def finding(self) -> bool:
+        return self.slope > SLOPE_BOUND and self.growth >= GROWTH_BOUND
+
+    def describe(self) -> str:
+        n0, n1 = self.lengths[0], self.lengths[-1]
+        return (f"{self.series.label}: {self.series.tensor} error grows {2 ** self.slope:.2f}x "
+                f"per doubling relative to the baseline (slope {self.backend_slope:+.2f} vs "
+                f"{self.baseline_slope:+.2f} in log2 error per log2 keys; excess x"
+                f"{self.growth:.2f} from {n0} to {n1} keys)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.series.backend, "tensor": self.series.tensor,
+                "series": self.series.label, "slope": self.slope,
+                "backend_slope": self.backend_slope, "baseline_slope": self.baseline_slope,
+                "growth": self.growth, "lengths": list(self.lengths),
+                "points": [list(p) for p in self.series.by_length()],
+                "finding": self.finding}
+
+
+Finding = Trend  # a Trend whose ``finding`` is True
+
+
+def collect_series(records: Iterable[dict]) -> list[Series]:
+    """Series of judged records with both an error and a baseline error per tensor."""
+    found: dict[tuple, Series] = {}
+    for r in records:
+        if r.get("verdict") not in JUDGED_VERDICTS:
+            continue
+        case = r.get("case") or {}
+        tensors = ((r.get("accuracy") or {}).get("tensors") or {})
+        key = tuple(sorted((k, _hashable(v)) for k, v in case.items()
+                           if k not in _SERIES_IGNORES))
+        for t in TENSORS:
+            row = tensors.get(t) or {}
+            error, base = row.get("rel_l2"), row.get("baseline_rel_l2")
+            if row.get("baseline") != "fused" or not _positive(error) or not _positive(base):
+                continue
+            series = found.get((key, t))
+            if series is None:
+                series = found[(key, t)] = Series(case.get("backend", "?"), t, key,
+                                                  _label(case))
+            series.points.append(Point(int(case.get("seqlen_kv") or case.get("seqlen_q") or 0),
+                                       float(error), float(base)))
+    return list(found.values())
+
+
+def fit(series: Series) -> Optional[Trend]:
+    """The trend of one series, or None with fewer than MIN_LENGTHS lengths."""
+    rows = series.by_length()
+    if len(rows) < MIN_LENGTHS:
+        return None
+    xs = [math.log2(n) for n, _, _ in rows]
+    own = [math.log2(e) for _, e, _ in rows]
+    base = [math.log2(b) for _, _, b in rows]
+    excess = [o - b for o, b in zip(own, base)]
+    return Trend(series=series, slope=_slope(xs, excess), backend_slope=_slope(xs, own),
+                 baseline_slope=_slope(xs, base), growth=2 ** (excess[-1] - excess[0]),
+                 lengths=tuple(n for n, _, _ in rows))
+
+
+def trends(records: Iterable[dict]) -> list[Trend]:
+    """Every fitted series, findings first (steepest first)."""
+    fitted = [t for t in (fit(s) for s in collect_series(records)) if t is not None]
+    return sorted(fitted, key=lambda t: (not t.finding, -t.slope))
+
+
+def findings(records: Iterable[dict]) -> list[Trend]:
+    return [t for t in trends(records) if t.finding]
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+
+
+def _geomean(values: Iterable[float]) -> float:
+    logs = [math.log2(v) for v in values]
+    return 2 ** statistics.fmean(logs)
+
+
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def _label(case: dict) -> str:
+    """The series in words: the case label without its lengths and seed."""
+    parts = [case.get("backend", "?"), case.get("dtype", "?"),
+             f"b{case.get('batch')} h{case.get('heads_q')}/{case.get('heads_kv')} "
+             f"d{case.get('head_dim')}"]
+    ratio = ""
+    if case.get("seqlen_q") and case.get("seqlen_kv") and case["seqlen_q"] != case["seqlen_kv"]:
+        ratio = f" Sq/Sk {case['seqlen_q'] / case['seqlen_kv']:.3g}"
+    extras = [f"{k}={case[k]}" for k in ("mask", "bias", "dropout", "softcap", "inputs", "cp",
+                                         "tp") if case.get(k) not in (None, "none", 0, 0.0, 1,
+                                                                      "normal")]
+    return " ".join(parts) + ratio + (" " + " ".join(extras) if extras else "")

@@ -1,0 +1,130 @@
+"""The record: one JSON object per case in ``results/<run>/records.jsonl``.
+
+Everything downstream (``attnbench show``, reports, compare, pandas) reads these fields::
+
+    {
+      "id": "3fa2b1c04d5e6f70",            # Case.id: hash of the case's content
+      "case": {...every Case field...},
+      "label": "naive bf16 b1 s256/256 h8/2 d64 GQA causal seed0",
+      "features": "GQA causal alibi dropout0.1",   # Case.features, for grouping
+      "verdict": "pass",                   # one of VERDICTS ("timed": accuracy off)
+      "reason": "",                        # one line; why it is not a pass
+      "checks": [                          # every check that was made, passed or not
+        {"check": "reference", "tensor": "dq", "metric": "rel_l2",
+         "value": 0.0041, "bound": 0.012, "passed": true}, ...],
+      "accuracy": {                        # null when accuracy was off or the case never ran
+        "reference": "exact" | "exact-mask" | "none: <why>",
+        "tensors": {"out": {"rel_l2", "max_abs", "cosine", "nonfinite",
+                            "baseline_rel_l2", "ratio", "bound"}, "dq": ..., "dk": ..., "dv": ...},
+        "identities": {"dv_v": {"value", "bound"}, "dq_q": {...}, "dk_sum": {...}},
+        "backward": "not applicable: ..."  # forward-only cases (case.backward false: decode):
+      },                                   # tensors holds "out" only, identities are {}
+      "timing": {                          # null when timing was off or the case never ran
+        "clock": "cuda_events" | "perf_counter", "mode": "eager" | "graph", "world_size": 1,
+        "l2_flush_bytes": 268435456,       # flushed before every timed call (0 on CPU)
+        "flops_fwd": 1.2e9, "flops_bwd": 3.0e9,   # attnbench.sweep.flops: exact pairs, exact bwd
+        "bytes_fwd": 2.1e6, "bytes_bwd": 4.2e6,   # minimal traffic (each tensor once)
+        "peak_tflops": 989.4,              # datasheet, one device, the case's dtype
+        "measured_peak_tflops": 781.0,     # this worker's own matmul peak
+        "peak_bandwidth_gbs": 4800.0,      # datasheet memory bandwidth (null: unknown, CPU)
+        "note": "...",                     # present when FLOP/s are not meaningful
+        "fwd": {"median_ms", "q1_ms", "q3_ms", "min_ms", "n", "samples_ms": [...],
+                "calls_per_sample", "warmup_calls", "warmup_ms",
+                "noisy",                   # the spread never settled: compare says AMBIGUOUS
+                "tflops", "pct_peak", "pct_measured_peak", "gbps",
+                "pct_peak_bandwidth",      # gbps over the datasheet bandwidth (decode's figure)
+                "peak_memory_bytes"},
+        "bwd": {...same...} | null         # null for a forward-only case (flops/bytes_bwd too)
+      },
+      "crash": null | {"signal": "SIGSEGV", "exit_code": -11, "rank": 0,
+                       "stderr_tail": "...", "traceback": "..."},
+      "env": {"host", "device", "device_name", "gpu_kind" (exact: "H100-SXM5-80GB"),
+              "gpu_family" ("H100"), "torch", "triton", "attnbench", "python",
+              "identity": {...attnbench.hardware.DeviceIdentity: PCI id, memory, SM count,
+                           clocks, power limit, ECC, driver...},
+              "software": {torch, triton, cuda_runtime, cudnn, nccl, driver_version, commit,
+                           dirty, ...},
+              "backend": {module, distribution, version, source_sha256}},
+      "started": "2026-11-29T15:02:03Z", "duration_s": 0.41,  # inside the rank process
+      "wall_s": 0.45,                      # as seen by the Dask task, pool round trip included
+      "attempt": 1
+    }
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import socket
+import time
+import traceback
+from typing import Any
+
+from attnbench.errors import exception_summary
+
+# Verdicts, best to worst for colouring. "pass"/"fail" come from accuracy checks; "timed" is a
+# case run with `accuracy: false` -- timed and checked for NaN/Inf only, so never green; "error"
+# is a Python exception in the backend; "crash"/"timeout"/"oom" are the rank process dying,
+# hanging or running out of memory; "lost" is a case no worker could finish after bounded retries.
+VERDICTS = ("pass", "timed", "fail", "error", "crash", "timeout", "oom", "unsupported", "skipped",
+            "lost")
+BAD_VERDICTS = ("fail", "error", "crash", "timeout", "oom", "lost")
+JUDGED_VERDICTS = ("pass", "fail")
+"""Verdicts whose accuracy was checked against a reference or the identities."""
+TENSORS = ("out", "dq", "dk", "dv")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def host_env() -> dict[str, Any]:
+    """Environment fields that need no torch (the rank process adds device and versions)."""
+    from attnbench import __version__
+
+    return {"host": socket.gethostname(), "python": platform.python_version(),
+            "attnbench": __version__, "pid": os.getpid()}
+
+
+def make_record(case, *, verdict: str, reason: str = "", checks=None, accuracy=None, timing=None,
+                crash=None, env=None, started: str | None = None, duration_s: float = 0.0,
+                wall_s: float | None = None, attempt: int = 1) -> dict[str, Any]:
+    assert verdict in VERDICTS, verdict
+    return {
+        "id": case.id,
+        "case": case.to_dict(),
+        "label": case.label,
+        "features": case.features,
+        "verdict": verdict,
+        "reason": reason,
+        "checks": list(checks or []),
+        "accuracy": accuracy,
+        "timing": timing,
+        "crash": crash,
+        "env": env or host_env(),
+        "started": started or utc_now(),
+        "duration_s": duration_s,
+        "wall_s": duration_s if wall_s is None else wall_s,
+        "attempt": attempt,
+    }
+
+
+class RecordMaker:
+    """The records of one case run inside a rank: one env, one start time, duration since."""
+
+    def __init__(self, case, env: dict[str, Any]):
+        self.case, self.env = case, env
+        self.started, self._t0 = utc_now(), time.perf_counter()
+
+    def __call__(self, verdict: str, reason: str = "", **fields: Any) -> dict[str, Any]:
+        return make_record(self.case, verdict=verdict, reason=reason, env=self.env,
+                           started=self.started, duration_s=time.perf_counter() - self._t0,
+                           **fields)
+
+    def exception(self, verdict: str, exc: BaseException, prefix: str = "",
+                  **fields: Any) -> dict[str, Any]:
+        """A record for an exception being handled: its summary as the reason, the traceback
+        kept."""
+        return self(verdict, prefix + exception_summary(exc),
+                    crash={"traceback": traceback.format_exc()[-4000:]}, **fields)

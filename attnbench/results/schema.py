@@ -1,0 +1,176 @@
+"""The schema of what a run directory holds: every journal record and the manifest checked,
+every mistake one line naming where (run directories travel between people: a hand-edited or
+foreign one must not become a traceback deep in a report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from attnbench.errors import RunDirError, SweepError, short_repr, shown_key
+from attnbench.results.records import VERDICTS
+from attnbench.sweep.case import check_case_dict
+from attnbench.sweep.options import check_options_dict
+
+# What makes two records' environments different enough to say so (see ``RunStore.append``).
+ENV_KEYS = ("gpu_kind", "driver_version", "cuda_runtime", "cudnn", "nccl", "torch", "triton",
+            "commit", "dirty", "sm_clock_max_mhz", "sm_clock_app_mhz", "memory_clock_max_mhz",
+            "power_limit_w", "power_limit_enforced_w")
+
+_SCALAR = (str, int, float, bool, type(None))
+
+
+def _bad(where: str, value: Any, expected: str) -> RunDirError:
+    return RunDirError(f"{where}: got {short_repr(value)}, expected {expected}")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Kinds of value a known field may hold (None is always allowed: "not recorded").
+TEXT, NUMBER, FLAG, SCALAR, NUMBERS = "a string", "a number", "true or false", "a scalar", \
+    "a list of numbers"
+_KINDS = {TEXT: lambda v: isinstance(v, str), NUMBER: _number, FLAG: lambda v: isinstance(v, bool),
+          SCALAR: lambda v: isinstance(v, _SCALAR),
+          NUMBERS: lambda v: isinstance(v, list) and all(map(_number, v))}
+_STATS = {**{k: NUMBER for k in ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops",
+                                 "pct_peak", "pct_measured_peak", "gbps", "pct_peak_bandwidth",
+                                 "peak_memory_bytes",
+                                 "calls_per_sample", "warmup_calls", "warmup_ms")},
+          "samples_ms": NUMBERS, "noisy": FLAG}
+_TIMING = {"clock": TEXT, "mode": TEXT, "note": TEXT,
+           **{k: NUMBER for k in ("world_size", "l2_flush_bytes", "flops_fwd", "flops_bwd",
+                                  "bytes_fwd", "bytes_bwd", "peak_tflops",
+                                  "measured_peak_tflops", "peak_bandwidth_gbs")}}
+_METRICS = {k: SCALAR for k in ("rel_l2", "max_abs", "cosine", "nonfinite", "baseline_rel_l2",
+                                "ratio", "bound", "value", "baseline")}
+_CRASH = {"signal": TEXT, "stderr_tail": TEXT, "traceback": TEXT, "exit_code": NUMBER,
+          "rank": NUMBER}
+_CHECK = {"check": TEXT, "tensor": TEXT, "metric": TEXT, "value": SCALAR, "bound": SCALAR,
+          "passed": SCALAR, "note": TEXT}
+_ENV = {**{k: TEXT for k in ("host", "python", "attnbench", "device", "device_name", "gpu_kind",
+                             "gpu_family", "torch", "triton", "worker", "worker_kind")},
+        "pid": NUMBER}
+_IDENTITY = {**{k: TEXT for k in ("name", "form_factor", "compute_capability", "driver_version",
+                                  "cuda_driver_version", "uuid", "pci_bus_id", "device_type")},
+             **{k: SCALAR for k in ("memory_total_gib", "memory_total_bytes", "sm_count",
+                                    "sm_clock_max_mhz", "sm_clock_app_mhz", "memory_clock_max_mhz",
+                                    "memory_clock_app_mhz", "power_limit_w",
+                                    "power_limit_enforced_w", "ecc_enabled", "index")}}
+_SOFTWARE = {**{k: TEXT for k in ("python", "torch", "triton", "cuda_runtime", "cudnn", "nccl",
+                                  "driver_version", "cuda_driver_version", "commit",
+                                  "attnbench")}, "dirty": SCALAR}
+_RECORD = {**{k: TEXT for k in ("label", "features", "reason", "started")},
+           "duration_s": NUMBER, "wall_s": NUMBER}
+
+
+def _obj(where: str, value: Any, fields: dict[str, str]) -> dict:
+    """``value`` is None or an object whose known ``fields`` hold their kind (or null); other
+    keys are left alone (a newer attnbench may add them). Returns it, ``{}`` for None."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad(where, value, "an object")
+    for key, kind in fields.items():
+        v = value.get(key)
+        if v is not None and not _KINDS[kind](v):
+            raise _bad(f"{where}.{key}", v, kind)
+    return value
+
+
+def _objects(where: str, value: Any, fields: dict[str, str]) -> None:
+    """An object of such objects (``accuracy.tensors``: tensor -> metrics)."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise _bad(where, value, "an object")
+    for key, v in value.items():
+        _obj(f"{where}.{shown_key(key)}", v, fields)
+
+
+def check_record(where: str, rec: Any) -> dict:
+    """One journal record checked against the schema of :mod:`attnbench.results.records`, as far as
+    anything downstream reads it (``show``, reports, ``compare``, resume): its case through the
+    sweep's own field rules, every other known field by kind. Fields it lacks are unknown;
+    fields this version does not know are ignored. Raises :class:`RunDirError` naming the
+    field. ``where``: ``FILE:LINE: `` (ends with a separator)."""
+    if not isinstance(rec, dict):
+        raise RunDirError(f"{where}got {short_repr(rec)}, expected a record (a JSON object, see "
+                          "attnbench/results/records.py)")
+    at = where.rstrip() + (" " if where else "")
+    rid = rec.get("id")
+    if not isinstance(rid, str) or not 0 < len(rid) <= 64 or not rid.isprintable():
+        raise _bad(f"{at}id", rid, "a case id (a string of at most 64 characters)")
+    try:
+        check_case_dict(f"{at}case", rec.get("case"))
+    except SweepError as exc:
+        raise RunDirError(str(exc)) from None
+    if rec.get("verdict") not in VERDICTS:
+        raise _bad(f"{at}verdict", rec.get("verdict"), "one of " + ", ".join(VERDICTS))
+    for key, kind in _RECORD.items():
+        if rec.get(key) is not None and not _KINDS[kind](rec[key]):
+            raise _bad(f"{at}{key}", rec[key], kind)
+    attempt = rec.get("attempt")
+    if attempt is not None and not (isinstance(attempt, int) and not isinstance(attempt, bool)
+                                    and attempt >= 1):
+        raise _bad(f"{at}attempt", attempt, "a positive integer")
+    checks = rec.get("checks")
+    if checks is not None and not isinstance(checks, list):
+        raise _bad(f"{at}checks", checks, "a list of checks")
+    for i, check in enumerate(checks or []):
+        _obj(f"{at}checks[{i}]", check, _CHECK)
+    _obj(f"{at}crash", rec.get("crash"), _CRASH)
+    timing = _obj(f"{at}timing", rec.get("timing"), _TIMING)
+    for d in ("fwd", "bwd"):
+        _obj(f"{at}timing.{d}", timing.get(d), _STATS)
+    accuracy = _obj(f"{at}accuracy", rec.get("accuracy"), {"reference": TEXT})
+    for section in ("tensors", "identities", "parity"):
+        _objects(f"{at}accuracy.{section}", accuracy.get(section), _METRICS)
+    env = _obj(f"{at}env", rec.get("env"), _ENV)
+    _obj(f"{at}env.identity", env.get("identity"), _IDENTITY)
+    _obj(f"{at}env.software", env.get("software"), _SOFTWARE)
+    return rec
+
+
+_MANIFEST = {**{k: TEXT for k in ("run_id", "created", "attnbench", "client_host")}}
+_MANIFEST_SWEEP = {**{k: TEXT for k in ("name", "path", "digest", "source", "description")},
+                   "cases": NUMBER}
+_DEVICE = {k: TEXT for k in ("host", "device", "gpu_kind", "device_name")}
+
+
+def check_manifest(path: Path, data: Any) -> dict:
+    """A manifest checked by kind, as far as anything reads it; unknown keys are kept."""
+    if not isinstance(data, dict):
+        raise _bad(f"{path}", data, "a JSON object (the run's manifest)")
+    at = f"{path}: "
+    for key, kind in _MANIFEST.items():
+        if data.get(key) is not None and not _KINDS[kind](data[key]):
+            raise _bad(f"{at}{key}", data[key], kind)
+    _obj(f"{at}sweep", data.get("sweep"), _MANIFEST_SWEEP)
+    for key in ("command", "hosts"):
+        value = data.get(key)
+        if value is not None and not (isinstance(value, list)
+                                      and all(isinstance(v, str) for v in value)):
+            raise _bad(f"{at}{key}", value, "a list of strings")
+    environment = {**{k: SCALAR for k in ENV_KEYS}, "gpu_kind": TEXT}
+    for key, fields in (("devices", _DEVICE), ("environments", environment), ("resumed", {})):
+        value = data.get(key)
+        if value is not None and not isinstance(value, list):
+            raise _bad(f"{at}{key}", value, "a list of objects")
+        for i, item in enumerate(value or []):
+            if not isinstance(item, dict):
+                raise _bad(f"{at}{key}[{i}]", item, "an object")
+            _obj(f"{at}{key}[{i}]", item, fields)
+    versions = _obj(f"{at}versions", data.get("versions"), {})
+    for key, v in versions.items():
+        if not isinstance(v, _SCALAR):
+            raise _bad(f"{at}versions.{shown_key(key)}", v, SCALAR)
+    if data.get("options") is not None:
+        try:
+            check_options_dict(f"{at}options", data["options"])
+        except SweepError as exc:
+            raise RunDirError(str(exc)) from None
+    return data
+
+

@@ -1,0 +1,466 @@
+"""Run directories: ``results/<run-id>/manifest.json`` and ``records.jsonl``.
+
+The journal is the truth (the Dask scheduler persists nothing): every record is appended as one
+line and flushed with the batch it arrives in (synced to disk within about a second), so an
+interrupted run loses at most the cases in flight (a killed one, also the records of the batch
+being written: those cases are pending again).
+Reopening a run tolerates a torn last line (cut off mid-write) by truncating it; a last line that
+lost only its newline is a whole record and is kept. One ``attnbench run`` at a time appends to a
+run directory (:class:`RunLock`). Run directories travel between people (``compare``), so what
+is read from them is checked field by field (:func:`check_record`, :func:`check_manifest`):
+a bad value is one line naming the file, the line and the field, never a traceback.
+
+Load a run into pandas::
+
+    import pandas as pd, attnbench.results.store as st
+    df = pd.json_normalize(st.load_records("results/smoke-20261129-150203"))
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from attnbench.errors import RunDirError, printable, short_repr
+from attnbench.results.schema import ENV_KEYS, check_manifest, check_record
+from attnbench.results.lock import LOCK, RunLock, utc_now as _now
+from attnbench.sweep.case import Case
+from attnbench.sweep.load import Sweep
+from attnbench.sweep.options import check_options_dict
+from attnbench.validation import parse_json
+
+MANIFEST = "manifest.json"
+RECORDS = "records.jsonl"
+SYNC_INTERVAL_S = 0.2
+"""At most this long between fsyncs of the journal while records arrive. fsync, which only a
+power loss or kernel crash needs, is shared by the records of a batch: one fsync per record
+cost 8 ms on this machine and held the journal to 122 appends/s
+(benchmarks/scale_simulation.py). A record lost that way is a case pending again, never a
+wrong one."""
+RETRIED = ("lost", "skipped")
+"""Infrastructure verdicts: the case never reached a device (no worker could run it) or its
+worker died under it. A resumed run runs these cases again (``--retry`` adds verdicts)."""
+
+
+def default_run_dir(sweep: Sweep, root: Path = Path("results")) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return root / f"{sweep.name}-{stamp}"
+
+
+def latest_run_dir(sweep: Sweep, root: Path = Path("results")) -> Optional[Path]:
+    """The newest run of this sweep, for ``--resume``: one with the same cases, else the
+    newest of the same name that the sweep extends (it has every case that run recorded)."""
+    same, grown = [], []
+    for manifest in root.glob(f"{sweep.name}-*/{MANIFEST}"):
+        try:
+            data = load_manifest(manifest.parent)
+            if data.get("sweep", {}).get("digest") == sweep.digest:
+                same.append((data.get("created", ""), manifest.parent))
+            elif data.get("sweep", {}).get("name") == sweep.name:
+                grown.append((data.get("created", ""), manifest.parent))
+        except RunDirError:
+            continue
+    if same:
+        return max(same)[1]
+    for _, run_dir in sorted(grown, reverse=True):
+        try:
+            if not outside(load_records(run_dir), sweep):
+                return run_dir
+        except RunDirError:
+            continue
+    return None
+
+
+def outside(records: Iterable[dict], sweep: Sweep) -> list[dict]:
+    """The records of cases ``sweep`` does not have."""
+    ids = {c.id for c in sweep.cases}
+    return [r for r in records if r["id"] not in ids]
+
+
+def client_environment() -> dict[str, Any]:
+    """Versions where the run is driven from (read from package metadata: the client never
+    imports torch) and the project's git commit."""
+    from attnbench.hardware.software import distribution_version, git_state
+
+    out: dict[str, Any] = {"python": sys.version.split()[0]}
+    for dist in ("torch", "triton", "dask", "distributed", "attnbench"):
+        out[dist] = distribution_version(dist)
+    return {**out, **git_state()}
+
+
+def record_environment(env: dict) -> dict[str, Any]:
+    """The parts of a record's env that a comparison of numbers depends on."""
+    flat = {**(env.get("identity") or {}), **(env.get("software") or {}),
+            **{k: v for k, v in env.items() if not isinstance(v, dict)}}
+    return {k: flat.get(k) for k in ENV_KEYS}
+
+
+class RunStore:
+    """One run directory, opened for appending records: locked against a second run, its
+    manifest and journal checked (:func:`load_manifest`, :func:`load_records`).
+
+    ``retry``: verdicts whose cases run again besides :data:`RETRIED` (``--retry timeout``).
+    Refused with :class:`RunDirError` (exit 2), before anything is written: a path that is a
+    file or an unrelated non-empty directory, a directory another run holds, a run with
+    recorded cases the sweep lacks or with other options. A sweep with more cases than the run
+    extends it (new axis values: only the new cases are pending)."""
+
+    def __init__(self, run_dir: Path, sweep: Sweep, command: list[str],
+                 retry: Iterable[str] = (), lock_wait_s: float = 0.0, **lock_note: Any):
+        self.dir = Path(run_dir)
+        self.sweep = sweep
+        self.retry = frozenset(RETRIED) | frozenset(retry)
+        self.manifest_path = self.dir / MANIFEST
+        self.records_path = self.dir / RECORDS
+        self.resume_note = ""
+        """Set when this run directory is resumed in another environment than it began in."""
+        self.created = self._make_dir()
+        """True when this run made the directory (and may remove it again, unused)."""
+        self.new = False
+        """True when this run began the run directory (wrote its manifest)."""
+        self._lock = RunLock(self.dir)
+        self._fh = None
+        self._synced = 0.0
+        self._dirty = False
+        try:
+            self._lock.acquire(command, lock_wait_s, **lock_note)
+            self._open(command)
+        except BaseException:
+            self.close(discard_unused=True)
+            raise
+
+    @property
+    def lock(self) -> RunLock:
+        """The run directory's lock (its token names this writer; ``lost`` if taken over)."""
+        return self._lock
+
+    def _make_dir(self) -> bool:
+        if self.dir.exists() and not self.dir.is_dir():
+            raise RunDirError(f"{self.dir}: exists and is not a directory; --out names a run "
+                              "directory")
+        if self.dir.is_dir():
+            if not (self.dir / MANIFEST).exists() and any(
+                    not p.name.startswith((LOCK, ".clock.")) for p in self.dir.iterdir()):
+                raise RunDirError(f"{self.dir}: a non-empty directory that is not a run "
+                                  "directory (no manifest.json); choose a new or empty --out")
+            return False
+        try:
+            self.dir.mkdir(parents=True)
+        except OSError as exc:
+            raise RunDirError(f"{self.dir}: cannot create the run directory: "
+                              f"{exc.strerror or exc}") from None
+        return True
+
+    def _open(self, command: list[str]) -> None:
+        sweep = self.sweep
+        client = client_environment()
+        if self.manifest_path.exists():
+            self.manifest = load_manifest(self.dir)
+            self._check_growth()
+            self._check_options()
+            self._note_resume(client)
+        else:
+            self.manifest = {
+                "run_id": self.dir.name,
+                "created": _now(),
+                "command": command,
+                "sweep": _sweep_manifest(sweep),
+                "options": sweep.options.to_dict(),
+                "attnbench": client.get("attnbench"),
+                "versions": client,
+                "client_host": socket.gethostname(),
+                "hosts": [],
+                "devices": [],
+                "environments": [],
+            }
+            self._write_manifest()
+            self.new = True
+        if self.records_path.exists() and not self.records_path.is_file():
+            raise RunDirError(f"{self.records_path}: not a file; the journal must be one")
+        self._repair_tail()
+        self.done: dict[str, dict] = {r["id"]: r for r in load_records(self.dir)}
+        if not self.new and self.manifest.get("sweep", {}).get("digest") != sweep.digest:
+            self._extend()
+        try:
+            self._fh = open(self.records_path, "a", encoding="utf-8")
+        except OSError as exc:
+            raise RunDirError(f"{self.records_path}: cannot append: "
+                              f"{exc.strerror or exc}") from None
+
+    def _check_growth(self) -> None:
+        """A run grows with its sweep (new axis values are new cases, and only they run), but
+        what it has recorded must stay in the sweep: a run directory describes one sweep and
+        holds no records of another. (Options must not change: :meth:`_check_options`.)"""
+        old = self.manifest.get("sweep", {})
+        if old.get("digest") == self.sweep.digest:
+            return
+        dropped = outside(load_records(self.dir), self.sweep)
+        if dropped:
+            example = printable(dropped[0].get("label") or dropped[0]["id"], 120)
+            raise RunDirError(
+                f"{self.manifest_path}: this run holds sweep {short_repr(old.get('name'))} "
+                f"({old.get('cases')} cases); {len(dropped)} of its recorded cases are not in "
+                f"{self.sweep.path} (e.g. {example}); a run may only grow (new axis values): "
+                "restore them, or choose another --out to start a new run")
+
+    def _extend(self) -> None:
+        """The manifest now describes the grown sweep; ``extended`` keeps what it was."""
+        old = self.manifest.get("sweep", {})
+        added = sum(c.id not in self.done for c in self.sweep.cases)
+        self.manifest.setdefault("extended", []).append(
+            {"at": _now(), "from_digest": old.get("digest"), "from_cases": old.get("cases"),
+             "to_digest": self.sweep.digest, "to_cases": len(self.sweep.cases)})
+        self.manifest["sweep"] = {**old, **_sweep_manifest(self.sweep)}
+        self._write_manifest()
+        self.resume_note = (self.resume_note + "; " if self.resume_note else "") + (
+            f"the sweep grew since this run began ({old.get('cases')} -> "
+            f"{len(self.sweep.cases)} cases): the run is extended; {added} cases have no record")
+
+    def _check_options(self) -> None:
+        """A resumed run keeps its options: records timed or judged under other settings would
+        mix with the earlier ones, and the manifest would name only one set."""
+        old = self.manifest.get("options")
+        if old is None:
+            return
+        before = check_options_dict(f"{self.manifest_path}: options", old).to_dict()
+        now = self.sweep.options.to_dict()
+        changed = _differences(before, now)
+        if changed:
+            raise RunDirError(f"{self.manifest_path}: this run was started with other options "
+                              f"({'; '.join(changed)}); restore them in {self.sweep.path} or "
+                              "choose another --out")
+
+    # -- journal --------------------------------------------------------------------------
+    def _repair_tail(self) -> None:
+        """Drop a torn last line so new records start on a line of their own; a last line that
+        lost only its newline (a complete record) is kept and ended."""
+        if not self.records_path.exists():
+            return
+        try:
+            with open(self.records_path, "rb+") as fh:
+                data = fh.read()
+                if not data or data.endswith(b"\n"):
+                    return
+                cut = data.rfind(b"\n") + 1
+                try:
+                    check_record("", parse_json(data[cut:].decode("utf-8")))
+                except (ValueError, RunDirError):
+                    fh.truncate(cut)
+                else:
+                    fh.write(b"\n")
+        except OSError as exc:
+            raise RunDirError(f"{self.records_path}: cannot repair the journal's last line: "
+                              f"{exc.strerror or exc}") from None
+
+    def _note_resume(self, client: dict[str, Any]) -> None:
+        """A resumed run remembers where each session ran from, and says so when it differs."""
+        from attnbench.hardware import environment_differences
+
+        before = self.manifest.get("versions") or {}
+        changed = environment_differences(before, client)
+        if changed:
+            self.resume_note = ("this run was started in another environment; its records "
+                                "will mix the two: " + "; ".join(changed))
+        self.manifest.setdefault("resumed", []).append(
+            {"at": _now(), "versions": client, "differences": changed})
+        self._write_manifest()
+
+    def append(self, record: dict[str, Any], *, text: Optional[str] = None,
+               flush: bool = True) -> Optional[str]:
+        """Append one record (``text``: its compact JSON, if already made). ``flush``: handed
+        to the kernel at once (a killed process loses nothing) and synced within
+        :data:`SYNC_INTERVAL_S`; else it waits in the buffer for :meth:`flush` (the run loop's,
+        once per batch: a flush per record cost the driver 0.45 ms at 800 records/s). Returns a
+        note when the record comes from an environment (driver, CUDA, torch, clocks, commit,
+        ...) the run has not seen before while earlier records of the same GPU kind came from
+        another one."""
+        if text is None:
+            text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        self._fh.write(text + "\n")
+        self._dirty = True
+        if flush:
+            self.flush()
+        self.done[record["id"]] = record
+        return self._note_env(record.get("env") or {})
+
+    def flush(self) -> None:
+        """Hand buffered records to the kernel (a killed process then loses none of them), and
+        fsync when the last one is :data:`SYNC_INTERVAL_S` old. A record still in the buffer
+        when the process is killed is a case pending again."""
+        if self._fh is not None and self._dirty:
+            self._fh.flush()
+            if time.monotonic() - self._synced >= SYNC_INTERVAL_S:
+                self.sync()
+
+    def sync(self) -> None:
+        """Force the journal to disk."""
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._synced = time.monotonic()
+            self._dirty = False
+
+    def _note_env(self, env: dict) -> Optional[str]:
+        from attnbench.hardware import environment_differences
+
+        note = None
+        host = env.get("host")
+        device = {k: env.get(k) for k in ("host", "device", "gpu_kind", "device_name")}
+        changed = False
+        if env.get("device"):
+            seen = self.manifest.setdefault("environments", [])
+            current = record_environment(env)
+            if current not in seen:
+                # Against the same kind only: a sweep over H100s and A100s is two
+                # environments by design.
+                same_kind = [e for e in seen if e.get("gpu_kind") == current["gpu_kind"]]
+                if same_kind:
+                    differences = environment_differences(same_kind[-1], current)
+                    if differences:
+                        note = ("records now come from another environment than earlier ones: "
+                                + "; ".join(differences))
+                seen.append(current)
+                changed = True
+        if host and host not in self.manifest["hosts"]:
+            self.manifest["hosts"].append(host)
+            changed = True
+        if env.get("device") and device not in self.manifest["devices"]:
+            self.manifest["devices"].append(device)
+            changed = True
+        if changed:
+            self._write_manifest()
+        return note
+
+    def _write_manifest(self) -> None:
+        tmp = self.manifest_path.with_name(f"{MANIFEST}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.manifest, indent=2))
+            os.replace(tmp, self.manifest_path)  # atomic: a reader never sees half a manifest
+        except OSError as exc:
+            raise RunDirError(f"{self.manifest_path}: cannot write: "
+                              f"{exc.strerror or exc}") from None
+
+    def set_manifest(self, **fields: Any) -> None:
+        self.manifest.update(fields)
+        self._write_manifest()
+
+    def pending(self) -> list[Case]:
+        """The cases to run now: those chosen by ``--case`` (again, if done), else every case
+        without a record or whose record's verdict is retried (:data:`RETRIED`, ``retry``)."""
+        if self.sweep.selected:
+            chosen = set(self.sweep.selected)
+            return [c for c in self.sweep.cases if c.id in chosen]
+        return [c for c in self.sweep.cases
+                if c.id not in self.done or self.done[c.id]["verdict"] in self.retry]
+
+    def attempt(self, case: Case) -> int:
+        """The attempt number of the next record of ``case`` (1, or the last record's + 1)."""
+        before = self.done.get(case.id)
+        return 1 if before is None else int(before.get("attempt") or 1) + 1
+
+    def records(self) -> tuple[list[dict], int]:
+        """The records of this sweep's cases, and how many other records the journal holds
+        (pasted from another run; they are neither shown nor counted)."""
+        ids = {c.id for c in self.sweep.cases}
+        mine = [r for r in self.done.values() if r["id"] in ids]
+        return mine, len(self.done) - len(mine)
+
+    def close(self, discard_unused: bool = False) -> None:
+        """Close the journal and release the lock. ``discard_unused``: a run directory this run
+        began and wrote no record into is removed again (a run that could not start leaves
+        nothing behind: the directory if it made it, else the files it made)."""
+        if self._fh is not None:
+            self.sync()
+            self._fh.close()
+            self._fh = None
+        unused = (discard_unused and (self.created or self.new) and self._lock.held
+                  and not (self.records_path.is_file() and self.records_path.stat().st_size))
+        if unused and self.created:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        elif unused:
+            for path in (self.manifest_path, self.records_path, self._lock.path):
+                if path.is_file():
+                    path.unlink()
+        self._lock.release()
+
+
+def _sweep_manifest(sweep: Sweep) -> dict[str, Any]:
+    return {"name": sweep.name, "path": sweep.path, "digest": sweep.digest,
+            "cases": len(sweep.cases), "source": sweep.source, "description": sweep.description,
+            "overrides": list(sweep.overrides)}
+
+
+def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in dict.fromkeys([*old, *new]):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} {a} -> {b}")
+    return out
+
+
+def load_manifest(run_dir: Path | str) -> dict:
+    path = Path(run_dir) / MANIFEST
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RunDirError(f"{path}: no manifest; is {run_dir} a run directory made by "
+                          "`attnbench run`?") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunDirError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = parse_json(text)
+    except ValueError as exc:
+        raise RunDirError(f"{path}: not valid JSON ({printable(exc, 200)})") from None
+    return check_manifest(path, data)
+
+
+def load_records(run_dir: Path | str) -> list[dict]:
+    """All records of a run, last one per case id winning; a torn last line is skipped. Every
+    record is checked (:func:`check_record`); the first bad one is a :class:`RunDirError`
+    naming its line and field."""
+    path = Path(run_dir) / RECORDS
+    if not path.exists():
+        if not (Path(run_dir) / MANIFEST).exists():
+            raise RunDirError(f"{path}: not found; is {run_dir} a run directory made by "
+                              "`attnbench run`?")
+        return []
+    if not path.is_file():
+        raise RunDirError(f"{path}: not a file; the journal must be one")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    by_id: dict[str, dict] = {}
+    lines = data.split(b"\n")
+    torn = lines[-1] if lines[-1] else None  # a last line without its newline
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            record = parse_json(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            if raw is torn:
+                break  # torn by an interruption mid-write
+            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "not a JSON record"
+            raise RunDirError(f"{path}:{number}: {why} ({printable(exc, 200)})") from None
+        check_record(f"{path}:{number}: ", record)
+        by_id[record["id"]] = record
+    return list(by_id.values())
+
+
+def records_frame(records: Iterable[dict]):
+    """Records as a flat pandas DataFrame (columns like ``case.seqlen_q``,
+    ``timing.fwd.tflops``)."""
+    import pandas as pd
+
+    return pd.json_normalize(list(records))

@@ -1,0 +1,63 @@
+"""The rules of fp8 cases (``dtype: fp8_e4m3 | fp8_e5m2``, ``fp8_scaling``), checked when a case
+is made.
+
+An fp8 case gives the backend q, k and v quantized to fp8 with their descales (FA3's
+``descale_q/k/v``; :mod:`attnbench.problem.fp8`) and takes its output in bf16. It is a forward on one
+device without dropout: FlashAttention-3's fp8 path has no backward and no dropout, and ours
+(:mod:`attnbench.kernels`) is the same; multi-rank fp8 (descales of a head slice, an fp8 ring)
+and an fp8 KV cache for decode are not built yet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from attnbench.errors import SweepError
+from attnbench.validation import fail
+
+if TYPE_CHECKING:
+    from attnbench.sweep.case import Case
+
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+FP8_SCALINGS = ("tensor", "head")
+"""One descale per tensor, or one per (batch row, KV head) -- FA3's ``descale_q`` layout."""
+_FP8_FIXED = {"dropout": 0.0, "cp": 1, "tp": 1, "decode": False}
+_WHY = {"dropout": "no fp8 attention kernel here takes dropout (FA3's fp8 path has none)",
+        "cp": "fp8 cases run on one device", "tp": "fp8 cases run on one device",
+        "decode": "an fp8 KV cache is not built yet"}
+
+
+def is_fp8(dtype: str) -> bool:
+    return dtype in FP8_DTYPES
+
+
+def default_backward(v: dict[str, Any]) -> None:
+    """An fp8 case is forward only unless the sweep says otherwise (then it is refused below)."""
+    if is_fp8(v.get("dtype", "")) and "backward" not in v:
+        v["backward"] = False
+
+
+def check_fp8(where: str, case: "Case") -> None:
+    def bad(name: str, given: Any, expected: str) -> SweepError:
+        return fail(f"{where}: {name}", given, expected)
+
+    if not is_fp8(case.dtype):
+        if case.fp8_scaling != "tensor":
+            raise bad("fp8_scaling", case.fp8_scaling,
+                      f"tensor (the default) unless dtype is one of {', '.join(FP8_DTYPES)}")
+        return
+    if case.backward:
+        raise bad("backward", True, "false for an fp8 case (fp8 attention is forward only "
+                  "here: FA3's fp8 path and ours have no backward)")
+    for name, value in _FP8_FIXED.items():
+        if getattr(case, name) != value:
+            raise bad(name, getattr(case, name), f"{value} for an fp8 case ({_WHY[name]})")
+
+
+def fp8_support(backend: Any, case: "Case") -> str | None:
+    """Why ``backend`` cannot run an fp8 case: only a backend that says it takes fp8 q, k, v
+    with descales (``supports_fp8 = True``) may -- any other would be handed fp8 tensors it
+    does not know, or silently run bf16 under an fp8 case's name."""
+    if is_fp8(case.dtype) and not getattr(backend, "supports_fp8", False):
+        return f"{case.backend} has no fp8 path (it does not declare supports_fp8)"
+    return None
