@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from attnbench import __version__
-from attnbench.backends import check_backend_name
+from attnbench.backends import check_backend_name, public_names
 from attnbench.errors import (EXIT_CLUSTER, EXIT_FAILURES, EXIT_FINDINGS, EXIT_INTERRUPTED,
                               EXIT_OK, EXIT_STATUS_HELP, ClusterError, UserError, printable,
                               quiet_broken_pipe, short_repr)
@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_report_commands(sub)
     add_export_command(sub)
-    add_schema_command(sub)
+    add_schema_command(sub, public_names)
     add_selftest_command(sub)
     add_detach_commands(sub, _seconds, _verdicts)
     return parser

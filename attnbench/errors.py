@@ -22,6 +22,7 @@ into that status without a traceback.
 from __future__ import annotations
 
 import reprlib
+import sys
 import unicodedata
 
 EXIT_OK = 0
@@ -140,3 +141,28 @@ def quiet_broken_pipe() -> int:
         pass
     return EXIT_BROKEN_PIPE
 
+
+# -- which exceptions are out of memory (the rank process, the case runners and the judge ask) --
+
+# Messages that mark an exception as running out of memory. torch raises torch.OutOfMemoryError
+# for CUDA but a plain RuntimeError from its CPU allocator ("DefaultCPUAllocator: can't allocate
+# memory", checked with torch 2.13); older or wrapped errors only keep the text.
+_OOM_TEXT = ("out of memory", "can't allocate memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for MemoryError, torch.OutOfMemoryError and allocator failures, also when they are
+    the cause or context of the exception that escaped."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, MemoryError):
+            return True
+        torch = sys.modules.get("torch")
+        oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+        if oom_type is not None and isinstance(exc, oom_type):
+            return True
+        if isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from attnbench.backends import BUILTIN, get_backend
+from attnbench.backends import get_backend, registered
 from attnbench.cluster.task import outcome_to_record
 from attnbench.execution.case_runner import run_case
 from attnbench.execution.pool import RankPool
@@ -149,7 +149,7 @@ def test_catalogue_covers_issue_7_and_every_mutant_loads_and_is_registered():
     assert {str(i) for i in range(1, 26)} <= numbers
     assert set(EXPOSE) == {m.name for m in CATALOGUE}
     for mutant in CATALOGUE:
-        assert BUILTIN[mutant.name] == mutant.ref
+        assert registered()[mutant.name] == mutant.ref
         backend = get_backend(mutant.name)  # building it applies its edit (or fails loudly)
         assert backend.name == mutant.name and type(backend).__doc__
         assert mutant.report and mutant.bug

@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from attnbench.execution.child import is_oom, write_message
+from attnbench.errors import is_oom
+from attnbench.execution.child import write_message
 from attnbench.execution.pool import PoolSet, RankPool
 from attnbench.execution.ranks import FrameReader
 

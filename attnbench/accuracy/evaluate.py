@@ -20,9 +20,9 @@ import torch
 from attnbench.accuracy import bounds as acc
 from attnbench.backends import get_backend
 from attnbench.backends.masks import release_prepared
+from attnbench.errors import is_oom
 from attnbench.problem.dropout import hash_keep_mask
 from attnbench.accuracy.dropout_probe import RngState, judge_dropout
-from attnbench.execution.child import is_oom
 from attnbench.problem.fp8 import FORMATS, dequantize_call
 from attnbench.accuracy.fp8_split import quantization_split
 from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward

@@ -15,7 +15,7 @@ from attnbench.backends.base import Backend, Forward, Unsupported
 from attnbench.validation import suggestion
 
 __all__ = ["Backend", "Forward", "Unsupported", "BUILTIN", "get_backend", "check_backend_name",
-           "backend_names"]
+           "backend_names", "public_names", "registered"]
 
 # name -> "module:factory"; a factory is called with no arguments and returns a Backend.
 BUILTIN: dict[str, str] = {
@@ -41,13 +41,24 @@ BUILTIN.update({
     "testing.raises": "attnbench.execution.testing:RaisesBackend",
     "testing.noop": "attnbench.execution.testing:NoopBackend",
 })
-# The selftest's catalogue of plausible bugs (attnbench.mutants), named mutant.*.
-from attnbench.mutants.catalogue import BACKENDS as _MUTANTS  # noqa: E402  (data only)
-
-BUILTIN.update(_MUTANTS)
+# More name tables, as "module:table" like the entries above: the selftest's catalogue of
+# plausible bugs (attnbench.mutants, named mutant.*) is data in a package that sits above this
+# registry (its backends are built on ours), so it is read when a name is looked up.
+TABLES = ("attnbench.mutants.catalogue:BACKENDS",)
 ENTRY_POINT_GROUP = "attnbench.backends"
 
 _cache: dict[str, Backend] = {}
+_registered: dict[str, str] = {}
+
+
+def registered() -> dict[str, str]:
+    """Every built-in name -> "module:factory": :data:`BUILTIN` and the :data:`TABLES`."""
+    if not _registered:
+        table = dict(BUILTIN)
+        for ref in TABLES:
+            table.update(_load_object(ref))
+        _registered.update(table)
+    return _registered
 
 
 def _entry_points() -> dict[str, str]:
@@ -59,7 +70,12 @@ def _entry_points() -> dict[str, str]:
 
 
 def backend_names() -> list[str]:
-    return sorted(set(BUILTIN) | set(_entry_points()))
+    return sorted(set(registered()) | set(_entry_points()))
+
+
+def public_names() -> list[str]:
+    """The names a user's sweep would use: not the test-only backends and mutants."""
+    return [n for n in backend_names() if not n.startswith(("testing.", "mutant."))]
 
 
 _REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
@@ -70,14 +86,14 @@ def check_backend_name(name: str) -> Optional[str]:
     ``module:object``, else a user-facing explanation. Imports nothing: validating a sweep must
     not run code; a ``module:object`` that cannot be loaded becomes that case's ``error``
     record when it runs."""
-    if name in BUILTIN or name in _entry_points():
+    if name in registered() or name in _entry_points():
         return None
     if ":" in name:
         if _REF.match(name):
             return None
         return (f"got {name!r}, expected a third-party backend as 'module:object' (a dotted "
                 "module path, a colon, an attribute name)")
-    public = [n for n in backend_names() if not n.startswith(("testing.", "mutant."))]
+    public = public_names()
     return (f"got {name!r}, expected one of {', '.join(public)} "
             f"or a third-party backend as 'module:object'{suggestion(name, public)}")
 
@@ -135,10 +151,10 @@ def get_backend(name: str) -> Backend:
     """Resolve a backend by registered name, entry point or ``module:object``."""
     if name in _cache:
         return _cache[name]
-    registered = BUILTIN.get(name) or _entry_points().get(name)
-    ref = registered or (name if ":" in name else None)
+    known = registered().get(name) or _entry_points().get(name)
+    ref = known or (name if ":" in name else None)
     if ref is None:
         raise KeyError(check_backend_name(name))
-    backend = _instantiate(_load_object(ref), name, trusted=registered is not None)
+    backend = _instantiate(_load_object(ref), name, trusted=known is not None)
     _cache[name] = backend
     return backend

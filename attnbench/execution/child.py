@@ -43,6 +43,8 @@ import time
 import traceback
 from typing import Any, Callable
 
+from attnbench.errors import is_oom
+
 HEADER = struct.Struct("<Q")
 """Frame header: payload length in bytes."""
 
@@ -50,10 +52,6 @@ HEADER = struct.Struct("<Q")
 # written header first so a big result is not copied once more.
 _SMALL_FRAME = 1 << 16
 
-# Messages that mark an exception as running out of memory. torch raises torch.OutOfMemoryError
-# for CUDA but a plain RuntimeError from its CPU allocator ("DefaultCPUAllocator: can't allocate
-# memory", checked with torch 2.13); older or wrapped errors only keep the text.
-_OOM_TEXT = ("out of memory", "can't allocate memory")
 
 
 # -- framing (shared with the parent) ------------------------------------------------------------
@@ -97,25 +95,6 @@ def read_message(fd: int) -> Any:
     return pickle.loads(_read_exact(fd, length))
 
 
-# -- exception classification --------------------------------------------------------------------
-
-
-def is_oom(exc: BaseException) -> bool:
-    """True for MemoryError, torch.OutOfMemoryError and allocator failures, also when they are
-    the cause or context of the exception that escaped."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, MemoryError):
-            return True
-        torch = sys.modules.get("torch")
-        oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
-        if oom_type is not None and isinstance(exc, oom_type):
-            return True
-        if isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT):
-            return True
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
 
 
 def _release_memory() -> None:

@@ -45,7 +45,7 @@ from attnbench.accuracy.evaluate import Judgement, evaluate, timed_only
 from attnbench.problem.inputs import make_inputs
 from attnbench.parallel import allgather, layout, ring, tp
 from attnbench.parallel.group import Comm, PeerFailed, get_world, rank_layout
-from attnbench.problem.packing import packed_support, tensor_batch
+from attnbench.problem.packing import packed_support
 from attnbench.parallel.layout import Shard
 from attnbench.parallel.parity import parity, reference_roundings, summed_partials
 from attnbench.problem.attn_spec import AttnSpec
@@ -184,7 +184,7 @@ def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> O
     gathered = comm.gather_to_first(torch.cat([flat, flat.new_zeros(size - flat.numel())]))
     if gathered is None:
         return None
-    b, sq, sk = tensor_batch(case), case.seqlen_q, case.seqlen_kv  # a pack is one buffer
+    b, sq, sk = case.tensor_batch, case.seqlen_q, case.seqlen_kv  # a pack is one buffer
     full = {
         "out": out.new_empty(b, case.heads_q, sq, case.head_dim_v),
         "dq": out.new_empty(b, case.heads_q, sq, case.head_dim),
@@ -208,7 +208,7 @@ def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> O
 
 def _local_shapes(case: Case, shard: Shard) -> list[torch.Size]:
     """Shapes of a rank's local out, dq, dk, dv."""
-    b, h = tensor_batch(case), shard.heads
+    b, h = case.tensor_batch, shard.heads
     sq, sk = shard.local_length("q"), shard.local_length("kv")
     return [torch.Size(s) for s in ((b, h.q_count, sq, case.head_dim_v),
                                     (b, h.q_count, sq, case.head_dim),

@@ -15,10 +15,10 @@ import torch
 from attnbench.accuracy import evaluate as evaluation
 from attnbench.backends import Unsupported, get_backend
 from attnbench.backends.masks import release_prepared
+from attnbench.errors import is_oom
 from attnbench.timing.case import time_case
 from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
                                        pick_device, release_memory, sync)
-from attnbench.execution.child import is_oom
 from attnbench.accuracy.dropout_probe import RngState
 from attnbench.problem.fp8 import with_descales
 from attnbench.sweep.fp8_rules import fp8_support, is_fp8

@@ -13,8 +13,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from attnbench.execution.child import is_oom  # noqa: F401  (one classification of OOM errors)
-from attnbench.results.records import host_env
+from attnbench.hardware.identity import host_env
 from attnbench.resources import ENV_DEVICE
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import socket
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -108,3 +109,11 @@ def _host_memory() -> Optional[int]:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def host_env() -> dict[str, Any]:
+    """Environment fields that need no torch (the rank process adds device and versions)."""
+    from attnbench import __version__
+
+    return {"host": socket.gethostname(), "python": platform.python_version(),
+            "attnbench": __version__, "pid": os.getpid()}

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.problem.fp8 import FORMATS, Quantized, is_fp8, quantize
-from attnbench.problem.packing import tensor_batch
 from attnbench.sweep.case import Case
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -38,7 +37,7 @@ def torch_dtype(name: str) -> torch.dtype:
 def _draw(case: Case) -> dict[str, torch.Tensor]:
     """q, k, v, dout in fp32 on the CPU (shapes (B, H, S, D); a packed case (1, H, T, D))."""
     gen = torch.Generator(device="cpu").manual_seed(case.seed)
-    batch = tensor_batch(case)  # a packed case is one buffer of seqlen_q tokens
+    batch = case.tensor_batch  # a packed case is one buffer of seqlen_q tokens
     shapes = {
         "q": (batch, case.heads_q, case.seqlen_q, case.head_dim),
         "k": (batch, case.heads_kv, case.seqlen_kv, case.head_dim),

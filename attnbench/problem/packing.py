@@ -34,12 +34,6 @@ def cu_seqlens(lengths: Sequence[int]) -> tuple[int, ...]:
     return (0, *accumulate(lengths))
 
 
-def tensor_batch(case: "Case") -> int:
-    """The leading dimension of a case's tensors: 1 for a packed case (one buffer), else
-    ``batch``."""
-    return 1 if case.is_packed else case.batch
-
-
 @dataclass(frozen=True, slots=True)
 class Segment:
     """Sequence ``index`` of a pack: its queries are rows [q0, q1), its keys [k0, k1)."""

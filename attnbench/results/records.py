@@ -54,14 +54,12 @@ Everything downstream (``attnbench show``, reports, compare, pandas) reads these
 from __future__ import annotations
 
 import datetime as _dt
-import os
-import platform
-import socket
 import time
 import traceback
 from typing import Any
 
 from attnbench.errors import exception_summary
+from attnbench.hardware.identity import host_env
 
 # Verdicts, best to worst for colouring. "pass"/"fail" come from accuracy checks; "timed" is a
 # case run with `accuracy: false` -- timed and checked for NaN/Inf only, so never green; "error"
@@ -77,14 +75,6 @@ TENSORS = ("out", "dq", "dk", "dv")
 
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def host_env() -> dict[str, Any]:
-    """Environment fields that need no torch (the rank process adds device and versions)."""
-    from attnbench import __version__
-
-    return {"host": socket.gethostname(), "python": platform.python_version(),
-            "attnbench": __version__, "pid": os.getpid()}
 
 
 def make_record(case, *, verdict: str, reason: str = "", checks=None, accuracy=None, timing=None,

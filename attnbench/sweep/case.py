@@ -124,6 +124,12 @@ class Case:
         return bool(self.seqlens_q)
 
     @property
+    def tensor_batch(self) -> int:
+        """The leading dimension of the case's tensors: 1 for a packed case (one buffer), else
+        ``batch``."""
+        return 1 if self.is_packed else self.batch
+
+    @property
     def id(self) -> str:
         return _case_id(self)
 

@@ -20,7 +20,6 @@ none unless asked). Pages are counted by the tokens in them, not whole pages.
 
 from __future__ import annotations
 
-from attnbench.problem.packing import tensor_batch
 from attnbench.sweep.case import Case
 
 BACKWARD_FACTOR = 2.5
@@ -90,7 +89,7 @@ def case_bytes(case: Case) -> tuple[float, float]:
     if case.decode:
         return decode_bytes(case), 0.0
     size = DTYPE_BYTES[case.dtype]
-    b, sq, sk = tensor_batch(case), case.seqlen_q, case.seqlen_kv  # packed: b=1, total tokens
+    b, sq, sk = case.tensor_batch, case.seqlen_q, case.seqlen_kv  # packed: b=1, total tokens
     q = b * case.heads_q * sq * case.head_dim
     k = b * case.heads_kv * sk * case.head_dim
     v = b * case.heads_kv * sk * case.head_dim_v

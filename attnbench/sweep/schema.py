@@ -21,7 +21,7 @@ import json
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from attnbench.sweep import length_mix
 from attnbench.sweep.case import CASE_RULES, DTYPE_ALIASES, MAX_SIZE, PUBLIC_FIELDS, Case
@@ -73,12 +73,9 @@ def _mask_schema() -> dict[str, Any]:
                        "properties": {"window": window}}]}
 
 
-def _backend_schema() -> dict[str, Any]:
-    from attnbench.backends import backend_names  # a name table; imports no backend
-
-    names = [n for n in backend_names() if not n.startswith(("testing.", "mutant."))]
+def _backend_schema(names: Sequence[str]) -> dict[str, Any]:
     reference = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"  # backends' own check
-    return {"anyOf": [{"enum": names},
+    return {"anyOf": [{"enum": list(names)},
                       {"type": "string", "pattern": reference,
                        "description": "a third-party backend as module:object"}]}
 
@@ -97,14 +94,14 @@ def _varlen_schema() -> dict[str, Any]:
                            "mean: 2048, max: 16384, total: 65536, seed: 0}"}
 
 
-def value_schema(name: str) -> dict[str, Any]:
+def value_schema(name: str, backends: Sequence[str] = ()) -> dict[str, Any]:
     """How a sweep spells one value of field ``name``."""
     if name == "varlen":
         return _varlen_schema()
     if name == "mask":
         return _mask_schema()
     if name == "backend":
-        return _backend_schema()
+        return _backend_schema(backends)
     out = rule_schema(CASE_RULES[name])
     if name == "dtype":
         out = {"enum": [*out["enum"], *DTYPE_ALIASES]}
@@ -129,7 +126,9 @@ def axis_schema(name: str) -> dict[str, Any]:
     return values
 
 
-def sweep_schema() -> dict[str, Any]:
+def sweep_schema(backends: Sequence[str]) -> dict[str, Any]:
+    """The schema; ``backends`` are the names a sweep may use besides ``module:object`` (the CLI
+    passes the registry's public names: this package knows no registry)."""
     public = PUBLIC_FIELDS
     docs = {**_docstrings(Case), **_docstrings(RunOptions)}
     timing_docs = _docstrings(TimingOptions)
@@ -177,7 +176,8 @@ def sweep_schema() -> dict[str, Any]:
             "options": described(options, "harness settings, not part of case ids"),
         },
         "definitions": {
-            **{f"value.{n}": described(value_schema(n), docs.get(n, "")) for n in public},
+            **{f"value.{n}": described(value_schema(n, backends), docs.get(n, ""))
+               for n in public},
             **{f"axis.{n}": described(axis_schema(n), docs.get(n, "")) for n in public},
             "range": _range_schema(),
         },
@@ -200,12 +200,12 @@ def _docstrings(cls: type) -> dict[str, str]:
     return out
 
 
-def schema_text() -> str:
-    return json.dumps(sweep_schema(), indent=1, sort_keys=False) + "\n"
+def schema_text(backends: Sequence[str]) -> str:
+    return json.dumps(sweep_schema(backends), indent=1, sort_keys=False) + "\n"
 
 
-def cmd_schema(args: argparse.Namespace) -> int:
-    text = schema_text()
+def cmd_schema(args: argparse.Namespace, backends: Sequence[str]) -> int:
+    text = schema_text(backends)
     if args.out:
         Path(args.out).write_text(text)
         print(f"attnbench: wrote {args.out}", file=sys.stderr)
@@ -214,7 +214,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_schema_command(sub) -> None:
+def add_schema_command(sub, backend_names: Callable[[], Sequence[str]]) -> None:
     cmd = sub.add_parser("schema", help="print the JSON Schema of sweep files (for editors)")
     cmd.add_argument("--out", metavar="FILE", help="write it to FILE instead of standard output")
-    cmd.set_defaults(func=cmd_schema)
+    cmd.set_defaults(func=lambda args: cmd_schema(args, backend_names()))
