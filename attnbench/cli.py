@@ -1,4 +1,4 @@
-"""``attnbench`` command line: run, validate, show, backends, report, compare, export, selftest.
+"""The ``attnbench`` command: run, validate, show, report, compare, submit and the rest.
 
 Exit status: see :mod:`attnbench.errors` (0 success; 1 failing cases or a regression; 2 bad
 input; 3 the cluster failed, resume later; 4 an accuracy-trend finding; 130 interrupted; 141

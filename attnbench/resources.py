@@ -1,5 +1,7 @@
-"""Names shared by the client, the Dask workers and the rank processes: Dask resource names and
-every ``ATTNBENCH_*`` environment variable. Imports nothing, so any layer may use it.
+"""Dask resource names and every ``ATTNBENCH_*`` environment variable, in one place.
+
+Shared by the client, the Dask workers and the rank processes. Imports nothing, so any layer
+may use it.
 
 Resources a worker advertises and a case asks for::
 

@@ -1,4 +1,4 @@
-"""``attnbench selftest``: show that the checks catch real bugs and raise no false alarms.
+"""``attnbench selftest``: the checks catch real bugs and raise no false alarms.
 
 It runs the standard sweep (``sweeps/standard.yaml``) twice over:
 

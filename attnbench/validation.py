@@ -1,5 +1,6 @@
-"""Checks for what users and colleagues hand attnbench: sweep and dashboard files, journals and
-manifests. One place for the typed value rules every field and option goes through (a sweep's
+"""Checks for what users hand attnbench: sweeps, dashboards, journals and manifests.
+
+One place for the typed value rules every field and option goes through (a sweep's
 fields and options in :mod:`attnbench.sweep`, a stored record's case and a manifest's options in
 :mod:`attnbench.results.store`), for reading a small input file without trusting its size or kind, and
 for parsing YAML and JSON strictly. Every mistake is a :class:`~attnbench.errors.UserError` whose

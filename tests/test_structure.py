@@ -1,39 +1,121 @@
-"""The package's shape: no import cycles among its modules (a helper living inside one of its
-users is how they start), no module too large to find one's way in, and commands that only read
-results or sweeps never import torch."""
+"""The package's shape, as packages that follow the data flow.
+
+sweep -> problem -> backend call -> accuracy / timing -> execution -> results -> cluster /
+dispatch -> report: each package may import only the packages :data:`MAY_IMPORT` names, which
+are all below it in :data:`ORDER` (no upward import, so no package-level cycle); the client
+packages (sweep, results, cluster, dispatch, report) reach no rank-side module and no torch; at
+most :data:`MAX_TOP_LEVEL` modules sit at the top of ``attnbench/``; no module cycle, no module
+too large to find one's way in; each package names its public names (``__all__``) and other
+packages import only those, from the module that defines them; the README's layout is generated
+from the package docstrings (``python tests/test_structure.py`` rewrites it).
+"""
+
+from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "attnbench"
 MAX_LINES = 600
+MAX_TOP_LEVEL = 8
+"""Modules directly in attnbench/, ``__init__`` and ``__main__`` included."""
 
+# -- the table -----------------------------------------------------------------------------------
+
+BASE = "base"
+"""The top-level modules everything may use: errors, validation, resources, dtypes (and the
+package root's ``__version__``)."""
+TOP = "top"
+"""cli, selftest, __main__: the commands, which may import anything."""
+TOP_MODULES = {"attnbench.cli", "attnbench.selftest", "attnbench.__main__"}
+
+ORDER = ("base", "sweep", "hardware", "results", "problem", "kernels", "backends", "accuracy",
+         "timing", "parallel", "execution", "mutants", "cluster", "dispatch", "report", "top")
+"""Lowest first: a package imports only packages before it."""
+
+MAY_IMPORT: dict[str, set[str]] = {
+    "base": set(),
+    "sweep": {"base"},
+    "hardware": {"base"},
+    "results": {"base", "sweep", "hardware"},
+    "problem": {"base", "sweep"},
+    "kernels": {"base", "problem"},
+    "backends": {"base", "sweep", "results", "problem", "kernels"},
+    "accuracy": {"base", "sweep", "results", "problem", "backends"},
+    "timing": {"base", "sweep", "hardware"},
+    "parallel": {"base", "sweep", "hardware", "results", "problem", "backends", "accuracy"},
+    "execution": {"base", "sweep", "hardware", "results", "problem", "kernels", "backends",
+                  "accuracy", "timing", "parallel"},  # kernels: chosen before triton's import
+    "mutants": {"base", "problem", "kernels", "backends", "accuracy", "parallel"},
+    "cluster": {"base", "sweep", "hardware", "results", "execution"},
+    "dispatch": {"base", "sweep", "results", "cluster", "backends"},
+    "report": {"base", "sweep", "hardware", "results"},
+    "top": set(ORDER) - {"top"},
+}
+
+SIDE = {"base": "shared", "sweep": "client", "hardware": "shared", "results": "client",
+        "problem": "rank", "kernels": "rank", "backends": "rank", "accuracy": "rank",
+        "timing": "rank", "parallel": "rank", "execution": "worker + rank", "mutants": "rank",
+        "cluster": "client + worker", "dispatch": "client", "report": "client", "top": "top"}
+"""Where a package runs: the client (no torch: a laptop reads results without it), a Dask
+worker (no torch: ranks are separate processes), a rank process (torch), or shared."""
+CLIENT = [p for p, side in SIDE.items() if side.startswith("client")]
+RANK = [p for p, side in SIDE.items() if side == "rank"]
+
+CLIENT_MAY_REACH = {
+    "attnbench.backends", "attnbench.backends.base",  # the registry of names, the protocol's types
+    "attnbench.execution", "attnbench.execution.pool", "attnbench.execution.ranks",
+    "attnbench.execution.child",  # a worker's rank pools (the ranks are other processes)
+}
+"""Modules of rank-side or mixed packages that a client module may reach (torch-free)."""
+RANK_ONLY = {"attnbench.hardware.device"}
+"""Modules of shared packages that import torch: rank side, imported by their path."""
+
+
+# -- reading the code ----------------------------------------------------------------------------
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    if path.is_relative_to(ROOT / "kernels"):
+        parts = ("attnbench", "kernels", *path.relative_to(ROOT / "kernels").with_suffix("").parts)
+    else:
+        parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    paths = [*PACKAGE.rglob("*.py"), *(ROOT / "kernels").rglob("*.py")]
+    return {_module_name(p): p for p in paths if "__pycache__" not in p.parts}
+
+
+def _import_nodes(tree: ast.AST):
+    """Import statements anywhere (function bodies too), except under ``if TYPE_CHECKING:``
+    (annotations only: no import at run time)."""
+    def visit(node):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for child in node.orelse:
+                yield from visit(child)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child)
+
+    yield from visit(tree)
 
 
 def _imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """Project modules ``path`` imports anywhere (function bodies too), except under
-    ``if TYPE_CHECKING:`` (annotations only: no import at run time)."""
+    """Project modules ``path`` imports (a ``from package import name`` counts as the package,
+    or as the submodule when ``name`` is one)."""
     found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in _import_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif node.module and node.level == 0:
             names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
         else:
             names = []
@@ -42,11 +124,30 @@ def _imports(path: Path, known: dict[str, Path]) -> set[str]:
                 name = name.rpartition(".")[0]
             if name:
                 found.add(name)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
     return found
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: _imports(path, known) - {name} for name, path in known.items()}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    if module in TOP_MODULES:
+        return TOP
+    if len(parts) == 1 or not ((PACKAGE / parts[1]).is_dir() or parts[1] == "kernels"):
+        return BASE
+    return parts[1]
+
+
+def _imports_torch_at_module_level(path: Path) -> bool:
+    for node in ast.parse(path.read_text()).body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(n.split(".")[0] in ("torch", "triton") for n in names):
+            return True
+    return False
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -82,12 +183,97 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def _package_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, deps in graph.items():
+        for dep in deps:
+            a, b = _package(module), _package(dep)
+            if a != b:
+                edges.setdefault((a, b), []).append(f"{module} -> {dep}")
+    return edges
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+# -- the rules -----------------------------------------------------------------------------------
+
+def test_the_table_covers_every_package_and_points_down():
+    packages = {_package(m) for m in _modules()}
+    assert packages == set(ORDER), f"packages not in ORDER: {packages - set(ORDER)}"
+    assert set(MAY_IMPORT) == set(ORDER) == set(SIDE)
+    for package, allowed in MAY_IMPORT.items():
+        above = [p for p in allowed if ORDER.index(p) >= ORDER.index(package)]
+        assert not above, f"{package} may import {above}, which are not below it"
+
+
+def test_every_import_between_packages_is_allowed():
+    wrong = {f"{a} -> {b}": why[:3] for (a, b), why in _package_edges(_graph()).items()
+             if b not in MAY_IMPORT[a]}
+    assert wrong == {}, f"imports the table does not allow (MAY_IMPORT): {wrong}"
+
+
+def test_no_upward_imports():
+    """Counted on their own (the table could be edited to allow one): 0."""
+    up = [why[0] for (a, b), why in _package_edges(_graph()).items()
+          if ORDER.index(b) > ORDER.index(a)]
+    assert up == [], f"upward imports: {up}"
+
+
+def test_the_check_finds_an_upward_import():
+    """The rule has teeth: a planted import of dispatch from results is reported."""
+    graph = _graph()
+    graph["attnbench.results.records"] = graph["attnbench.results.records"] | {
+        "attnbench.dispatch.run"}
+    edges = _package_edges(graph)
+    assert ("results", "dispatch") in edges and "dispatch" not in MAY_IMPORT["results"]
+
+
+def test_client_packages_reach_no_rank_side_module_and_no_torch():
+    """A client module, following every import (lazy ones too), never reaches a module of a
+    rank-side package (other than :data:`CLIENT_MAY_REACH`) nor one that imports torch or
+    triton when it is imported."""
+    known, graph = _modules(), _graph()
+    bad = {}
+    for module in known:
+        if _package(module) not in CLIENT:
+            continue
+        reached = _reach(graph, module) | {module}
+        wrong = sorted(m for m in reached - CLIENT_MAY_REACH
+                       if _package(m) in RANK or _package(m) == "execution" or m in RANK_ONLY
+                       or _imports_torch_at_module_level(known[m]))
+        if wrong:
+            bad[module] = wrong[:4]
+    assert bad == {}, f"client modules reaching the rank side or torch: {bad}"
+
+
+def test_client_packages_import_without_torch():
+    """Every client module (and the torch-free modules they may reach) imports with torch and
+    triton made unimportable."""
+    modules = sorted(m for m in _modules() if _package(m) in CLIENT) + sorted(CLIENT_MAY_REACH)
+    code = ("import importlib, sys\n"
+            "sys.modules['torch'] = None; sys.modules['triton'] = None\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_at_most_eight_top_level_modules():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, top
+
+
 def test_no_import_cycles_among_the_packages_modules():
-    known = _modules()
-    graph = {}
-    for name, path in known.items():
-        graph[name] = _imports(path, known) - {name}
-    cycles = _cycles(graph)
+    cycles = _cycles(_graph())
     assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
@@ -101,21 +287,14 @@ def test_no_module_over_the_size_limit():
     assert big == {}, f"modules over {MAX_LINES} lines: {big}"
 
 
-def test_spec_depends_on_nothing_above_it():
+def test_sweep_rules_know_no_field_by_name():
+    """Ranges, zips and overrides are handed the field table; the per-feature rules and the
+    options sit below the case and the loader."""
     known = _modules()
-    deps = _imports(known["attnbench.sweep.load"], known) | _imports(known["attnbench.sweep.case"],
-                                                                       known)
-    packed = {"attnbench.sweep.packed_rules", "attnbench.sweep.length_mix",  # pure-Python rules
-              "attnbench.sweep.decode_rules", "attnbench.sweep.fp8_rules", "attnbench.sweep.options"}
-    allowed = {"attnbench.errors", "attnbench.validation", "attnbench.sweep.axes",
-               "attnbench.sweep.case"}
-    assert deps <= allowed | packed, deps
-    for name in packed:
-        assert _imports(known[name], known) <= {"attnbench.errors", "attnbench.validation"}
-    # ranges, zips and overrides know no field by name: the field table is handed to them
-    assert _imports(known["attnbench.sweep.axes"], known) <= {"attnbench.errors",
-                                                             "attnbench.validation"}
-    # the typed value rules and strict readers, shared with store and the dashboards: below spec
+    low = {"attnbench.errors", "attnbench.validation"}
+    for name in ("axes", "packed_rules", "length_mix", "decode_rules", "fp8_rules", "options"):
+        deps = _imports(known[f"attnbench.sweep.{name}"], known)
+        assert deps <= low | {"attnbench.dtypes"}, (name, deps)
     assert _imports(known["attnbench.validation"], known) <= {"attnbench.errors"}
 
 
@@ -133,3 +312,75 @@ def test_validate_imports_neither_torch_nor_the_users_backend(tmp_path):
                           cwd=tmp_path, env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": ""})
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists()
+
+
+# -- the README's layout, generated from the docstrings ------------------------------------------
+
+LAYOUT_START = "<!-- layout: generated by tests/test_structure.py from the package docstrings -->"
+LAYOUT_END = "<!-- /layout -->"
+SUMMARY_LIMIT = 88
+
+
+def _summary(path: Path) -> str:
+    """The first line of a module's docstring: one sentence that says what it holds."""
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    return doc.splitlines()[0].strip() if doc else ""
+
+
+def layout() -> str:
+    """The layout block of the README."""
+    def plain(text: str) -> str:
+        return text.replace("``", "")
+
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    lines = ["attnbench/", *(f"  {name:<15}{plain(_summary(PACKAGE / name))}" for name in top)]
+    for package in ORDER:
+        if package in (BASE, TOP):
+            continue
+        folder = ROOT / "kernels" if package == "kernels" else PACKAGE / package
+        contents = sorted(p.stem if p.is_file() else p.name + "/" for p in folder.iterdir()
+                          if (p.suffix == ".py" and p.stem != "__init__")
+                          or (p.is_dir() and (p / "__init__.py").exists()))
+        where = SIDE_WORDS[SIDE[package]] + (", installed as attnbench.kernels"
+                                             if package == "kernels" else "")
+        lines.append(f"  {package + '/':<15}{plain(_summary(folder / '__init__.py'))}")
+        lines += textwrap.wrap(f"{where}: {' '.join(contents)}", 98, initial_indent=" " * 17,
+                               subsequent_indent=" " * 17)
+    return "\n".join(["```", *lines, "```"])
+
+
+SIDE_WORDS = {"client": "client, no torch", "client + worker": "client and Dask worker, no torch",
+              "worker + rank": "Dask worker (no torch) and rank side", "rank": "rank side",
+              "shared": "shared (torch only in device)", "top": "top"}
+
+
+def _readme_layout(text: str) -> str:
+    match = re.search(re.escape(LAYOUT_START) + r"\n(.*?)\n" + re.escape(LAYOUT_END), text, re.S)
+    assert match, f"README.md lacks the layout markers {LAYOUT_START!r} ... {LAYOUT_END!r}"
+    return match.group(1)
+
+
+def test_every_package_and_top_level_module_says_what_it_holds_in_one_line():
+    paths = [*PACKAGE.glob("*.py"), *PACKAGE.glob("*/__init__.py"),
+             *PACKAGE.glob("*/*/__init__.py"), ROOT / "kernels" / "__init__.py"]
+    bad = {str(p.relative_to(ROOT)): s for p in paths
+           if not (s := _summary(p)) or len(s) > SUMMARY_LIMIT or not s.endswith((".", "?"))}
+    assert bad == {}, (f"docstring first lines that are empty, over {SUMMARY_LIMIT} characters or "
+                       f"not a whole sentence: {bad}")
+
+
+def test_the_readme_layout_is_current():
+    current = _readme_layout((ROOT / "README.md").read_text())
+    assert current == layout(), "README.md's layout is stale: run `python tests/test_structure.py`"
+
+
+def write_readme_layout() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    text = text.replace(_readme_layout(text), layout())
+    readme.write_text(text)
+
+
+if __name__ == "__main__":
+    write_readme_layout()
+    print("README.md: layout rewritten")

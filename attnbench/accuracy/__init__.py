@@ -1,1 +1,8 @@
-"""TODO"""
+"""Judging a case: is what a backend returned right?
+
+:mod:`~.evaluate` is the one place both case runners judge a case; :mod:`~.bounds` holds the
+error metrics and every bound, each beside the measurement behind it; :mod:`~.fused_baseline`
+the precision of a correct fused kernel (blockwise, at every length); :mod:`~.invariants` the
+reference-free gradient identities; :mod:`~.dropout_probe` hidden dropout masks, recovered or
+judged by statistics; :mod:`~.fp8_split` an fp8 case's error split into quantization and kernel.
+"""

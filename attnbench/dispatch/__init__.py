@@ -1,1 +1,7 @@
-"""TODO"""
+"""Handing a sweep's cases out and journaling what comes back.
+
+:mod:`~.run` submits one Dask task per case; :mod:`~.lanes` runs one long task per device that
+pulls cases from the driver; :mod:`~.driver` is the driver as a Dask task (``attnbench
+submit``), :mod:`~.driver_state` what a detached run leaves for ``status``, ``attach`` and
+``cancel``, and :mod:`~.detach` those commands.
+"""

@@ -1,6 +1,8 @@
-"""Mutants: backends with one deliberate, plausible bug each, from a catalogue of attention bug
-classes seen in public reports (:mod:`attnbench.mutants.catalogue`). ``attnbench selftest`` runs
-them through the standard sweep's checks to show that every class is caught, and by how much.
+"""Backends with one deliberate, plausible bug each: the bugs the selftest must catch.
+
+Each comes from a catalogue of attention bug classes seen in public reports
+(:mod:`attnbench.mutants.catalogue`). ``attnbench selftest`` runs them through the standard
+sweep's checks to show that every class is caught, and by how much.
 
 Modules: :mod:`~.patch` (how a mutant edits correct code), :mod:`~.base` (the correct
 recomputing backend the backward mutants edit), :mod:`~.backward`, :mod:`~.forward`,

@@ -1,4 +1,4 @@
-"""The dashboard's panels: one module per panel kind, and :func:`draw_panel`, which picks one.
+"""The dashboard's panels: one module per panel kind, and :func:`draw_panel` to pick one.
 
 Each ``draw(panel, run, ctx)`` takes a run's frame and returns a
 :class:`~attnbench.report.figures.PanelOutput`: the PNG + SVG figures it wrote and notes for
