@@ -1,10 +1,15 @@
+"""Fixtures shared by the tests, and the session's one setting (Triton's interpreter).
+
+Plain helpers (ROOT, attnbench_cmd) are in helpers.py: test modules import them from there.
+"""
+
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
+
 # Triton's interpreter must be chosen before any kernel is defined; only without a GPU (a GPU
 # test run must compile the kernels). kernels/__init__.py makes the same choice.
 try:
@@ -23,10 +28,6 @@ def cli_env():
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH", "")])
     env["PYTHONWARNINGS"] = "ignore"
     return env
-
-
-def attnbench_cmd() -> list[str]:
-    return [sys.executable, "-m", "attnbench.cli"]
 
 
 # -- runs shared by the report, compare and browser tests (made once per session) -------------

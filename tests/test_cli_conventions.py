@@ -16,7 +16,7 @@ import pytest
 
 from attnbench.errors import EXIT_BROKEN_PIPE, UsageError
 from attnbench.cluster.scheduler_address import choose_scheduler, read_scheduler_file
-from conftest import ROOT
+from helpers import ROOT
 
 
 def _attnbench(*argv: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:

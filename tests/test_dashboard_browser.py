@@ -27,7 +27,7 @@ import pytest
 
 
 import report_runs as runs  # tests/ is on sys.path under pytest (see conftest)
-from conftest import ROOT
+from helpers import ROOT
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))
                  if p), None)

@@ -74,7 +74,7 @@ def test_bad_decode_fields_name_the_field(fields, expected):
 
 
 def test_bad_decode_sweep_is_one_line_exit_2(tmp_path, cli_env):
-    from conftest import attnbench_cmd
+    from helpers import attnbench_cmd
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(_sweep("decode: [true], seqlen_q: [1], seqlen_kv: [64], page_size: [24]"))
@@ -262,7 +262,7 @@ def test_decode_panel_draws_bandwidth_and_latency_per_backend_and_page(tmp_path)
     from attnbench.report.data import Run, frame
     from attnbench.report.figures import Context
     from attnbench.report.panels import draw_panel
-    from conftest import ROOT
+    from helpers import ROOT
 
     records = [run_case(make_case("t", dict(backend="naive", **{**DECODE, "seqlen_kv": n},
                                             page_size=page)), ONE_SAMPLE)

@@ -139,7 +139,7 @@ def test_fp8_panel_splits_the_error_and_pairs_fp8_with_bf16(tmp_path):
     from attnbench.report.figures import Context
     from attnbench.report.panels import draw_panel
     from attnbench.report.panels.fp8 import speedups
-    from conftest import ROOT
+    from helpers import ROOT
 
     one_sample = RunOptions(timeout_s=120, timing=TimingOptions(
         warmup=0, warmup_ms=0, min_samples=1, max_samples=1, max_seconds=0.2))

@@ -34,7 +34,7 @@ from attnbench.results.records import TENSORS, VERDICTS, make_record  # noqa: E4
 from attnbench.sweep.case import CASE_FIELDS, make_case  # noqa: E402
 from attnbench.sweep.load import load_sweep  # noqa: E402
 from attnbench.results.store import RunStore  # noqa: E402
-from conftest import ROOT, attnbench_cmd  # noqa: E402
+from helpers import ROOT, attnbench_cmd  # noqa: E402
 
 # Hypothesis keeps caches (not examples) in its home: the git-ignored build/, not the checkout.
 set_hypothesis_home_dir(ROOT / "build" / "hypothesis")

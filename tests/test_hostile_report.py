@@ -20,7 +20,7 @@ from attnbench import cli
 from attnbench.results.records import make_record
 from attnbench.sweep.load import load_sweep
 from attnbench.results.store import RunStore
-from conftest import ROOT
+from helpers import ROOT
 
 MINIMAL = str(ROOT / "tests" / "data" / "minimal.yaml")
 SWEEP = """name: crafted

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 READ_ONLY_TIMEOUT_S = 600  # report draws figures: minutes on a loaded 2-core machine
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import report_runs as runs
 from attnbench.report.interactive import PAGE, script_json
-from conftest import ROOT
+from helpers import ROOT
 
 
 def _plot_data(page: Path) -> list[dict]:

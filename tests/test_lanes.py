@@ -14,7 +14,7 @@ from attnbench.results.records import make_record
 from attnbench.dispatch.run import Progress
 from attnbench.cluster.simulation import lease_overlaps
 from attnbench.sweep.case import Case
-from conftest import ROOT, attnbench_cmd
+from helpers import ROOT, attnbench_cmd
 from test_multinode import Processes, _FakeConnection, _journal, _store, _wait_for, _workers
 
 

@@ -30,7 +30,7 @@ from attnbench.cluster.connect import WorkerInfo, plan_case
 from attnbench.sweep.case import Case
 from attnbench.cluster.worker import DetectionError, DeviceLeases, LeaseTimeout, detect_node
 from attnbench.cluster.worker import main as worker_main
-from conftest import ROOT, attnbench_cmd
+from helpers import ROOT, attnbench_cmd
 
 SLEEP_S = 0.3
 """How long a sleepy case takes on the module's workers."""

@@ -25,7 +25,7 @@ from attnbench.selftest import (Evidence, evidence, is_long, judge_controls, jud
 from attnbench.sweep.case import Case, make_case
 from attnbench.sweep.options import RunOptions, TimingOptions
 from attnbench.sweep.load import load_sweep
-from conftest import ROOT, attnbench_cmd
+from helpers import ROOT, attnbench_cmd
 
 NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"

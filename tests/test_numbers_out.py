@@ -20,7 +20,7 @@ from attnbench.cli import main
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK
 from attnbench.report.compare import classify
 from attnbench.report.doubt import FEW_SAMPLES, timing_doubt, why_ambiguous
-from conftest import ROOT
+from helpers import ROOT
 
 HOSTILE = "evil|<script>alert(1)</script>`*_"
 

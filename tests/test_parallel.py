@@ -396,7 +396,7 @@ def test_cp_tp_sweep_end_to_end(tmp_path):
     import sys
 
     from attnbench.results.store import load_records
-    from conftest import ROOT
+    from helpers import ROOT
 
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "attnbench.cli", "run", "sweeps/cp_tp.yaml",

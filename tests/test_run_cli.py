@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from attnbench.results.store import load_records
-from conftest import ROOT, attnbench_cmd
+from helpers import ROOT, attnbench_cmd
 
 SWEEP = """
 name: e2e

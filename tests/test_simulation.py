@@ -14,7 +14,7 @@ import pytest
 
 from attnbench.cluster.simulation import lease_overlaps
 from attnbench.cluster.worker import DeviceLeases
-from conftest import ROOT, attnbench_cmd
+from helpers import ROOT, attnbench_cmd
 from test_multinode import Processes, _wait_for
 
 

@@ -8,7 +8,7 @@ from attnbench.backends import check_backend_name
 from attnbench.sweep.case import Case
 from attnbench.errors import SweepError
 from attnbench.sweep.load import load_sweep, parse_sweep
-from conftest import ROOT, attnbench_cmd
+from helpers import ROOT, attnbench_cmd
 
 GOOD = """
 name: t

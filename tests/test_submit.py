@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, attnbench_cmd
+from helpers import ROOT, attnbench_cmd
 from test_multinode import Processes, _counts, _journal, _sweep, _wait_for
 
 SLEEP_S = 0.5

@@ -17,7 +17,7 @@ from attnbench.sweep.load import load_sweep, parse_sweep
 from attnbench.results.store import RunStore, latest_run_dir, load_manifest
 from attnbench.backends import check_backend_name, public_names
 from attnbench.sweep.schema import schema_text, sweep_schema
-from conftest import ROOT, attnbench_cmd
+from helpers import ROOT, attnbench_cmd
 
 BASE = "name: t\ndefaults: {backend: naive, heads_q: 8, head_dim: 16}\n"
 

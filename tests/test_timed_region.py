@@ -245,7 +245,7 @@ def test_sdpa_causal_lower_right_then_triton_in_one_rank_process():
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     code = ("from attnbench.execution.case_runner import run_case\n"
             "from attnbench.sweep.case import make_case\nfrom attnbench.sweep.options import RunOptions, TimingOptions\n"
