@@ -12,7 +12,7 @@ from attnbench.report import commands
 from attnbench.report.compare import classify, compare_runs
 from attnbench.report.data import load_run
 from attnbench.report.synthetic import write_synthetic_run
-from report_runs import edit_run  # tests/ is on sys.path under pytest (see conftest)
+from report_runs import edit_run  # tests/ is on sys.path (pyproject: pythonpath)
 
 
 def _stats(median, lo, q3):

@@ -15,7 +15,7 @@ from attnbench.report import commands
 from attnbench.report.compare import classify, compare_runs, describe, run_facts
 from attnbench.report.data import load_run
 from attnbench.report.environment import env_view, representative, run_warnings
-from report_runs import edit_run  # tests/ is on sys.path under pytest (see conftest)
+from report_runs import edit_run  # tests/ is on sys.path (pyproject: pythonpath)
 
 
 def _compare(synthetic, a: str, b: str, capsys, out: Path | None = None):

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 
-import report_runs as runs  # tests/ is on sys.path under pytest (see conftest)
+import report_runs as runs  # tests/ is on sys.path (pyproject: pythonpath)
 from helpers import ROOT
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))

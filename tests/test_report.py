@@ -22,7 +22,7 @@ from attnbench.report.style import SEVERITY
 from matplotlib.colors import LogNorm
 
 
-import report_runs as runs  # tests/ is on sys.path under pytest (see conftest)
+import report_runs as runs  # tests/ is on sys.path (pyproject: pythonpath)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
