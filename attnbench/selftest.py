@@ -37,7 +37,7 @@ from attnbench.dtypes import BY_NAME, FAMILIES, is_fp8
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_OK, ClusterError
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN, Mutant, by_name)
-from attnbench.results.records import BAD_VERDICTS
+from attnbench.results.records import BAD_VERDICTS, DIED_VERDICTS
 from attnbench.resources import ENV_DEVICE, ENV_THREADS
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions, TimingOptions
@@ -53,7 +53,6 @@ TEMPLATE = "naive"
 WEAK_MARGIN = 2.0
 """A mutant whose best evidence is a measured value under this many times its bound is caught
 only by a hair: the table marks it, and the check deserves strengthening."""
-CRASH_VERDICTS = ("error", "crash", "timeout", "oom", "lost")
 
 
 # -- which cases -----------------------------------------------------------------------------------
@@ -205,7 +204,7 @@ class Evidence:
 def evidence(record: dict) -> Optional[Evidence]:
     """None when the record is not a failure (pass, unsupported, skipped)."""
     verdict = record["verdict"]
-    if verdict in CRASH_VERDICTS:
+    if verdict in DIED_VERDICTS:
         return Evidence(math.inf, "crash", verdict)
     if verdict != "fail":
         return None
