@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, TextIO
 
+from attnbench.dtypes import BY_NAME, FAMILIES, is_fp8
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_OK, ClusterError
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN, Mutant, by_name)
-from attnbench.results.records import BAD_VERDICTS
+from attnbench.results.records import BAD_VERDICTS, DIED_VERDICTS
 from attnbench.resources import ENV_DEVICE, ENV_THREADS
-from attnbench.sweep.fp8_rules import is_fp8
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions, TimingOptions
 from attnbench.sweep.load import Sweep, load_sweep
@@ -53,8 +53,6 @@ TEMPLATE = "naive"
 WEAK_MARGIN = 2.0
 """A mutant whose best evidence is a measured value under this many times its bound is caught
 only by a hair: the table marks it, and the check deserves strengthening."""
-CRASH_VERDICTS = ("error", "crash", "timeout", "oom", "lost")
-DTYPE_ORDER = ("fp32", "fp16", "bf16", "fp8")
 
 
 # -- which cases -----------------------------------------------------------------------------------
@@ -206,7 +204,7 @@ class Evidence:
 def evidence(record: dict) -> Optional[Evidence]:
     """None when the record is not a failure (pass, unsupported, skipped)."""
     verdict = record["verdict"]
-    if verdict in CRASH_VERDICTS:
+    if verdict in DIED_VERDICTS:
         return Evidence(math.inf, "crash", verdict)
     if verdict != "fail":
         return None
@@ -337,20 +335,20 @@ def judge_controls(records: Sequence[dict]) -> dict[str, ControlResult]:
 
 
 def _dtype_column(dtype: str) -> str:
-    """The table's column of a dtype: e4m3 and e5m2 share one (fp8)."""
-    return "fp8" if is_fp8(dtype) else dtype
+    """The table's column of a dtype: its family (e4m3 and e5m2 share one, fp8)."""
+    return BY_NAME[dtype].family
 
 
 def render(results: Sequence[MutantResult], controls: dict[str, ControlResult]) -> str:
     lines = ["Mutants (each must be caught):",
              f"{'#':<6}{'mutant':<31} {'caught':<8}{'strongest check':<22}{'margin':>11}"
-             + "".join(f"{d:>12}" for d in DTYPE_ORDER) + f"{'failed/run':>12}  bug class"]
+             + "".join(f"{d:>12}" for d in FAMILIES) + f"{'failed/run':>12}  bug class"]
     for res in results:
         m = res.mutant
         caught = ("WEAK" if res.weak else "yes") if res.caught else "MISSED"
         best = res.best
         cells = "".join(f"{(res.by_dtype[d].margin_text() if d in res.by_dtype else '-'):>12}"
-                        for d in DTYPE_ORDER)
+                        for d in FAMILIES)
         lines.append(f"{m.number:<6}{m.name.removeprefix('mutant.'):<31} {caught:<8}"
                      f"{(best.label if best else '-'):<22}"
                      f"{(best.margin_text() if best else '-'):>11}{cells}"

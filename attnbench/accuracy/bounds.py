@@ -36,6 +36,7 @@ from typing import Optional
 
 import torch
 
+from attnbench.dtypes import BY_NAME
 from attnbench.results.records import TENSORS
 
 # A fused backend may lose at most this many times the fused baseline's error. Measured ratios
@@ -115,10 +116,9 @@ IDENTITY_BOUND = {
 
 
 def bound_dtype(dtype: str) -> str:
-    """The dtype whose bounds a case's dtype is held to: an fp8 case's output is bf16, its
-    baselines (naive in bf16, the fused fp8 model) are on the same inputs, so bf16's floors and
-    absolute bounds apply (the fp8 roundings show up in the baselines' errors)."""
-    return "bf16" if dtype.startswith("fp8") else dtype
+    """The dtype whose bounds a case's dtype is held to (:attr:`attnbench.dtypes.Dtype.bound`:
+    an fp8 case's output dtype's)."""
+    return BY_NAME[dtype].bound
 
 
 @dataclass

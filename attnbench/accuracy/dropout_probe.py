@@ -61,8 +61,8 @@ from typing import Any, Iterator, Optional
 import torch
 
 from attnbench.accuracy.bounds import ABSOLUTE_BOUND, Check
-from attnbench.problem.inputs import TORCH_DTYPES
 from attnbench.problem.attn_spec import AttnSpec, KeepMaskFn
+from attnbench.problem.fp8 import torch_dtype
 
 # The reference's own score blocks: softcap, ALiBi, windows and alignment stay defined once.
 from attnbench.problem.reference import ScoreBlocks, block_sizes, grouped_f64, reference_forward
@@ -108,7 +108,7 @@ kernels (the same sweep): at most 3.5 u fp32, 0.7 u fp16 and bf16. Another mask 
 judged one misses by ~sqrt(2 p / (1 - p)): seen 0.48 at p = 0.1, 0.14 at p = 0.01 (bf16's
 8 u = 0.031 is reached near p = 0.0005)."""
 
-_DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+_DTYPE_NAMES = {torch_dtype(name): name for name in ABSOLUTE_BOUND}
 
 
 # -- the RNG the mask is drawn from --------------------------------------------------------------

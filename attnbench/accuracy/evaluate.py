@@ -23,7 +23,7 @@ from attnbench.backends.masks import release_prepared
 from attnbench.errors import is_oom
 from attnbench.problem.dropout import hash_keep_mask
 from attnbench.accuracy.dropout_probe import RngState, judge_dropout
-from attnbench.problem.fp8 import FORMATS, dequantize_call
+from attnbench.problem.fp8 import FORMATS, dequantize_call, output_dtype
 from attnbench.accuracy.fp8_split import quantization_split
 from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
 from attnbench.accuracy.invariants import identity_residuals
@@ -236,7 +236,8 @@ def _fused_errors(q, k, v, dout, spec, refs: References) -> dict:
     mask of :mod:`attnbench.problem.dropout`), against its own exact reference. fp8: FA3's roundings
     (fp8 operands, P in the inputs' fp8 format, O in bf16) on the dequantized values."""
     if spec.fp8_format:
-        baseline = FusedBaseline(p_format=FORMATS[spec.fp8_format], out_dtype=torch.bfloat16)
+        baseline = FusedBaseline(p_format=FORMATS[spec.fp8_format],
+                                 out_dtype=output_dtype(spec.fp8_format))
         out, _ = baseline.forward(*dequantize_call(q, k, v, spec, torch.float32), spec)
         return refs.errors({"out": out}, hash_keep_mask)
     out, lse = fused_forward(q, k, v, spec, keep_mask=hash_keep_mask)

@@ -13,7 +13,7 @@ import torch
 from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 from attnbench.problem.dropout import hash_keep_mask
-from attnbench.problem.fp8 import dequantize_call
+from attnbench.problem.fp8 import dequantize_call, output_dtype
 from attnbench.problem.paged import build_paged_cache, gather_kv
 from attnbench.problem.packing import backward_per_sequence, per_sequence
 from attnbench.results.records import TENSORS
@@ -48,8 +48,9 @@ class NaiveBackend(PreparesOnce):
         return dense_masks(spec, batch, heads_q, sq, k.shape[2], q.dtype, q.device)
 
     def dequantized(self, q, k, v, spec):
-        """fp8 q, k, v times their descales, in bf16 (exact for power-of-two descales)."""
-        return dequantize_call(q, k, v, spec, torch.bfloat16)
+        """fp8 q, k, v times their descales, in the case's output dtype (exact for power-of-two
+        descales)."""
+        return dequantize_call(q, k, v, spec, output_dtype(spec.fp8_format))
 
     def cache_kv(self, spec, k, v):
         """(k, v) as the call reads them: a paged cache (decode, ``page_size``) gathered back

@@ -6,7 +6,7 @@ import torch
 
 from attnbench.backends.base import Forward
 from attnbench.problem.dropout import hash_keep_mask
-from attnbench.problem.fp8 import dequantize_call
+from attnbench.problem.fp8 import dequantize_call, output_dtype
 from attnbench.problem.reference import reference_backward, reference_forward
 
 
@@ -22,7 +22,7 @@ class ReferenceBackend:
         out_dtype = q.dtype
         if spec.fp8_format:
             q, k, v = dequantize_call(q, k, v, spec, torch.float64)
-            out_dtype = torch.bfloat16
+            out_dtype = output_dtype(spec.fp8_format)
         out, lse = reference_forward(q, k, v, spec, keep_mask=self.keep_mask)
         ctx = (q, k, v, out, lse, spec)
         return Forward(out=out.to(out_dtype), lse=lse.float(), ctx=ctx)

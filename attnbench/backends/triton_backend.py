@@ -34,6 +34,7 @@ from attnbench.kernels.params import FlashParams, dropout_threshold, is_interpre
 
 from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.masks import PreparesOnce, call_key
+from attnbench.dtypes import is_fp8
 from attnbench.problem.fp8 import descale_tensors
 from attnbench.problem.paged import decode_cache, decode_queries, packed_like
 from attnbench.problem.attn_spec import AttnSpec
@@ -111,7 +112,7 @@ class TritonBackend(PreparesOnce):
             return f"head_dim {max(case.head_dim, case.head_dim_v)} > {MAX_HEAD_DIM}"
         if max(case.seqlen_q, case.seqlen_kv) > MAX_SEQLEN:
             return f"sequence longer than {MAX_SEQLEN}"
-        if case.dtype.startswith("fp8") and device.type == "cuda" \
+        if is_fp8(case.dtype) and device.type == "cuda" \
                 and torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
             return ("fp8 tl.dot needs fp8 tensor cores (compute capability >= 8.9); this GPU "
                     "is {}.{}".format(*torch.cuda.get_device_capability(device)))

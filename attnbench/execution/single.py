@@ -21,7 +21,8 @@ from attnbench.hardware.device import (backend_env, device_env, device_peaks, in
                                        pick_device, release_memory, sync)
 from attnbench.accuracy.dropout_probe import RngState
 from attnbench.problem.fp8 import with_descales
-from attnbench.sweep.fp8_rules import fp8_support, is_fp8
+from attnbench.dtypes import is_fp8
+from attnbench.sweep.fp8_rules import fp8_support
 from attnbench.problem.inputs import make_fp8_inputs, make_inputs
 from attnbench.problem.packing import packed_support
 from attnbench.problem.attn_spec import AttnSpec

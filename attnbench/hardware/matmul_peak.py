@@ -20,6 +20,8 @@ import logging
 import time
 from typing import Any, Iterable
 
+from attnbench.dtypes import DTYPES
+
 log = logging.getLogger("attnbench.hardware")
 
 MATMUL_SIZE = 8192  # 1.1 TFLOP a call (~1.4 ms at the H200's measured ~790 bf16 TFLOP/s): launch
@@ -28,7 +30,8 @@ WARMUP_FRACTION = 0.3  # of each dtype's budget: 0.3 s by default, 12x do_bench'
 MIN_WARMUP_CALLS = 3
 SAMPLE_S = 0.02  # one timed sample; CUDA documents event timing resolution as ~0.5 us
 MIN_SAMPLES = 3
-_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
+_TORCH_DTYPES = {**{d.name: d.torch_name for d in DTYPES if not d.is_fp8}, "tf32": "float32"}
+"""The dtypes measured (torch.matmul has no fp8) -> torch's name; tf32 is fp32 with TF32 on."""
 
 
 def measure_matmul_peak(device: Any = "cuda", dtypes: Iterable[str] = ("bf16", "fp16", "fp32"),

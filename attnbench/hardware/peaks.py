@@ -26,13 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
+from attnbench.dtypes import DTYPES as CASE_DTYPES
 from attnbench.hardware.kinds import GpuKind
 
 DTYPES = ("bf16", "fp16", "fp32", "tf32", "fp8")
-_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
-            "float": "fp32", "tensorfloat32": "tf32", "float8_e4m3fn": "fp8",
-            "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8", "fp8_e4m3": "fp8",
-            "fp8_e5m2": "fp8"}
+"""The columns of a datasheet: a case dtype's family (:attr:`attnbench.dtypes.Dtype.family`), or
+tf32, which no case has."""
+_ALIASES = {**{spelling: d.family for d in CASE_DTYPES
+               for spelling in (d.name, d.torch_name, *d.aliases)},
+            "float": "fp32", "tensorfloat32": "tf32", "e4m3": "fp8", "e5m2": "fp8"}
+"""Spelling -> column: every case dtype's name and spellings, and the datasheets' own."""
 
 
 @dataclass(frozen=True)

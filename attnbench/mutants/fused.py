@@ -18,7 +18,7 @@ import torch
 
 from attnbench.backends.base import Forward
 from attnbench.problem.dropout import hash_keep_mask
-from attnbench.problem.fp8 import FORMATS, dequantize_call
+from attnbench.problem.fp8 import FORMATS, dequantize_call, output_dtype
 from attnbench.accuracy.fused_baseline import FusedBaseline
 
 
@@ -41,7 +41,7 @@ class FusedModel:
     def forward(self, q, k, v, spec):
         if spec.fp8_format:  # forward only: no context is kept
             model = dataclasses.replace(self.model, p_format=FORMATS[spec.fp8_format],
-                                        out_dtype=torch.bfloat16)
+                                        out_dtype=output_dtype(spec.fp8_format))
             out, lse = model.forward(*self.dequantized(q, k, v, spec), spec)
             return Forward(out=out, lse=lse, ctx=None)
         out, lse = self.model.forward(q, k, v, spec, keep_mask=hash_keep_mask)

@@ -13,6 +13,10 @@ bit for bit with ``torch``'s cast for every finite value within range (tests/tes
 not just cast: Triton 3.9's interpreter casts fp32 -> fp8 wrongly when rounding carries into
 the exponent (-1.965 -> -1.0 instead of -2.0, a 50 % error, measured); the Triton kernels use
 the same arithmetic (``kernels/fp8.py``) and only ever cast values already on the grid.
+
+The formats' numbers are declared with the other dtypes (:mod:`attnbench.dtypes`);
+:func:`torch_dtype` is the one place a declared dtype becomes a torch dtype, and
+:func:`output_dtype` the torch dtype of a case's output.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+
+from attnbench.dtypes import BY_NAME, DTYPES
 
 
 @dataclass(frozen=True)
@@ -47,15 +53,22 @@ only (flashinfer-ai/flashinfer#5020, ROCm/FlyDSL#1020; FlashAttention-4's fp8 ``
 8``). 256 < 448, e4m3's largest value, so the row max's P = 1 never saturates (a kernel that
 keeps a stale max may exceed it: Dao-AILab/flash-attention#2717)."""
 
-FORMATS = {
-    "fp8_e4m3": Fp8Format("fp8_e4m3", torch.float8_e4m3fn, 3, -6, 448.0),
-    "fp8_e5m2": Fp8Format("fp8_e5m2", torch.float8_e5m2, 2, -14, 57344.0),
-}
-"""e4m3 is the OCP 'fn' variant (no infinities, max 448) that H100/H200 tensor cores and FA3 use."""
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of the declared dtype ``name`` (:data:`attnbench.dtypes.BY_NAME`)."""
+    return getattr(torch, BY_NAME[name].torch_name)
 
 
-def is_fp8(dtype_name: str) -> bool:
-    return dtype_name in FORMATS
+def output_dtype(name: str) -> torch.dtype:
+    """The torch dtype of the output (and dout) of a case of dtype ``name``: its own, or an fp8
+    case's declared output (:data:`attnbench.dtypes.FP8_OUTPUT`)."""
+    return torch_dtype(BY_NAME[name].output)
+
+
+FORMATS = {d.name: Fp8Format(d.name, torch_dtype(d.name), d.fp8.mantissa_bits,
+                             d.fp8.min_normal_exp, d.fp8.max_finite)
+           for d in DTYPES if d.fp8 is not None}
+"""The fp8 dtypes' grids (:data:`attnbench.dtypes.DTYPES`), with their torch dtypes."""
 
 
 def round_to_fp8(x: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:

@@ -21,17 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.problem.fp8 import FORMATS, Quantized, is_fp8, quantize
+from attnbench.dtypes import is_fp8
+from attnbench.problem.fp8 import FORMATS, Quantized, output_dtype, quantize, torch_dtype
 from attnbench.sweep.case import Case
-
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-FP8_OUTPUT = "bf16"
-"""The dtype an fp8 case's output (and dout) is in: what FA3's and our fp8 forwards return."""
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """The dtype of a case's output; for fp8 cases bf16 (their inputs: :func:`make_fp8_inputs`)."""
-    return TORCH_DTYPES[FP8_OUTPUT if is_fp8(name) else name]
 
 
 def _draw(case: Case) -> dict[str, torch.Tensor]:
@@ -122,5 +114,5 @@ def make_fp8_inputs(case: Case, device: torch.device | str = "cpu") -> Fp8Inputs
     quantized = [quantize(tensors[n], fmt, per_head=per_head, heads_kv=case.heads_kv)
                  for n in ("q", "k", "v")]
     quantized = [Quantized(x.values.to(device), x.descale.to(device)) for x in quantized]
-    return Fp8Inputs(*quantized, tensors["dout"].to(torch_dtype(case.dtype)).to(device),
+    return Fp8Inputs(*quantized, tensors["dout"].to(output_dtype(case.dtype)).to(device),
                      tuple(tensors[n].to(device) for n in ("q", "k", "v")))

@@ -36,7 +36,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from attnbench.results.records import BAD_VERDICTS, JUDGED_VERDICTS, TENSORS
+from attnbench.results.records import (BAD_VERDICTS, DIED_VERDICTS, JUDGED_VERDICTS,
+                                       NOT_JUDGED_VERDICTS, RAN_VERDICTS, TENSORS)
 from attnbench.report.data import DIRECTIONS, Run, case_key
 from attnbench.report.doubt import why_ambiguous
 from attnbench.report.environment import (kind_text, mixed_kinds, representative, run_warnings,
@@ -47,10 +48,6 @@ FAIL_ON = ("speed", "accuracy", "both")
 """What makes ``attnbench compare`` exit 1: SLOW cases, verdict regressions, or either."""
 CLASSES = ("SLOW", "FAST", "AMBIGUOUS", "SAME", "RATIO", "n/a")
 MAX_LISTED = 25  # regressions printed to stdout; the dashboard lists all
-RAN_TO_END = ("pass", "timed", "fail")
-"""Verdicts of cases that ran to the end (figures.RAN; not imported: no matplotlib here)."""
-NOT_JUDGED = tuple(v for v in RAN_TO_END if v not in JUDGED_VERDICTS)  # ("timed",)
-DIED = tuple(v for v in BAD_VERDICTS if v not in RAN_TO_END)  # error, crash, timeout, oom, lost
 NOISY_WHY = "too noisy: spread never settled"
 
 
@@ -171,13 +168,14 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     pairs["worst_err_ratio"] = pairs[ratio_cols].max(axis=1, skipna=True) if len(pairs) else []
     # Both ran to the end and one was not judged: they differ in what was checked, not in the
     # outcome (timed -> crash is a change: the case stopped running).
-    unjudged = ((pairs.verdict_a.isin(NOT_JUDGED) | pairs.verdict_b.isin(NOT_JUDGED))
-                & pairs.verdict_a.isin(RAN_TO_END) & pairs.verdict_b.isin(RAN_TO_END))
+    unjudged = ((pairs.verdict_a.isin(NOT_JUDGED_VERDICTS)
+                 | pairs.verdict_b.isin(NOT_JUDGED_VERDICTS))
+                & pairs.verdict_a.isin(RAN_VERDICTS) & pairs.verdict_b.isin(RAN_VERDICTS))
     pairs["not_judged"] = unjudged & (pairs.verdict_a != pairs.verdict_b)
     pairs["verdict_changed"] = (pairs.verdict_a != pairs.verdict_b) & ~unjudged
     pairs["verdict_regression"] = pairs.same_kind & (
         ((pairs.verdict_a == "pass") & pairs.verdict_b.isin(BAD_VERDICTS))
-        | (pairs.verdict_a.isin(NOT_JUDGED) & pairs.verdict_b.isin(DIED)))
+        | (pairs.verdict_a.isin(NOT_JUDGED_VERDICTS) & pairs.verdict_b.isin(DIED_VERDICTS)))
     pairs["verdict_change"] = [
         f"{verdict_label(va)} → {verdict_label(vb)}" if va != vb else verdict_label(va)
         for va, vb in zip(pairs.verdict_a, pairs.verdict_b)]

@@ -24,6 +24,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import (FuncFormatter, LogFormatter, LogFormatterSciNotation, LogLocator,
                                NullLocator)
 
+from attnbench.results.records import DIED_VERDICTS as NO_RESULT  # noqa: F401  (the panels')
+from attnbench.results.records import RAN_VERDICTS as RAN  # noqa: F401  (the panels' name)
 from attnbench.report.dashboard import Panel
 from attnbench.report.style import BACKEND_PALETTE, backend_colors
 
@@ -31,8 +33,6 @@ TENSOR_LABELS = {"out": "out", "dq": "dQ", "dk": "dK", "dv": "dV",
                  # identities <dV,V> = <dO,O>, <dQ,Q> = <dK,K>, sum over keys of dK = 0
                  "dv_v": "dV·V", "dq_q": "dQ·Q", "dk_sum": "ΣdK", "parity": "parity"}
 DIRECTION_LABELS = {"fwd": "forward", "bwd": "backward"}
-RAN = ("pass", "timed", "fail")  # verdicts of cases that ran to the end (may carry numbers)
-NO_RESULT = ("crash", "timeout", "oom", "error", "lost")
 PNG_DPI = 120
 
 

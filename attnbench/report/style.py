@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from attnbench.results.records import VERDICTS
+from attnbench.results.records import SEVERITY, VERDICTS
 
 VERDICT_COLORS: dict[str, str] = {
     "pass": "#2e9e4f",
@@ -26,13 +26,6 @@ VERDICT_COLORS: dict[str, str] = {
     "lost": "#37474f",
 }
 assert set(VERDICT_COLORS) == set(VERDICTS), "every verdict needs a colour"
-
-# Worst first, for "coloured by worst" cells. A silent wrong answer (fail) ranks above a loud
-# crash: a crash stops a training run, a wrong gradient quietly ruins it (seeds/001).
-# "timed" (not judged) ranks above pass, so a group with one unjudged case is never green.
-SEVERITY: tuple[str, ...] = ("fail", "crash", "error", "lost", "timeout", "oom", "timed",
-                             "unsupported", "skipped", "pass")
-assert set(SEVERITY) == set(VERDICTS)
 
 # What a reader sees for a verdict whose name alone would mislead: a "timed" case ran with
 # `accuracy: false` (only NaN/Inf checked), so the page says what was not done.

@@ -61,15 +61,30 @@ from typing import Any
 from attnbench.errors import exception_summary
 from attnbench.hardware.identity import host_env
 
+# -- verdicts: every subset and both orders, declared here only ---------------------------------
 # Verdicts, best to worst for colouring. "pass"/"fail" come from accuracy checks; "timed" is a
 # case run with `accuracy: false` -- timed and checked for NaN/Inf only, so never green; "error"
 # is a Python exception in the backend; "crash"/"timeout"/"oom" are the rank process dying,
 # hanging or running out of memory; "lost" is a case no worker could finish after bounded retries.
 VERDICTS = ("pass", "timed", "fail", "error", "crash", "timeout", "oom", "unsupported", "skipped",
             "lost")
+# Worst first, for "coloured by worst" cells and the dashboard's sort orders. A silent wrong
+# answer (fail) ranks above a loud crash: a crash stops a training run, a wrong gradient quietly
+# ruins it (seeds/001). "timed" (not judged) ranks above pass, so a group with one unjudged case
+# is never green.
+SEVERITY = ("fail", "crash", "error", "lost", "timeout", "oom", "timed", "unsupported", "skipped",
+            "pass")
+assert set(SEVERITY) == set(VERDICTS)
 BAD_VERDICTS = ("fail", "error", "crash", "timeout", "oom", "lost")
+"""Failures: a run with one exits EXIT_FAILURES; printed as they come, listed by show and pages."""
 JUDGED_VERDICTS = ("pass", "fail")
 """Verdicts whose accuracy was checked against a reference or the identities."""
+RAN_VERDICTS = ("pass", "timed", "fail")
+"""Cases that ran to the end: the ones whose records may carry numbers (plots, compare)."""
+NOT_JUDGED_VERDICTS = tuple(v for v in RAN_VERDICTS if v not in JUDGED_VERDICTS)  # ("timed",)
+"""Ran to the end without an accuracy verdict (``accuracy: false``)."""
+DIED_VERDICTS = tuple(v for v in BAD_VERDICTS if v not in RAN_VERDICTS)
+"""error, crash, timeout, oom, lost: the case did not run to the end, so it has no result."""
 TENSORS = ("out", "dq", "dk", "dv")
 
 

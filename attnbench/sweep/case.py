@@ -17,16 +17,14 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from attnbench.dtypes import NAMES, is_fp8
 from attnbench.sweep.decode_rules import MAX_PAGE_SIZE, check_capacity, check_decode
 from attnbench.errors import SweepError
-from attnbench.sweep.fp8_rules import FP8_DTYPES, FP8_SCALINGS, check_fp8, default_backward
+from attnbench.sweep.fp8_rules import FP8_SCALINGS, check_fp8, default_backward
 from attnbench.sweep.packed_rules import MAX_SEQUENCES, check_stored_lengths, resolve_packing
 from attnbench.validation import Choice, Flag, Int, Lengths, Name, PowerOfTwo, Real
 from attnbench.validation import fail as _fail
 
-DTYPES = ("fp32", "fp16", "bf16", *FP8_DTYPES)
-DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "half": "fp16", "bfloat16": "bf16",
-                 "float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
 INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink")
@@ -181,7 +179,7 @@ class Case:
             parts.append("packed")  # not the count: packs of several totals form one series
         if self.decode:
             parts.append(f"decode-paged{self.page_size}" if self.page_size else "decode")
-        elif not self.backward and not self.dtype.startswith("fp8"):
+        elif not self.backward and not is_fp8(self.dtype):
             # fp8 is forward only by nature: its features stay those of the bf16 case it is
             # compared with (the speed-up panel pairs them)
             parts.append("fwd-only")
@@ -240,7 +238,7 @@ CASE_RULES: dict[str, Any] = {
     "bias": Choice(BIASES),
     "dropout": Real(0.0, 1.0, hi_open=True, expected="a number in [0, 1)"),
     "softcap": Real(0.0, math.inf, expected="a finite number >= 0 (0 disables softcap)"),
-    "dtype": Choice(DTYPES),
+    "dtype": Choice(NAMES),
     "cp": _RANKS, "cp_algo": Choice(CP_ALGOS), "tp": _RANKS,
     "gpu": Name(r"[A-Za-z0-9_.+-]+", "a GPU kind such as H100, A100, cpu, or any", MAX_TEXT),
     "inputs": Choice(INPUTS),

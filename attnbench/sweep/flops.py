@@ -20,13 +20,11 @@ none unless asked). Pages are counted by the tokens in them, not whole pages.
 
 from __future__ import annotations
 
+from attnbench.dtypes import BY_NAME
 from attnbench.sweep.case import Case
 
 BACKWARD_FACTOR = 2.5
 """Backward / forward FLOPs when head_dim == head_dim_v: 2.0 (bwd) + 0.5 (recompute)."""
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
-OUTPUT_BYTES = {"fp8_e4m3": 2, "fp8_e5m2": 2}
-"""Bytes per output element where they differ from the inputs': fp8 forwards return bf16."""
 LSE_BYTES = 4  # float32 per query row and head
 
 
@@ -72,7 +70,7 @@ def cache_keys_read(seqlen_q: int, seqlen_kv: int, window_left: int) -> int:
 def decode_bytes(case: Case) -> float:
     """Forward bytes of a decode call: cache keys read once (each sequence's own length), q,
     out, the block table (its columns of every sequence)."""
-    size = DTYPE_BYTES[case.dtype]
+    size = BY_NAME[case.dtype].bytes
     left, _ = case.window_bounds
     pairs = (list(zip(case.seqlens_q, case.seqlens_kv)) if case.is_packed
              else [(case.seqlen_q, case.seqlen_kv)] * case.batch)
@@ -88,14 +86,15 @@ def case_bytes(case: Case) -> tuple[float, float]:
     """(forward, backward) bytes of the minimal traffic of one call on the whole case."""
     if case.decode:
         return decode_bytes(case), 0.0
-    size = DTYPE_BYTES[case.dtype]
+    dtype = BY_NAME[case.dtype]
+    size = dtype.bytes
     b, sq, sk = case.tensor_batch, case.seqlen_q, case.seqlen_kv  # packed: b=1, total tokens
     q = b * case.heads_q * sq * case.head_dim
     k = b * case.heads_kv * sk * case.head_dim
     v = b * case.heads_kv * sk * case.head_dim_v
     o = b * case.heads_q * sq * case.head_dim_v
     lse = b * case.heads_q * sq * LSE_BYTES
-    out_size = OUTPUT_BYTES.get(case.dtype, size)
+    out_size = BY_NAME[dtype.output].bytes  # fp8: the output dtype's (attnbench.dtypes)
     forward = (q + k + v) * size + o * out_size + lse      # read q, k, v; write out, lse
     backward = (2 * (q + k + v) + 2 * o) * size + lse      # read q, k, v, out, dout, lse;
     return float(forward), float(backward)                 # write dq, dk, dv

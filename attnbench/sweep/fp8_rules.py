@@ -2,33 +2,30 @@
 is made.
 
 An fp8 case gives the backend q, k and v quantized to fp8 with their descales (FA3's
-``descale_q/k/v``; :mod:`attnbench.problem.fp8`) and takes its output in bf16. It is a forward on one
-device without dropout: FlashAttention-3's fp8 path has no backward and no dropout, and ours
-(:mod:`attnbench.kernels`) is the same; multi-rank fp8 (descales of a head slice, an fp8 ring)
-and an fp8 KV cache for decode are not built yet.
+``descale_q/k/v``; :mod:`attnbench.problem.fp8`) and takes its output in
+:data:`attnbench.dtypes.FP8_OUTPUT`. It is a forward on one device without dropout:
+FlashAttention-3's fp8 path has no backward and no dropout, and ours (:mod:`attnbench.kernels`)
+is the same; multi-rank fp8 (descales of a head slice, an fp8 ring) and an fp8 KV cache for
+decode are not built yet.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from attnbench.dtypes import FP8_DTYPES, is_fp8
 from attnbench.errors import SweepError
 from attnbench.validation import fail
 
 if TYPE_CHECKING:
     from attnbench.sweep.case import Case
 
-FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 FP8_SCALINGS = ("tensor", "head")
 """One descale per tensor, or one per (batch row, KV head) -- FA3's ``descale_q`` layout."""
 _FP8_FIXED = {"dropout": 0.0, "cp": 1, "tp": 1, "decode": False}
 _WHY = {"dropout": "no fp8 attention kernel here takes dropout (FA3's fp8 path has none)",
         "cp": "fp8 cases run on one device", "tp": "fp8 cases run on one device",
         "decode": "an fp8 KV cache is not built yet"}
-
-
-def is_fp8(dtype: str) -> bool:
-    return dtype in FP8_DTYPES
 
 
 def default_backward(v: dict[str, Any]) -> None:

@@ -27,14 +27,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attnbench.sweep.axes as axes
+from attnbench.dtypes import ALIASES
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
 from attnbench.sweep.length_mix import expand as expand_lengths
 from attnbench.sweep.options import RunOptions
 from attnbench.sweep.options import parse_options as _parse_options
 from attnbench.sweep.packed_rules import MAX_SEQUENCES
-from attnbench.sweep.case import (CASE_RULES, DTYPE_ALIASES, MAX_CASES, MAX_NAME, MAX_SIZE,
-                                  PUBLIC_FIELDS, _PACKED_FIELDS, Case, make_case)
+from attnbench.sweep.case import (CASE_RULES, MAX_CASES, MAX_NAME, MAX_SIZE, PUBLIC_FIELDS,
+                                  _PACKED_FIELDS, Case, make_case)
 from attnbench.validation import Name, Problems, unknown_name
 from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int
@@ -95,7 +96,7 @@ def _norm_value(where: str, name: str, value: Any, backend_check) -> dict[str, A
     if name == "varlen":
         return {"seqlens_q": expand_lengths(where, value, MAX_SEQUENCES, MAX_SIZE)}
     if name == "dtype" and isinstance(value, str):
-        value = DTYPE_ALIASES.get(value, value)
+        value = ALIASES.get(value, value)
     value = CASE_RULES[name].check(where, value)
     if name == "backend":
         problem = backend_check(value)

@@ -23,8 +23,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from attnbench.dtypes import ALIASES
 from attnbench.sweep import length_mix
-from attnbench.sweep.case import CASE_RULES, DTYPE_ALIASES, MAX_SIZE, PUBLIC_FIELDS, Case
+from attnbench.sweep.case import CASE_RULES, MAX_SIZE, PUBLIC_FIELDS, Case
 from attnbench.sweep.load import _NAME
 from attnbench.sweep.options import RunOptions, TimingOptions
 from attnbench.sweep.axes import ZIP
@@ -104,7 +105,7 @@ def value_schema(name: str, backends: Sequence[str] = ()) -> dict[str, Any]:
         return _backend_schema(backends)
     out = rule_schema(CASE_RULES[name])
     if name == "dtype":
-        out = {"enum": [*out["enum"], *DTYPE_ALIASES]}
+        out = {"enum": [*out["enum"], *ALIASES]}
     return out
 
 

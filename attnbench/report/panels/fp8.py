@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from attnbench.dtypes import FP8_DTYPES
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (RAN, Context, FigureFile, PanelOutput, facet_groups,
                                       facet_title, finish_figure, mpl_text, new_figure, slug)
 
-FP8 = ("fp8_e4m3", "fp8_e5m2")
 PAIR_KEYS = ("backend", "batch", "seqlen_q", "seqlen_kv", "seqlens_q", "seqlens_kv", "heads_q",
              "heads_kv", "head_dim", "head_dim_v", "mask", "window_left", "window_right", "bias",
              "softcap", "inputs", "seed", "gpu_kind")
@@ -31,11 +31,11 @@ backward may differ)."""
 def draw_fp8(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     out = PanelOutput(panel)
     df = apply_filter(run.frame, panel.include, panel.exclude)
-    if "dtype" not in df or not df.dtype.isin(FP8).any():
-        out.notes.append("No fp8 cases (dtype: fp8_e4m3 or fp8_e5m2) in this run.")
+    if "dtype" not in df or not df.dtype.isin(FP8_DTYPES).any():
+        out.notes.append(f"No fp8 cases (dtype: {' or '.join(FP8_DTYPES)}) in this run.")
         return out
-    groups = list(facet_groups(df[df.dtype.isin(FP8 + ("bf16",))], panel["facets"]))
-    groups = [(key, sub) for key, sub in groups if sub.dtype.isin(FP8).any()]
+    groups = list(facet_groups(df[df.dtype.isin(FP8_DTYPES + ("bf16",))], panel["facets"]))
+    groups = [(key, sub) for key, sub in groups if sub.dtype.isin(FP8_DTYPES).any()]
     for key, sub in groups[: panel["max_figures"]]:
         out.figures.append(_figure(panel, key, sub, ctx))
     if (df.get("device_name") == "cpu").any() or (df.get("gpu_kind") == "cpu").any():
@@ -54,7 +54,7 @@ def speedups(sub: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in PAIR_KEYS if k in timed]
     # one string per problem: the cells mix None, numbers and tuples (packed lengths)
     timed = timed.assign(_pair=timed[keys].apply(lambda row: "|".join(map(str, row)), axis=1))
-    fp8 = timed[timed.dtype.isin(FP8)]
+    fp8 = timed[timed.dtype.isin(FP8_DTYPES)]
     bf16 = timed[timed.dtype == "bf16"].groupby("_pair").fwd_median_ms.median()
     if fp8.empty or bf16.empty:
         return pd.DataFrame(columns=["backend", "dtype", "speedup"])
@@ -72,7 +72,7 @@ def _figure(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context) -> Figure
     title = facet_title(panel["facets"], key)
     fig = new_figure(9.0, 3.6)
     ax_err, ax_speed = fig.subplots(1, 2, squeeze=True)
-    judged = sub[sub.dtype.isin(FP8) & sub.fp8_kernel_rel_l2.notna()]
+    judged = sub[sub.dtype.isin(FP8_DTYPES) & sub.fp8_kernel_rel_l2.notna()]
     split = judged.groupby(["backend", "dtype"], sort=True).agg(
         kernel=("fp8_kernel_rel_l2", "median"), quantization=("fp8_quantization_rel_l2", "median"),
         n=("fp8_kernel_rel_l2", "size"))
