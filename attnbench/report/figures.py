@@ -24,8 +24,6 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import (FuncFormatter, LogFormatter, LogFormatterSciNotation, LogLocator,
                                NullLocator)
 
-from attnbench.results.records import DIED_VERDICTS as NO_RESULT  # noqa: F401  (the panels')
-from attnbench.results.records import RAN_VERDICTS as RAN  # noqa: F401  (the panels' name)
 from attnbench.report.dashboard import Panel
 from attnbench.report.style import BACKEND_PALETTE, backend_colors
 

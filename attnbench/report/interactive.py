@@ -28,11 +28,10 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.results.records import TENSORS
+from attnbench.results.records import RAN_VERDICTS, TENSORS
 from attnbench.report.dashboard import Dashboard, Panel
 from attnbench.report.data import Run, apply_filter
-from attnbench.report.figures import (DIRECTION_LABELS, RAN, TENSOR_LABELS, facet_groups,
-                                      facet_title)
+from attnbench.report.figures import DIRECTION_LABELS, TENSOR_LABELS, facet_groups, facet_title
 from attnbench.report.html import esc, page
 
 PAGE = "interactive.html"
@@ -191,7 +190,7 @@ def _throughput(panel: Panel, run: Run, colors: dict[str, str]) -> tuple[Panel, 
     notes: list[str] = []
     x, series, dirs = panel["x"], panel["series"], panel["directions"]
     df = apply_filter(run.frame, panel.include, panel.exclude)
-    df = df[df.verdict.isin(RAN)]
+    df = df[df.verdict.isin(RAN_VERDICTS)]
     df = df[df[[f"{d}_tflops" for d in dirs]].notna().any(axis=1)] if len(df) else df
     if df.empty:
         return panel, plots, ["No timed cases."]
@@ -238,7 +237,7 @@ def _errors(panel: Panel, run: Run, colors: dict[str, str]) -> tuple[Panel, list
     x, series, facets = panel["x"], panel["series"], panel["facets"]
     tensors = [t for t in panel["tensors"] if t in TENSORS]
     df = apply_filter(run.frame, panel.include, panel.exclude)
-    df = df[df.verdict.isin(RAN)]
+    df = df[df.verdict.isin(RAN_VERDICTS)]
     if df.empty or not tensors:
         return panel, plots, ["No accuracy numbers."]
     groups = list(facet_groups(df, facets))

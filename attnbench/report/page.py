@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.results.records import BAD_VERDICTS
+from attnbench.results.records import BAD_VERDICTS, SEVERITY
 from attnbench.report.dashboard import Dashboard
 from attnbench.report.data import Run
 from attnbench.report.environment import environments, hardware_text, software_text
@@ -25,7 +25,7 @@ from attnbench.report.interactive import KINDS as INTERACTIVE
 from attnbench.report.interactive import PAGE as INTERACTIVE_PAGE
 from attnbench.report.interactive import write_interactive
 from attnbench.report.panels import draw_panel
-from attnbench.report.style import SEVERITY, fmt_bytes, verdict_label
+from attnbench.report.style import fmt_bytes, verdict_label
 
 TABLE_ID = "records"
 MAX_FAILURES_LISTED = 300

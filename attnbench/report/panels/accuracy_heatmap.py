@@ -18,12 +18,12 @@ from matplotlib.colors import ListedColormap, LogNorm, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from attnbench.results.records import TENSORS
+from attnbench.results.records import DIED_VERDICTS, RAN_VERDICTS, SEVERITY, TENSORS
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
-from attnbench.report.figures import (NO_RESULT, RAN, TENSOR_LABELS, Context, PanelOutput,
-                                      legend_below, mpl_text, new_figure, save_figure)
-from attnbench.report.style import SEVERITY, VERDICT_COLORS, text_color_on, verdict_label
+from attnbench.report.figures import (TENSOR_LABELS, Context, PanelOutput, legend_below, mpl_text,
+                                      new_figure, save_figure)
+from attnbench.report.style import VERDICT_COLORS, text_color_on, verdict_label
 
 
 def over_cmap(steps: int = 128) -> ListedColormap:
@@ -44,7 +44,7 @@ def heatmap_rows(panel: Panel, run: Run) -> pd.DataFrame:
     if df.empty:
         return df
     has_acc = df[[f"{t}_over" for t in tensors]].notna().any(axis=1)
-    df = df[has_acc | ~df.verdict.isin(RAN)]
+    df = df[has_acc | ~df.verdict.isin(RAN_VERDICTS)]
     sort = panel["sort"]
     rank = {v: i for i, v in enumerate(SEVERITY)}
     if sort == "verdict":  # worst verdict first, patterns (features) together within a verdict
@@ -83,7 +83,7 @@ def draw_accuracy_heatmap(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     decades = panel["decades"]
     norm = LogNorm(vmin=10.0 ** -decades, vmax=10.0 ** decades)
     cmap = over_cmap()
-    bad = int(df.verdict.isin(("fail",) + NO_RESULT).sum())
+    bad = int(df.verdict.isin(("fail",) + DIED_VERDICTS).sum())
     for part in range(n_parts):
         chunk = df.iloc[part * per_part:(part + 1) * per_part]
         suffix = f" (part {part + 1} of {n_parts})" if n_parts > 1 else ""
@@ -125,7 +125,7 @@ def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
         edgecolors="none", clip_on=False), autolim=False)
     for i, r in enumerate(chunk.itertuples(index=False)):
         verdict = r.verdict
-        if verdict in NO_RESULT and np.isnan(values[i]).all():
+        if verdict in DIED_VERDICTS and np.isnan(values[i]).all():
             color = VERDICT_COLORS[verdict]
             ax.add_patch(Rectangle((0, i), len(tensors), 1, facecolor=color, edgecolor="white",
                                    hatch="////", linewidth=0.6))

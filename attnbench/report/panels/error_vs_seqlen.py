@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.results.records import TENSORS
+from attnbench.results.records import RAN_VERDICTS, TENSORS
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
-from attnbench.report.figures import (RAN, TENSOR_LABELS, Context, PanelOutput, facet_groups,
+from attnbench.report.figures import (TENSOR_LABELS, Context, PanelOutput, facet_groups,
                                       facet_title, finish_figure, new_figure, setup_x, slug)
 from attnbench.report.style import VERDICT_COLORS
 
@@ -22,7 +22,7 @@ def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     x, series, facets = panel["x"], panel["series"], panel["facets"]
     tensors = [t for t in panel["tensors"] if t in TENSORS]  # identities have no rel. L2
     df = apply_filter(run.frame, panel.include, panel.exclude)
-    df = df[df.verdict.isin(RAN)]
+    df = df[df.verdict.isin(RAN_VERDICTS)]
     df = df[df[[f"{t}_rel_l2" for t in tensors]].notna().any(axis=1)] if len(df) else df
     if df.empty:
         out.notes.append("No accuracy numbers: accuracy was off or no case ran to the end.")

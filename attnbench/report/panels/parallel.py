@@ -12,10 +12,10 @@ from typing import Any
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from attnbench.results.records import TENSORS
+from attnbench.results.records import RAN_VERDICTS, TENSORS
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter, case_key, parity_checks
-from attnbench.report.figures import (DIRECTION_LABELS, RAN, TENSOR_LABELS, Context, FigureFile,
+from attnbench.report.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
                                       PanelOutput, finish_figure, new_figure, setup_x)
 from attnbench.report.style import VERDICT_COLORS
 
@@ -62,7 +62,7 @@ def _speedup_pairs(df, records) -> tuple[Any, Any]:
         case = by_id.get(r.id, {}).get("case", {})
         keyed.append(case_key(case, ignore=("gpu", "cp", "tp", "cp_algo")) + f"|{r.gpu_kind}")
     df = df.assign(_key=keyed)
-    ran = df[df.verdict.isin(RAN)]
+    ran = df[df.verdict.isin(RAN_VERDICTS)]
     base = ran[ran.world_size == 1].drop_duplicates("_key").set_index("_key")
     multi = ran[ran.world_size > 1]
     return base, multi[multi._key.isin(base.index)]

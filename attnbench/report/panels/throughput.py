@@ -18,9 +18,10 @@ from matplotlib.lines import Line2D
 
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
-from attnbench.report.figures import (DIRECTION_LABELS, RAN, Context, FigureFile, PanelOutput,
-                                      facet_groups, facet_title, finish_figure, new_figure,
-                                      setup_x, slug)
+from attnbench.results.records import RAN_VERDICTS
+from attnbench.report.figures import (DIRECTION_LABELS, Context, FigureFile, PanelOutput,
+                                      facet_groups, facet_title, finish_figure, new_figure, setup_x,
+                                      slug)
 from attnbench.report.panels.throughput_bars import draw_bars
 from attnbench.report.panels.throughput_common import (bar_rows, facet_key, peak_axis,
                                                        throughput_stats)
@@ -31,7 +32,7 @@ def _throughput_frame(panel: Panel, run: Run) -> tuple[pd.DataFrame, pd.DataFram
     """(the panel's rows, those of them timed that ran to the end)."""
     dirs = panel["directions"]
     every = apply_filter(run.frame, panel.include, panel.exclude)
-    df = every[every.verdict.isin(RAN)]
+    df = every[every.verdict.isin(RAN_VERDICTS)]
     timed = df[[f"{d}_tflops" for d in dirs]].notna().any(axis=1) if len(df) else df.index == 0
     return every, df[timed]
 

@@ -16,9 +16,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from attnbench.report.dashboard import Panel
-from attnbench.report.figures import (DIRECTION_LABELS, RAN, Context, FigureFile, facet_title,
-                                      fmt_len, legend_below, mpl_text, natural_key, new_figure,
-                                      save_figure, slug)
+from attnbench.results.records import RAN_VERDICTS
+from attnbench.report.figures import (DIRECTION_LABELS, Context, FigureFile, facet_title, fmt_len,
+                                      legend_below, mpl_text, natural_key, new_figure, save_figure,
+                                      slug)
 from attnbench.report.panels.throughput_common import (bar_rows, facet_key, peak_axis,
                                                        throughput_stats)
 
@@ -46,7 +47,7 @@ def draw_bars(panel: Panel, single: list, curves: list, every: pd.DataFrame,
     if facets:
         rest = every[~every.id.isin(ran_ids)]
         for r in rest[facets + [series, "verdict"]].itertuples(index=False):
-            verdict = r[-1] if r[-1] not in RAN else "no timing"
+            verdict = r[-1] if r[-1] not in RAN_VERDICTS else "no timing"
             dead.setdefault(facet_key(r[:len(facets)]), {}).setdefault(str(r[-2]), verdict)
     charts: dict[tuple, list[tuple[str, tuple, pd.DataFrame]]] = {}
     for key, sub in single:
