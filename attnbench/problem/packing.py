@@ -101,16 +101,6 @@ def from_thd(x: "torch.Tensor") -> "torch.Tensor":
     return x.transpose(0, 1).unsqueeze(0)
 
 
-def packed_support(backend, case: "Case") -> str | None:
-    """Why ``backend`` cannot run packed ``case``, or None. A backend runs packed cases only if
-    it says so (``supports_packed = True``): one that does not know the layout would attend
-    across sequences and give a wrong answer, never an error."""
-    if case.is_packed and not getattr(backend, "supports_packed", False):
-        return (f"backend {case.backend!r} does not declare packed (variable-length) support "
-                "(supports_packed = True; see attnbench/problem/packing.py)")
-    return None
-
-
 def forward_per_sequence(dense_forward, q, k, v, spec: "AttnSpec", *args, **kwargs):
     """A dense forward ``(q, k, v, spec, ...) -> (out, lse)`` run on each sequence of a packed
     call (tensors (1, H, T, *)) with :func:`sequence_spec`; the results packed again."""
