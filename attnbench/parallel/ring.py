@@ -31,7 +31,7 @@ global offsets are this harness's RNG state -- and backward replays exactly that
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 

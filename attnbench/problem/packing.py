@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import torch
 
     from attnbench.problem.attn_spec import AttnSpec
-    from attnbench.sweep.case import Case
 
 
 def cu_seqlens(lengths: Sequence[int]) -> tuple[int, ...]:
