@@ -6,7 +6,7 @@ Called by :func:`attnbench.execution.case_runner.run_case` for ``cp * tp > 1``; 
 Phases, and what a failure in each becomes:
 
 1. Checks that need no communication (heads or lengths that do not split, then the backend's
-   :func:`~attnbench.backends.capabilities.refusal` on this :class:`World`: its ``supports``,
+   :func:`~attnbench.backends.capabilities.refusal` for this ``World``: its ``supports``,
    packed CP chunks, ``backward_from_stats`` for ring/zigzag, ...): identical on every rank,
    so every rank returns the same ``unsupported`` record and no rank waits for another.
 2. The process group (once per pool, :mod:`attnbench.parallel.group`), full inputs on every rank

@@ -65,7 +65,6 @@ def run_single_case(case: Case, options: RunOptions,
 def _run(case: Case, options: RunOptions, device: torch.device, backend,
          record: RecordMaker) -> dict:
     spec = AttnSpec.from_case(case)
-    declared = Capabilities.of(backend)
     originals = None
     if is_fp8(case.dtype):  # fp8 values in, their descales in the spec (FA3's descale_q/k/v)
         fp8 = make_fp8_inputs(case, device)
@@ -76,7 +75,8 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
         q, k, v, dout = make_inputs(case, device)
     # A backend that hides its dropout mask draws it from the device's generator: its state now
     # lets the judge replay this very forward's mask (attnbench.accuracy.dropout_probe).
-    rng = RngState.capture(device) if spec.dropout_p > 0 and declared.keep_mask is None else None
+    hidden = Capabilities.of(backend).keep_mask is None
+    rng = RngState.capture(device) if spec.dropout_p > 0 and hidden else None
     fwd = backend.forward(q, k, v, spec)
     # A forward-only case (decode) asks for no gradient: none is computed, judged or timed.
     grads = backend.backward(fwd.ctx, dout) if case.backward else None
@@ -84,7 +84,7 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
     if options.accuracy:
         judgement = evaluation.evaluate(case, backend, spec, q, k, v, dout, fwd.out, grads,
                                         device, rng, originals=originals)
-        if declared.deterministic and grads is not None:
+        if Capabilities.of(backend).deterministic and grads is not None:
             judgement = evaluation.check_determinism(judgement, backend, fwd.ctx, dout, grads)
     else:
         judgement = evaluation.timed_only(fwd.out, grads)
