@@ -28,9 +28,8 @@ import sys
 
 import torch
 
-from attnbench.backends import Unsupported, get_backend
+from attnbench.backends import Unsupported, get_backend, refusal
 from attnbench.backends.masks import release_prepared
-from attnbench.execution.single import paged_refusal
 from attnbench.sweep.flops import decode_bytes
 from attnbench.problem.inputs import make_inputs
 from attnbench.problem.attn_spec import AttnSpec
@@ -88,7 +87,7 @@ def run(args) -> int:
                 heads_q=args.heads[0], heads_kv=args.heads[1], head_dim=args.head_dim,
                 dtype=args.dtype, decode=True, mask="causal", page_size=page))
             backend = get_backend(backend_name)
-            reason = backend.supports(case, device) or paged_refusal(case, backend)
+            reason = refusal(backend, case, device)  # as the single-device runner asks
             if reason:
                 print(f"{row}  unsupported: {reason}")
                 continue

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.accuracy.bounds import tensor_errors
-from attnbench.backends import Unsupported, get_backend
+from attnbench.backends import Capabilities, Unsupported, get_backend
 from attnbench.problem.dropout import hash_keep_mask
 from attnbench.accuracy.fused_baseline import FusedBaseline
 from attnbench.problem.inputs import make_inputs
@@ -74,7 +74,7 @@ def skip_reason(backend, case) -> str | None:
     why = backend.supports(case, torch.device("cpu"))
     if why:
         return why
-    if case.dropout and getattr(backend, "keep_mask", None) is None:
+    if case.dropout and Capabilities.of(backend).keep_mask is None:
         return "dropout mask hidden"
     return None
 
@@ -105,7 +105,7 @@ class ReferenceCache:
 
 def backend_errors(backend, case, cache: ReferenceCache) -> tuple[dict, dict]:
     """(backend rel. L2 errors, baseline rel. L2 errors) per tensor on one case."""
-    (q, k, v, dout, spec), ref, base = cache.get(case, getattr(backend, "keep_mask", None))
+    (q, k, v, dout, spec), ref, base = cache.get(case, Capabilities.of(backend).keep_mask)
     fwd = backend.forward(q, k, v, spec)
     grads = backend.backward(fwd.ctx, dout)
     errors = {t: tensor_errors(x, ref[t])["rel_l2"] for t, x in zip(TENSORS, (fwd.out, *grads))}

@@ -14,7 +14,8 @@ from attnbench.sweep.flops import case_bytes, case_flops, visible_pairs
 from attnbench.accuracy.fused_baseline import fused_backward, fused_forward
 from attnbench.problem.inputs import make_inputs
 from attnbench.accuracy.invariants import identity_residuals
-from attnbench.problem.packing import packed_support, segments, sequence_spec
+from attnbench.backends.capabilities import refusal
+from attnbench.problem.packing import segments, sequence_spec
 from attnbench.problem.attn_spec import AttnSpec
 from attnbench.problem.reference import reference_backward, reference_forward
 from attnbench.report.data import flatten
@@ -96,7 +97,8 @@ def test_sdpa_says_why_it_cannot_run_a_packed_case(fields, reason):
 
 def test_a_backend_that_does_not_declare_packing_is_unsupported_never_wrong():
     case = packed("mutant.base")
-    assert "does not declare packed" in packed_support(get_backend("mutant.base"), case)
+    assert "does not declare packed" in refusal(get_backend("mutant.base"), case,
+                                                torch.device("cpu"))
     record = run_case(case, NO_TIMING)
     assert record["verdict"] == "unsupported" and "packed" in record["reason"]
 

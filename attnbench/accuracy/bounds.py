@@ -5,7 +5,7 @@ low-precision eager error against an FP64 measuring stick"): a backend passes a 
 relative L2 error against the fp64 reference is at most a factor times the error of a baseline
 in the same dtype on the same inputs, plus a small per-dtype floor that keeps the bound
 meaningful when the baseline happens to be very accurate. Two baselines, chosen per tensor by
-what the backend declares (``input_precision``, :mod:`attnbench.backends.base`):
+what the backend declares (``input_precision``, :mod:`attnbench.backends.capabilities`):
 
 * **fused** (the default): :mod:`attnbench.accuracy.fused_baseline`, the precision of a correct fused
   kernel (fp32 accumulation, P rounded to the dtype before P·V), blockwise with O(S·D) memory,

@@ -61,6 +61,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from attnbench.accuracy.bounds import ABSOLUTE_BOUND, Check
+from attnbench.backends.capabilities import Capabilities
 from attnbench.problem.attn_spec import AttnSpec, KeepMaskFn
 from attnbench.problem.fp8 import torch_dtype
 
@@ -238,7 +239,7 @@ def judge_dropout(backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sp
         return DropoutJudgement("none: no dropout")
     if spec.dropout_p >= 1:
         return DropoutJudgement("none: dropout_p >= 1 drops every probability")
-    if getattr(backend, "keep_mask", None) is not None:
+    if Capabilities.of(backend).keep_mask is not None:
         return DropoutJudgement("none: the backend exposes its keep mask; the exact reference "
                                 "applies")
     return _Judge(backend, q, k, v, spec, out, rng).run(force_statistics)

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from attnbench.accuracy import bounds as acc
-from attnbench.backends import get_backend
+from attnbench.backends import Capabilities, get_backend
 from attnbench.backends.masks import release_prepared
 from attnbench.errors import is_oom
 from attnbench.problem.dropout import hash_keep_mask
@@ -78,10 +78,11 @@ def timed_only(out: torch.Tensor, grads: Optional[Sequence[torch.Tensor]]) -> Ju
 def input_precision(backend, case, device) -> frozenset[str]:
     """Tensors ``backend`` computes in the input dtype by design (judged against the naive
     baseline); every other tensor is judged against the fused baseline. Declared by the
-    backend's optional ``input_precision(case, device)``; a backend that does not declare it is
-    a fused kernel."""
-    declared = getattr(backend, "input_precision", None)
-    return frozenset(declared(case, device)) if callable(declared) else frozenset()
+    backend's optional ``input_precision(case, device)``
+    (:class:`~attnbench.backends.capabilities.Capabilities`); a backend that does not declare it
+    is a fused kernel."""
+    declared = Capabilities.of(backend).input_precision
+    return frozenset(declared(case, device)) if declared is not None else frozenset()
 
 
 BACKWARD_NOT_APPLICABLE = "not applicable: forward only (decode, or backward: false)"
@@ -137,7 +138,7 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     device = device or q.device
     tensors = TENSORS if grads is not None else ("out",)  # grads None: forward only
     results = dict(zip(tensors, (out, *(grads or ()))))
-    keep_mask = getattr(backend, "keep_mask", None)
+    keep_mask = Capabilities.of(backend).keep_mask
     exact_inputs = dequantize_call(q, k, v, spec, torch.float64) if spec.fp8_format else (q, k, v)
     refs = References(*exact_inputs, dout, spec, tensors)
     errors, dropout = None, None

@@ -12,10 +12,12 @@ from importlib import metadata
 from typing import Any, Optional
 
 from attnbench.backends.base import Backend, Forward, Unsupported
+from attnbench.backends.capabilities import Capabilities, World, refusal
 from attnbench.validation import suggestion
 
-__all__ = ["Backend", "Forward", "Unsupported", "BUILTIN", "get_backend", "check_backend_name",
-           "backend_names", "public_names", "registered"]
+__all__ = ["Backend", "Forward", "Unsupported", "Capabilities", "World", "refusal", "BUILTIN",
+           "get_backend", "check_backend_name", "backend_names", "public_names", "registered",
+           "load_object"]
 
 # name -> "module:factory"; a factory is called with no arguments and returns a Backend.
 BUILTIN: dict[str, str] = {
@@ -56,7 +58,7 @@ def registered() -> dict[str, str]:
     if not _registered:
         table = dict(BUILTIN)
         for ref in TABLES:
-            table.update(_load_object(ref))
+            table.update(load_object(ref))
         _registered.update(table)
     return _registered
 
@@ -98,10 +100,13 @@ def check_backend_name(name: str) -> Optional[str]:
             f"or a third-party backend as 'module:object'{suggestion(name, public)}")
 
 
-def _load_object(ref: str) -> Any:
+def load_object(ref: str, kind: str = "object") -> Any:
+    """The object ``ref`` ("module:attr.attr") names, its module imported: a backend or a table
+    here, a rank function in :mod:`attnbench.execution.child`. ``kind`` names what is expected
+    in the error for a ref without both parts."""
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"{ref!r} is not of the form 'module:object'")
+        raise ValueError(f"{ref!r} is not of the form 'module:{kind}'")
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         obj = getattr(obj, part)
@@ -155,6 +160,6 @@ def get_backend(name: str) -> Backend:
     ref = known or (name if ":" in name else None)
     if ref is None:
         raise KeyError(check_backend_name(name))
-    backend = _instantiate(_load_object(ref), name, trusted=known is not None)
+    backend = _instantiate(load_object(ref), name, trusted=known is not None)
     _cache[name] = backend
     return backend

@@ -21,36 +21,11 @@ bias, tables) should be built once per case, not per call (:mod:`attnbench.backe
 every call is timed. A backend that finds at run time that it cannot handle a case raises
 :class:`Unsupported`.
 
-Optional, for the accuracy rule (:mod:`attnbench.accuracy.bounds`)::
-
-        def input_precision(self, case, device) -> tuple[str, ...]: ...
-
-the tensors (of out, dq, dk, dv) this backend computes or accumulates in the input dtype by
-design; they are judged against the naive baseline, every other tensor against the fused
-baseline (fp32 accumulation). A backend that does not declare it is a fused kernel.
-
-Optional, for ring context parallelism (:mod:`attnbench.parallel.ring`)::
-
-        def backward_from_stats(self, q, k, v, out, lse, dout, spec) -> tuple[dq, dk, dv]: ...
-
-the gradients of one block of a larger softmax, recomputed from that softmax's *final* output
-and log-sum-exp (P = exp(scores - lse), delta = rowsum(dout * out)), for the keys of this call
-only. ``out`` (B, Hq, Sq, Dv) is in the input dtype, ``lse`` (B, Hq, Sq) float32 (-inf for rows
-that see no key at all); the dropout mask is the one ``spec`` gives (its seed and global
-offsets), so a caller that replays forward's ``spec`` replays forward's mask. Gradients come
-back in the input dtype or wider; callers sum blocks in float32. Ring and zigzag CP need this and
-a ``Forward.lse``; a backend without them is ``unsupported`` there (all-gather CP and TP need
-neither).
-
-Optional, for CP of packed cases (:mod:`attnbench.parallel.layout`)::
-
-        supports_packed_chunks = True
-
-declares that a packed call whose sequences are chunks of longer ones is understood: sequence
-b's queries sit at ``spec.seq_q_start[b]`` of its ``spec.seqlens_q_total[b]`` positions (keys
-likewise), as a dense call's sit at ``q_start`` of ``seqlen_q_total``. A backend that reads only
-``cu_seqlens`` would align each chunk as a whole sequence and be wrong, never fail: without the
-declaration packed CP is ``unsupported``.
+Everything else a backend may declare -- ``keep_mask`` above, packed, packed CP chunks, paged
+KV, fp8, input precision, determinism, ``backward_from_stats`` for ring CP, its own CP/TP split --
+is a plain attribute or method, listed and documented once, with what declaring it means and who
+reads it, in :class:`attnbench.backends.capabilities.Capabilities`; whether a backend can run a
+case at all is decided by :func:`attnbench.backends.capabilities.refusal`.
 """
 
 from __future__ import annotations

@@ -38,6 +38,6 @@ class ReferenceBackend:
     def backward_from_stats(self, q, k, v, out, lse, dout, spec):
         """One block of a larger softmax (ring context parallelism), exact in fp64 from the
         given final ``out`` and ``lse``; returned in float32, which the caller sums blocks in
-        (see :mod:`attnbench.backends.base`)."""
+        (see :mod:`attnbench.backends.capabilities`)."""
         dq, dk, dv = reference_backward(q, k, v, out, lse, dout, spec, keep_mask=self.keep_mask)
         return dq.float(), dk.float(), dv.float()

@@ -136,12 +136,11 @@ def _exit_when_parent_gone(rfd: int) -> None:
 
 
 def _resolve(ref: str) -> Callable[[Any], Any]:
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"{ref!r} is not of the form 'module:function'")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    # Imported here, at the first call: the parent (a Dask worker) imports this module for its
+    # framing helpers only. The registry's package is torch-free.
+    from attnbench.backends import load_object
+
+    obj = load_object(ref, "function")
     if not callable(obj):
         raise TypeError(f"{ref!r} is not callable")
     return obj

@@ -5,8 +5,9 @@ Called by :func:`attnbench.execution.case_runner.run_case` for ``cp * tp > 1``; 
 
 Phases, and what a failure in each becomes:
 
-1. Checks that need no communication (heads or lengths that do not split, a backend without
-   ``supports`` or, for ring/zigzag, without ``backward_from_stats``): identical on every rank,
+1. Checks that need no communication (heads or lengths that do not split, then the backend's
+   :func:`~attnbench.backends.capabilities.refusal` for this ``World``: its ``supports``,
+   packed CP chunks, ``backward_from_stats`` for ring/zigzag, ...): identical on every rank,
    so every rank returns the same ``unsupported`` record and no rank waits for another.
 2. The process group (once per pool, :mod:`attnbench.parallel.group`), full inputs on every rank
    from the case seed (same seed, same tensors), this rank's shard.
@@ -36,7 +37,7 @@ from typing import Any, Optional
 import torch
 
 from attnbench.accuracy import bounds as acc
-from attnbench.backends import Unsupported, get_backend
+from attnbench.backends import Capabilities, Unsupported, World, get_backend, refusal
 from attnbench.backends.masks import release_prepared
 from attnbench.timing.case import time_case
 from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
@@ -45,7 +46,6 @@ from attnbench.accuracy.evaluate import Judgement, evaluate, timed_only
 from attnbench.problem.inputs import make_inputs
 from attnbench.parallel import allgather, layout, ring, tp
 from attnbench.parallel.group import Comm, PeerFailed, get_world, rank_layout
-from attnbench.problem.packing import packed_support
 from attnbench.parallel.layout import Shard
 from attnbench.parallel.parity import parity, reference_roundings, summed_partials
 from attnbench.problem.attn_spec import AttnSpec
@@ -58,8 +58,8 @@ def algorithm(case: Case, backend: Any = None) -> ModuleType:
     """The module (``forward``, ``backward``) that runs this case's split: the backend's own
     when it brings one (``backend.parallel_algorithm(case)`` not None -- a library with its own
     CP, or a selftest mutant of ours), else ours."""
-    own = getattr(backend, "parallel_algorithm", None)
-    chosen = own(case) if callable(own) else None
+    own = Capabilities.of(backend).parallel_algorithm if backend is not None else None
+    chosen = own(case) if own is not None else None
     if chosen is not None:
         return chosen
     if case.cp == 1:
@@ -90,7 +90,7 @@ def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
     refused = interpreter_on_gpu(device)
     if refused:
         return record("error", refused)
-    reason = layout.unsupported_reason(case)
+    reason = layout.unsupported_reason(case)  # before loading: whatever the backend
     if reason:
         return record("unsupported", reason)
     try:
@@ -99,15 +99,8 @@ def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
         return make.exception("error", exc, f"cannot load backend {case.backend!r}: ") \
             if rank == 0 else None
     make.env["backend"] = backend_env(case.backend, backend)
-    reason = packed_support(backend, case) or backend.supports(case, device)
-    if not reason and case.is_packed and case.cp > 1 \
-            and not getattr(backend, "supports_packed_chunks", False):
-        reason = (f"packed CP: backend {case.backend!r} does not declare that it places chunks "
-                  "of packed sequences (supports_packed_chunks = True; AttnSpec.seq_q_start and "
-                  "seqlens_q_total, see attnbench.parallel.layout)")
     algo = algorithm(case, backend)
-    if not reason and algo is ring:
-        reason = ring.unsupported_reason(backend)
+    reason = refusal(backend, case, device, World(cp=case.cp, tp=case.tp, ring=algo is ring))
     if reason:
         return record("unsupported", reason)
     try:
@@ -230,7 +223,7 @@ def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict) -> Judgeme
         # through float32 log-sum-exps (fp32: ~1e-7 against a bound of 6e-8). Judge it like a
         # fused kernel instead, against the baseline.
         judged_as = case.replace(backend="reference (ring)")
-    keep_mask = getattr(backend, "keep_mask", None)
+    keep_mask = Capabilities.of(backend).keep_mask
     ref = None
     if spec.dropout_p == 0 or keep_mask is not None:
         out64, lse64 = reference_forward(q, k, v, spec, keep_mask=keep_mask)

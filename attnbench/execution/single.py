@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from attnbench.accuracy import evaluate as evaluation
-from attnbench.backends import Unsupported, get_backend
+from attnbench.backends import Capabilities, Unsupported, get_backend, refusal
 from attnbench.backends.masks import release_prepared
 from attnbench.errors import is_oom
 from attnbench.timing.case import time_case
@@ -22,9 +22,7 @@ from attnbench.hardware.device import (backend_env, device_env, device_peaks, in
 from attnbench.accuracy.dropout_probe import RngState
 from attnbench.problem.fp8 import with_descales
 from attnbench.dtypes import is_fp8
-from attnbench.sweep.fp8_rules import fp8_support
 from attnbench.problem.inputs import make_fp8_inputs, make_inputs
-from attnbench.problem.packing import packed_support
 from attnbench.problem.attn_spec import AttnSpec
 from attnbench.results.records import RecordMaker
 from attnbench.sweep.case import Case
@@ -43,8 +41,7 @@ def run_single_case(case: Case, options: RunOptions,
     except Exception as exc:
         return record.exception("error", exc, f"cannot load backend {case.backend!r}: ")
     record.env["backend"] = backend_env(case.backend, backend)
-    reason = (packed_support(backend, case) or fp8_support(backend, case)
-              or backend.supports(case, device) or paged_refusal(case, backend))
+    reason = refusal(backend, case, device)
     if reason:
         return record("unsupported", reason)
     try:
@@ -65,15 +62,6 @@ def run_single_case(case: Case, options: RunOptions,
         release_memory(device)
 
 
-def paged_refusal(case: Case, backend) -> Optional[str]:
-    """Why ``backend`` cannot run a paged case: only a backend that says it reads the cache
-    through the block table (``paged_kv = True``, see :mod:`attnbench.problem.paged`) may, or its
-    times would be a contiguous cache's under a paged case's name."""
-    if case.page_size and not getattr(backend, "paged_kv", False):
-        return f"{case.backend} reads a contiguous KV cache only (no paged_kv)"
-    return None
-
-
 def _run(case: Case, options: RunOptions, device: torch.device, backend,
          record: RecordMaker) -> dict:
     spec = AttnSpec.from_case(case)
@@ -87,7 +75,8 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
         q, k, v, dout = make_inputs(case, device)
     # A backend that hides its dropout mask draws it from the device's generator: its state now
     # lets the judge replay this very forward's mask (attnbench.accuracy.dropout_probe).
-    rng = RngState.capture(device) if spec.dropout_p > 0 and backend.keep_mask is None else None
+    hidden = Capabilities.of(backend).keep_mask is None
+    rng = RngState.capture(device) if spec.dropout_p > 0 and hidden else None
     fwd = backend.forward(q, k, v, spec)
     # A forward-only case (decode) asks for no gradient: none is computed, judged or timed.
     grads = backend.backward(fwd.ctx, dout) if case.backward else None
@@ -95,7 +84,7 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
     if options.accuracy:
         judgement = evaluation.evaluate(case, backend, spec, q, k, v, dout, fwd.out, grads,
                                         device, rng, originals=originals)
-        if getattr(backend, "deterministic", False) and grads is not None:
+        if Capabilities.of(backend).deterministic and grads is not None:
             judgement = evaluation.check_determinism(judgement, backend, fwd.ctx, dout, grads)
     else:
         judgement = evaluation.timed_only(fwd.out, grads)

@@ -31,7 +31,7 @@ global offsets are this harness's RNG state -- and backward replays exactly that
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -41,16 +41,6 @@ from attnbench.parallel.layout import Shard, any_visible, block_spec, offsets, p
 from attnbench.problem.attn_spec import AttnSpec
 
 F32 = torch.float32
-
-
-def unsupported_reason(backend) -> Optional[str]:
-    """Capability check made before any communication (the log-sum-exp is checked on the first
-    block, see :func:`forward`)."""
-    if not callable(getattr(backend, "backward_from_stats", None)):
-        return (f"ring/zigzag CP: backend {backend.name!r} has no backward_from_stats(q, k, v, "
-                "out, lse, dout, spec) to recompute a block's gradients from the merged softmax "
-                "statistics (see attnbench.backends.base); cp_algo: allgather needs none")
-    return None
 
 
 @dataclass(frozen=True)

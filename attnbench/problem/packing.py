@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import torch
 
     from attnbench.problem.attn_spec import AttnSpec
-    from attnbench.sweep.case import Case
 
 
 def cu_seqlens(lengths: Sequence[int]) -> tuple[int, ...]:
@@ -99,16 +98,6 @@ def to_thd(x: "torch.Tensor") -> "torch.Tensor":
 def from_thd(x: "torch.Tensor") -> "torch.Tensor":
     """(T, H, D) -> (1, H, T, D)."""
     return x.transpose(0, 1).unsqueeze(0)
-
-
-def packed_support(backend, case: "Case") -> str | None:
-    """Why ``backend`` cannot run packed ``case``, or None. A backend runs packed cases only if
-    it says so (``supports_packed = True``): one that does not know the layout would attend
-    across sequences and give a wrong answer, never an error."""
-    if case.is_packed and not getattr(backend, "supports_packed", False):
-        return (f"backend {case.backend!r} does not declare packed (variable-length) support "
-                "(supports_packed = True; see attnbench/problem/packing.py)")
-    return None
 
 
 def forward_per_sequence(dense_forward, q, k, v, spec: "AttnSpec", *args, **kwargs):

@@ -50,11 +50,3 @@ def check_fp8(where: str, case: "Case") -> None:
         if getattr(case, name) != value:
             raise bad(name, getattr(case, name), f"{value} for an fp8 case ({_WHY[name]})")
 
-
-def fp8_support(backend: Any, case: "Case") -> str | None:
-    """Why ``backend`` cannot run an fp8 case: only a backend that says it takes fp8 q, k, v
-    with descales (``supports_fp8 = True``) may -- any other would be handed fp8 tensors it
-    does not know, or silently run bf16 under an fp8 case's name."""
-    if is_fp8(case.dtype) and not getattr(backend, "supports_fp8", False):
-        return f"{case.backend} has no fp8 path (it does not declare supports_fp8)"
-    return None
