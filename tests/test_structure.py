@@ -68,7 +68,8 @@ CLIENT = [p for p, side in SIDE.items() if side.startswith("client")]
 RANK = [p for p, side in SIDE.items() if side == "rank"]
 
 CLIENT_MAY_REACH = {
-    "attnbench.backends", "attnbench.backends.base",  # the registry of names, the protocol's types
+    # the registry's face: names, the protocol's types, capabilities and refusal (torch-free)
+    "attnbench.backends", "attnbench.backends.base", "attnbench.backends.capabilities",
     "attnbench.execution", "attnbench.execution.pool", "attnbench.execution.ranks",
     "attnbench.execution.child",  # a worker's rank pools (the ranks are other processes)
 }
