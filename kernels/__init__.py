@@ -18,6 +18,21 @@ triton was already imported in compiled mode: the kernels would fail inside the 
 import os
 import sys
 
+from attnbench import package_face
+
+# The launchers and what the backends and tests ask of the kernels; importing one loads its
+# module (and triton) only then.
+__all__, __getattr__ = package_face(__name__, {
+    "common": ("UNBOUNDED", "key_ranges", "query_ranges"),
+    "configs": ("BlockConfig",),
+    "decode": ("decode_forward", "merge_splits_torch"),
+    "dropout": ("keep_mask", "keep_mask_torch"),
+    "flash_bwd": ("flash_backward",),
+    "flash_fwd": ("FP8_MIN_CAPABILITY", "flash_forward", "flash_forward_fp8",
+                  "kernels_interpreted"),
+    "params": ("FlashParams", "dropout_threshold", "is_interpreted"),
+})
+
 
 def _interpret_without_gpu() -> None:
     import torch

@@ -196,6 +196,12 @@ _attn_fwd_tuned = triton.autotune(
 )(_attn_fwd)
 
 
+def kernels_interpreted() -> bool:
+    """Whether the kernels run in Triton's interpreter (decided when they were defined: see
+    attnbench.kernels)."""
+    return is_interpreted(_attn_fwd)
+
+
 def forward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: FlashParams, *,
                  interpreted: bool, descales: "tuple | None" = None,
                  out_dtype: "torch.dtype | None" = None) -> tuple[torch.Tensor, torch.Tensor, dict]:

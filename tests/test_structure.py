@@ -109,15 +109,44 @@ def _import_nodes(tree: ast.AST):
     yield from visit(tree)
 
 
-def _imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """Project modules ``path`` imports (a ``from package import name`` counts as the package,
-    or as the submodule when ``name`` is one)."""
+def _faces() -> dict[str, dict[str, str]]:
+    """package -> {public name: the module that defines it}, read from each package's
+    ``__init__``: a ``package_face(__name__, {module: names})`` table, or names it imports from
+    its own modules (an eager face)."""
+    faces: dict[str, dict[str, str]] = {}
+    for init in [*PACKAGE.rglob("__init__.py"), ROOT / "kernels" / "__init__.py"]:
+        if "__pycache__" in init.parts:
+            continue
+        package, table, listed, imported = _module_name(init), {}, [], {}
+        for node in ast.walk(ast.parse(init.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "package_face"
+                    and isinstance(node.args[1], ast.Dict)):
+                for key, value in zip(node.args[1].keys, node.args[1].values):
+                    table.update({elt.value: f"{package}.{key.value}" for elt in value.elts})
+            elif (isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__"
+                  and isinstance(node.value, (ast.List, ast.Tuple))):
+                listed = [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
+            elif (isinstance(node, ast.ImportFrom) and node.module
+                  and node.module.startswith(package + ".")):
+                imported.update({a.asname or a.name: node.module for a in node.names})
+        table.update({name: imported.get(name, package) for name in listed})
+        faces[package] = table
+    return faces
+
+
+def _imports(path: Path, known: dict[str, Path], faces: dict | None = None) -> set[str]:
+    """Project modules ``path`` imports (a ``from package import name`` counts as the module
+    that defines ``name`` when the package's face names it, as the submodule when ``name`` is
+    one, else as the package)."""
+    faces = _faces() if faces is None else faces
     found: set[str] = set()
     for node in _import_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif node.module and node.level == 0:
-            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            face = faces.get(node.module, {})
+            names = [face.get(alias.name, f"{node.module}.{alias.name}") for alias in node.names]
+            names += [node.module]
         else:
             names = []
         for name in names:
@@ -129,8 +158,8 @@ def _imports(path: Path, known: dict[str, Path]) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    known = _modules()
-    return {name: _imports(path, known) - {name} for name, path in known.items()}
+    known, faces = _modules(), _faces()
+    return {name: _imports(path, known, faces) - {name} for name, path in known.items()}
 
 
 def _package(module: str) -> str:
@@ -313,6 +342,77 @@ def test_validate_imports_neither_torch_nor_the_users_backend(tmp_path):
                           cwd=tmp_path, env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": ""})
     assert proc.returncode == 0, proc.stderr
     assert not marker.exists()
+
+
+def _defined(path: Path) -> set[str]:
+    """Names a module defines at its top level (not those it imports)."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return out
+
+
+def test_every_package_names_its_public_names():
+    """Each package's ``__init__`` has ``__all__`` (a face), every name it lists is defined by the
+    module it names, and no public name hides a submodule of the same name."""
+    known, faces = _modules(), _faces()
+    bad = []
+    for package, table in faces.items():
+        init = known[package]
+        if "__all__" not in init.read_text():
+            bad.append(f"{package}: no __all__")
+        for name, module in table.items():
+            if module != package and module in known and name not in _defined(known[module]):
+                bad.append(f"{package}.{name}: not defined in {module}")
+            if f"{package}.{name}" in known:
+                bad.append(f"{package}.{name}: a public name that is also a submodule")
+    assert bad == [], bad
+
+
+def _public_import_violations(known, faces) -> list[str]:
+    bad = []
+    for module, path in known.items():
+        for node in _import_nodes(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module in known and node.module.startswith("attnbench.")):
+                continue
+            target = node.module
+            home = target if known[target].name == "__init__.py" else target.rpartition(".")[0]
+            base = _package(target) in (BASE, TOP) and target not in faces
+            for alias in node.names:
+                name = alias.name
+                if f"{target}.{name}" in known or name == "__version__":
+                    continue  # a submodule, or the root's version
+                if target in faces:  # from a package's face
+                    if name not in faces[target]:
+                        bad.append(f"{module}: {name} is not in {target}.__all__")
+                    continue
+                if name not in _defined(known[target]):
+                    bad.append(f"{module}: {name} from {target}, which only re-exports it")
+                elif _package(module) != _package(target) and (
+                        name.startswith("_") if base else
+                        name not in faces.get(home, {}) and name != target.rpartition(".")[2]):
+                    bad.append(f"{module}: {name} from {target} is not public ({home}.__all__)")
+    return bad
+
+
+def test_packages_import_only_public_names_from_where_they_are_defined():
+    """Across packages a module imports only public names (its package's ``__all__``, or the
+    module's own eponymous function: ``accuracy.evaluate.evaluate``), always from the module
+    that defines them: no re-export through an unrelated module."""
+    bad = _public_import_violations(_modules(), _faces())
+    assert bad == [], bad
+
+
+def test_the_public_name_check_has_teeth():
+    known, faces = _modules(), _faces()
+    faces = {**faces, "attnbench.results": dict(faces["attnbench.results"])}
+    faces["attnbench.results"].pop("make_record")
+    assert any("make_record" in line for line in _public_import_violations(known, faces))
 
 
 # -- the README's layout, generated from the docstrings ------------------------------------------

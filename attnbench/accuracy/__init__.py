@@ -6,3 +6,14 @@ the precision of a correct fused kernel (blockwise, at every length); :mod:`~.in
 reference-free gradient identities; :mod:`~.dropout_probe` hidden dropout masks, recovered or
 judged by statistics; :mod:`~.fp8_split` an fp8 case's error split into quantization and kernel.
 """
+
+from attnbench import package_face
+
+__all__, __getattr__ = package_face(__name__, {
+    "bounds": ("Check", "RATIO_FACTOR", "RATIO_FLOOR", "REFERENCE_SELF_BOUND", "identity_bounds",
+               "split_sum_roundings", "tensor_errors"),
+    "dropout_probe": ("RecoveredKeepMask", "RngState", "judge_dropout"),
+    "evaluate": ("Judgement", "References", "timed_only"),
+    "fused_baseline": ("FusedBaseline", "fused_backward", "fused_forward"),
+    "invariants": ("identity_residuals",),
+})

@@ -11,6 +11,7 @@ import re
 from importlib import metadata
 from typing import Any, Optional
 
+from attnbench import package_face
 from attnbench.backends.base import Backend, Forward, Unsupported
 from attnbench.backends.capabilities import Capabilities, World, refusal
 from attnbench.validation import suggestion
@@ -18,6 +19,19 @@ from attnbench.validation import suggestion
 __all__ = ["Backend", "Forward", "Unsupported", "Capabilities", "World", "refusal", "BUILTIN",
            "get_backend", "check_backend_name", "backend_names", "public_names", "registered",
            "load_object"]
+# The implementations, for backends built on ours (the mutants, a user's subclass): imported
+# when first asked for, so the registry itself never imports torch.
+_IMPLEMENTATIONS, __getattr__ = package_face(__name__, {
+    "adapters": ("FlashAttnBackend", "TransformerEngineBackend", "XformersBackend"),
+    "flash_attn3": ("FlashAttn3Backend",),
+    "masks": ("PreparesOnce", "dense_masks", "release_prepared"),
+    "naive": ("NaiveBackend",),
+    "reference_backend": ("ReferenceBackend",),
+    "sdpa": ("SdpaBase", "SdpaCudnn", "SdpaDefault", "SdpaEfficient", "SdpaFlash", "SdpaMath",
+             "attention_mask"),
+    "triton_backend": ("TritonBackend", "flash_params", "triton_keep_mask"),
+})
+__all__ += _IMPLEMENTATIONS
 
 # name -> "module:factory"; a factory is called with no arguments and returns a Backend.
 BUILTIN: dict[str, str] = {

@@ -57,7 +57,7 @@ def attention_mask(spec, q: torch.Tensor, k: torch.Tensor):
     return mask.unsqueeze(0), False  # (1, Hq, Sq, Sk): SDPA wants 2-D or 4-D masks
 
 
-class _Sdpa(PreparesOnce):
+class SdpaBase(PreparesOnce):
     name = "sdpa"
     keep_mask = None  # hidden inside the kernel
     pinned: Optional[SDPBackend] = None
@@ -142,16 +142,16 @@ def _jagged_call(q, k, v, spec):
     return from_thd(out.transpose(1, 2).values())
 
 
-class SdpaDefault(_Sdpa):
+class SdpaDefault(SdpaBase):
     name = "sdpa"
 
 
-class SdpaMath(_Sdpa):
+class SdpaMath(SdpaBase):
     name = "sdpa_math"
     pinned = SDPBackend.MATH
 
 
-class SdpaFlash(_Sdpa):
+class SdpaFlash(SdpaBase):
     name = "sdpa_flash"
     pinned = SDPBackend.FLASH_ATTENTION
 
@@ -167,13 +167,13 @@ class SdpaFlash(_Sdpa):
         return ("dq", "dk", "dv")
 
 
-class SdpaEfficient(_Sdpa):
+class SdpaEfficient(SdpaBase):
     name = "sdpa_efficient"
     pinned = SDPBackend.EFFICIENT_ATTENTION
     needs_cuda = True
 
 
-class SdpaCudnn(_Sdpa):
+class SdpaCudnn(SdpaBase):
     name = "sdpa_cudnn"
     pinned = SDPBackend.CUDNN_ATTENTION
     needs_cuda = True

@@ -28,9 +28,9 @@ import torch
 from attnbench.kernels.decode import decode_forward
 from attnbench.kernels.dropout import keep_mask as _kernel_keep_mask
 from attnbench.kernels.flash_bwd import flash_backward
-from attnbench.kernels.flash_fwd import (FP8_MIN_CAPABILITY, _attn_fwd, flash_forward,
-                                         flash_forward_fp8)
-from attnbench.kernels.params import FlashParams, dropout_threshold, is_interpreted
+from attnbench.kernels.flash_fwd import (FP8_MIN_CAPABILITY, flash_forward, flash_forward_fp8,
+                                         kernels_interpreted)
+from attnbench.kernels.params import FlashParams, dropout_threshold
 
 from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.masks import PreparesOnce, call_key
@@ -104,7 +104,7 @@ class TritonBackend(PreparesOnce):
     supports_packed_chunks = True
 
     def supports(self, case, device) -> str | None:
-        interpreted = is_interpreted(_attn_fwd)
+        interpreted = kernels_interpreted()
         if device.type != "cuda" and not interpreted:
             return (f"triton kernels were compiled for CUDA; a {device.type} device needs "
                     "TRITON_INTERPRET=1 (set by default only when no GPU is visible)")
@@ -123,7 +123,7 @@ class TritonBackend(PreparesOnce):
         rounding them (measured: a -2.8e-3 mean bias, twice the RMS error of round-to-nearest)
         and our kernels keep P in fp32 there, so half-precision results are not a fused kernel's:
         judged like naive. fp32, and everything on a GPU, is judged as a fused kernel."""
-        if is_interpreted(_attn_fwd) and case.dtype in ("fp16", "bf16"):
+        if kernels_interpreted() and case.dtype in ("fp16", "bf16"):
             return TENSORS
         return ()  # fp8: its bf16 output is rounded to nearest in the kernel (round_to_grid)
 

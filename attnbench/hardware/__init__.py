@@ -7,22 +7,22 @@
 - ``peaks``: datasheet dense TFLOP/s per kind and dtype, and memory bandwidth.
 - ``matmul_peak``: the worker's own measured matmul peak.
 - ``software``: versions, git commit, backend fingerprints, environment differences.
+- ``device``: the device a rank process runs cases on (imports torch: rank side only).
 
 Nothing here starts CUDA or measures anything on import.
 """
 
-from attnbench.hardware.identity import DeviceIdentity, cpu_identity
-from attnbench.hardware.kinds import (CPU_KIND, KIND_PATTERN, KINDS, GpuKind, gpu_kind,
-                                      kind_from_name)
-from attnbench.hardware.matmul_peak import measure_matmul_peak
-from attnbench.hardware.nvml import read_driver, read_identities, read_identity
-from attnbench.hardware.peaks import PEAKS, peak_bandwidth_gbs, peak_tflops
-from attnbench.hardware.software import (backend_fingerprint, environment_differences,
-                                         git_state, software_environment)
+from attnbench import package_face
 
-__all__ = [
-    "CPU_KIND", "KINDS", "KIND_PATTERN", "PEAKS", "DeviceIdentity", "GpuKind",
-    "backend_fingerprint", "cpu_identity", "environment_differences", "git_state", "gpu_kind",
-    "kind_from_name", "measure_matmul_peak", "peak_bandwidth_gbs", "peak_tflops",
-    "read_driver", "read_identities", "read_identity", "software_environment",
-]
+__all__, __getattr__ = package_face(__name__, {
+    "device": ("backend_env", "device_env", "device_peaks", "interpreter_on_gpu", "peak_memory",
+               "pick_device", "release_memory", "sync"),
+    "identity": ("DeviceIdentity", "cpu_identity", "host_env"),
+    "kinds": ("CPU_KIND", "GpuKind", "KINDS", "KIND_PATTERN", "gpu_kind", "kind_from_name"),
+    "matmul_peak": ("measure_matmul_peak",),
+    "nvml": ("read_driver", "read_identities", "read_identity"),
+    "nvml_replay": ("NVML_ERROR_LIBRARY_NOT_FOUND", "ReplayNvml", "torch_properties"),
+    "peaks": ("DTYPES", "PEAKS", "normalize_dtype", "peak_bandwidth_gbs", "peak_tflops"),
+    "software": ("backend_fingerprint", "distribution_version", "environment_differences",
+                 "git_state", "software_environment"),
+})

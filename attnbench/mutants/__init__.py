@@ -8,3 +8,13 @@ Modules: :mod:`~.patch` (how a mutant edits correct code), :mod:`~.base` (the co
 recomputing backend the backward mutants edit), :mod:`~.backward`, :mod:`~.forward`,
 :mod:`~.parallel` (CP/TP algorithm mutants). Nothing here is imported unless a mutant is used.
 """
+
+from attnbench import package_face
+
+__all__, __getattr__ = package_face(__name__, {
+    "backward": ("NanTailBlock",),
+    "catalogue": ("CATALOGUE", "CONTROL", "FUSED_CONTROL", "HIDDEN_DROPOUT_CONTROL", "LONG_SEQLEN",
+                  "Mutant", "by_name"),
+    "dropout": ("DropoutKeepP", "DropoutRenormalised", "HiddenTorchRngDropout"),
+    "patch": ("MutationError", "mutated"),
+})

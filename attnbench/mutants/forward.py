@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from attnbench.backends.masks import dense_masks
 from attnbench.backends.naive import NaiveBackend
-from attnbench.backends.sdpa import SdpaDefault, _Sdpa, attention_mask
+from attnbench.backends.sdpa import SdpaDefault, SdpaBase, attention_mask
 from attnbench.mutants.patch import mutated, rebound
 
 
@@ -47,7 +47,7 @@ class TopLeftCausal(SdpaDefault):
     """
 
     name = "mutant.top_left_causal"
-    _call = rebound(_Sdpa._call, attention_mask=mutated(
+    _call = rebound(SdpaBase._call, attention_mask=mutated(
         attention_mask, "if diag == 0:", "if True:  # BUG: SDPA's is_causal is top-left aligned"))
 
 

@@ -19,3 +19,11 @@ Masks, ALiBi and dropout are functions of *global* positions and heads
 (:class:`attnbench.problem.AttnSpec` offsets), which is what makes a split run reproduce the
 single-device problem exactly up to rounding.
 """
+
+from attnbench import package_face
+
+__all__, __getattr__ = package_face(__name__, {
+    "group": ("Comm", "PeerFailed", "get_world", "rank_layout"),
+    "layout": ("Shard",),
+    "parity": ("reference_roundings", "summed_partials"),
+})

@@ -14,3 +14,21 @@ and how verdicts read: "timed" is "not judged"),
 ``synthetic`` (made-up runs in the real schema, for tests and previews), ``commands`` (argparse
 wiring and the functions behind ``attnbench report`` and ``attnbench compare``).
 """
+
+from attnbench import package_face
+
+__all__, __getattr__ = package_face(__name__, {
+    "commands": ("add_report_commands", "run_compare", "write_report"),
+    "compare": ("classify", "compare_runs", "describe", "run_facts"),
+    "dashboard": ("PANEL_KINDS", "default_dashboard", "load_dashboard"),
+    "data": ("Run", "flatten", "frame", "load_run"),
+    "doubt": ("FEW_SAMPLES", "timing_doubt", "why_ambiguous"),
+    "environment": ("env_view", "representative", "run_warnings"),
+    "export": ("add_export_command",),
+    "figures": ("Context", "slug"),
+    "html": ("sort_key",),
+    "interactive": ("PAGE", "script_json"),
+    "page": ("render",),
+    "synthetic": ("write_synthetic_run",),
+    "trends": ("GROWTH_BOUND", "Point", "SLOPE_BOUND", "Series", "findings", "fit"),
+})

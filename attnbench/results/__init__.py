@@ -5,3 +5,13 @@ manifest checked when read: run directories travel between people), :mod:`~.stor
 directory: ``manifest.json`` and ``records.jsonl``, appended and flushed as records arrive) and
 :mod:`~.lock` (one writer per run directory, also across hosts).
 """
+
+from attnbench import package_face
+
+__all__, __getattr__ = package_face(__name__, {
+    "lock": ("LOCK", "RunLock", "describe_holder"),
+    "records": ("BAD_VERDICTS", "DIED_VERDICTS", "JUDGED_VERDICTS", "NOT_JUDGED_VERDICTS",
+                "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS", "VERDICTS", "make_record"),
+    "schema": ("check_record",),
+    "store": ("RunStore", "default_run_dir", "latest_run_dir", "load_manifest", "load_records"),
+})

@@ -9,3 +9,15 @@ fp8 cases; :mod:`~.flops` the one work model (FLOPs and minimal bytes of a case,
 timing on the ranks and by the reports); :mod:`~.schema` the JSON Schema editors check sweeps
 with.
 """
+
+from attnbench import package_face
+
+__all__, __getattr__ = package_face(__name__, {
+    "case": ("CASE_FIELDS", "Case", "MAX_CASES", "PUBLIC_FIELDS", "check_case_dict", "make_case"),
+    "flops": ("BACKWARD_FACTOR", "case_bytes", "case_flops", "decode_bytes", "visible_pairs"),
+    "length_mix": ("expand",),
+    "load": ("Sweep", "load_sweep", "parse_sweep", "single_case_sweep"),
+    "options": ("RunOptions", "TimingOptions", "check_options_dict"),
+    "packed_rules": ("MAX_SEQUENCES",),
+    "schema": ("add_schema_command", "schema_text", "sweep_schema"),
+})

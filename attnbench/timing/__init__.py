@@ -5,3 +5,12 @@ L2 flushes on a GPU, a monotonic clock on a CPU); :mod:`~.case` times both direc
 and adds FLOP/s, GB/s, percent of peak and peak memory; :mod:`~.bench` is the loop of the
 kernel benchmark scripts in ``benchmarks/``.
 """
+
+from attnbench import package_face
+
+__all__, __getattr__ = package_face(__name__, {
+    "bench": ("bench_ms",),
+    "case": ("time_case",),
+    "loop": ("CpuClock", "EventClock", "StopRule", "calls_per_sample", "make_clock", "measure",
+             "summarize"),
+})

@@ -22,6 +22,8 @@ from attnbench.report.panels import (accuracy_heatmap, architecture, decode, err
                                      error_vs_seqlen, fp8, parallel, throughput, verdict_matrix)
 from attnbench.report.style import RC
 
+__all__ = ["DRAW", "draw_panel"]
+
 DRAW: dict[str, Callable[[Panel, Run, Context], PanelOutput]] = {
     "throughput": throughput.draw_throughput,
     "accuracy_heatmap": accuracy_heatmap.draw_accuracy_heatmap,
