@@ -546,9 +546,10 @@ def test_killed_worker_becomes_lost_and_nothing_is_written_twice(tmp_path):
 
 
 def test_cases_of_a_kind_whose_worker_left_stay_pending(tmp_path, monkeypatch):
+    from attnbench.dispatch import loop
     from attnbench.dispatch import run as runner
 
-    monkeypatch.setattr(runner, "TICK_S", 0.01)
+    monkeypatch.setattr(loop, "TICK_S", 0.01)
     held = []
     store = _store(tmp_path, ["A", "B"], seeds=2)
     both, only_b = _workers(("A", 1), ("B", 1)), _workers(("B", 1))
