@@ -439,8 +439,9 @@ def test_worker_command_line_passes_unknown_options_to_dask(capsys):
                         "--slots", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("-m distributed.cli.dask_worker tcp://10.0.0.1:8786 --nthreads 4 "
-                           "--resources 'device=2 kind-A=2' --nanny --name job-1 "
-                           "--memory-limit 8GB --death-timeout 60")
+                           "--resources 'device=2 kind-A=2' --nanny --preload "
+                           "attnbench.cluster.plugin --name job-1 --memory-limit 8GB "
+                           "--death-timeout 60")
     assert "ATTNBENCH_KIND=A" in out and "ATTNBENCH_DEVICE_TYPE=cpu" in out
     assert worker_main(["--slots", "1"]) == 2
     assert "give the scheduler's address" in capsys.readouterr().err

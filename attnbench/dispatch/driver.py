@@ -117,6 +117,7 @@ def drive(sweep_text: str, sweep_path: str, run_dir: str, submission: str, comma
 
     from attnbench.backends import check_backend_name
     from attnbench.cluster.connect import Connection
+    from attnbench.cluster.plugin import register
     from attnbench.sweep.load import parse_sweep
     from attnbench.results.store import RunStore
 
@@ -147,6 +148,7 @@ def drive(sweep_text: str, sweep_path: str, run_dir: str, submission: str, comma
             if store.resume_note:
                 print(f"attnbench: warning: {store.resume_note}", file=stream, flush=True)
             with worker_client() as client:  # secedes: the driver holds no worker thread
+                register(client)  # submit did; a no-op unless the scheduler lost it
                 conn = Connection(client, None, 1, where=f"scheduler {base['scheduler']}")
                 run = make_run(store, conn, Progress(0, len(store.done), stream),
                                worker_wait_s, dispatch)

@@ -61,12 +61,16 @@ async def _ask(comm, message: dict) -> dict:
 def lane_task(address: str, lane: str, options_dict: dict, devices: int) -> int:
     """Dask task: ask the driver at ``address`` for cases until it has none, run each one as
     :func:`run_case_task` would, send back its record with the next request. Returns how many
-    cases it ran."""
+    cases it ran. A worker that closes under a case (its plugin's teardown kills the rank pools)
+    sends nothing for it: the connection closes and the driver puts the case back."""
     from distributed import get_worker
     from distributed.comm import CommClosedError, connect
     from distributed.utils import sync
 
+    from attnbench.cluster.plugin import worker_state
+
     worker = get_worker()
+    state = worker_state()  # the lease table and rank pools the cases use
     try:
         comm = sync(worker.loop, connect, address, **worker.connection_args)
     except (OSError, TimeoutError) as exc:
@@ -85,6 +89,8 @@ def lane_task(address: str, lane: str, options_dict: dict, devices: int) -> int:
                 return ran
             done = [_run_one(case_dict, attempt, options_dict, devices)
                     for case_dict, attempt in cases]
+            if state.closed:  # what ran was cut short by the worker closing, not the case
+                return ran
             ran += len(done)
     finally:
         with contextlib.suppress(Exception):
