@@ -201,6 +201,30 @@ def _parent_pid(pid: int) -> int | None:
         return None
 
 
+def test_attnbench_workers_set_up_their_plugin_once(cluster):
+    """`attnbench worker` registers the worker plugin as it starts (--preload); a client that
+    registers it again on connect, as every run does, changes nothing on the workers."""
+    from distributed import Client
+
+    from attnbench.cluster.plugin import NAME, register
+
+    address, procs = cluster
+
+    def plugin(dask_worker):
+        state = dask_worker.plugins[NAME]
+        return id(state), state.closed, state.leases.kind
+
+    with Client(address, timeout="20s") as client:
+        before = client.run(plugin)
+        register(client)
+        assert client.run(plugin) == before
+    assert sorted(kind for _, closed, kind in before.values() if not closed) == ["A", "B"]
+    workers = [p for p in procs.started if "worker" in p.args and p.poll() is None]
+    assert len(workers) == 2
+    for proc in workers:
+        assert proc.log_path.read_text().count(f"Starting Worker plugin {NAME}") == 1
+
+
 def test_sigkill_of_a_worker_mid_case_loses_nothing(cluster, env, tmp_path):
     """A second kind-A worker whose cases take 30 s is SIGKILLed while its rank is inside the
     first one: that case reruns on wA; every case has exactly one record."""
