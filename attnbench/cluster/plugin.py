@@ -13,20 +13,17 @@ from :func:`worker_state`.
 How it reaches a worker: registered under one name and idempotently, so a scheduler that has
 it sends nothing, and hands it to every worker that joins later.
 
-=========================================  ===================================================
-the embedded LocalCluster (``run``,        registered by :func:`~attnbench.cluster.connect.
-``selftest``)                              connect` as soon as the cluster is up
-``attnbench worker`` (also ``python -m     ``dask worker --preload attnbench.cluster.plugin``:
-attnbench.cluster.worker`` under           :func:`dask_setup` registers it with the scheduler
-dask-jobqueue, ``--simulate-gpus``, TLS)   before the worker joins, which then gets it as it
-                                           joins (set up once); and from the client on connect
-workers someone else started (a plain      registered from the client on connect
-``dask worker``, a Kubernetes spec)        (:func:`~attnbench.cluster.connect.connect`, which
-                                           ``run``, ``submit`` and SLURM use)
-the detached driver (``submit``)           ``submit`` registered it on connect; the driver
-                                           registers it again from its ``worker_client``
-                                           (nothing happens unless the scheduler lost it)
-=========================================  ===================================================
+* The embedded LocalCluster (``run``, ``selftest``): registered by
+  :func:`~attnbench.cluster.connect.connect` as soon as the cluster is up.
+* ``attnbench worker`` (also ``python -m attnbench.cluster.worker`` under dask-jobqueue,
+  ``--simulate-gpus``, TLS): it runs ``dask worker --preload attnbench.cluster.plugin``, whose
+  :func:`dask_setup` registers it with the scheduler before the worker joins; the worker gets
+  it as it joins, set up once.
+* Workers someone else started (a plain ``dask worker``, a Kubernetes spec): registered from
+  the client on connect (:func:`~attnbench.cluster.connect.connect`: ``run --scheduler``,
+  ``submit``, ``--cluster slurm``).
+* The detached driver (``submit``): ``submit`` registered it on connect; the driver registers
+  it again from its ``worker_client`` (nothing happens unless the scheduler lost it).
 
 The fallback: a task on a worker that has no plugin (its scheduler never heard of it: a client
 that registered nothing, a scheduler that was out of reach when the worker started) registers
