@@ -47,7 +47,7 @@ import psutil  # noqa: E402  (a dependency of distributed)
 
 from attnbench.cluster.connect import Connection  # noqa: E402
 from attnbench.dispatch.lanes import DISPATCHES, make_run  # noqa: E402
-from attnbench.dispatch.run import Progress  # noqa: E402
+from attnbench.dispatch.loop import Progress  # noqa: E402
 from attnbench.cluster.simulation import lease_overlaps  # noqa: E402
 from attnbench.sweep.load import load_sweep  # noqa: E402
 from attnbench.results.store import RunStore, load_records  # noqa: E402

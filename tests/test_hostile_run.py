@@ -178,7 +178,8 @@ def test_a_record_with_nan_does_not_stop_the_run(sweep_file, tmp_path):
 # -- class 13: the count after an interrupt ---------------------------------------------------
 
 def test_an_interrupt_during_a_write_is_counted_with_the_record(sweep_file, tmp_path):
-    from attnbench.dispatch.run import Progress, SweepRun
+    from attnbench.dispatch.loop import Progress
+    from attnbench.dispatch.run import SweepRun
 
     store = _store(sweep_file, tmp_path / "run", [])
     run = SweepRun(store, _Connection(_passing), Progress(0, 0, io.StringIO()))
@@ -322,7 +323,7 @@ def test_resuming_with_other_options_is_refused(sweep_file, tmp_path, capsys):
 
 
 def test_escape_sequences_in_records_never_reach_the_terminal(sweep_file, tmp_path, capsys):
-    from attnbench.dispatch.run import Progress
+    from attnbench.dispatch.loop import Progress
 
     out = tmp_path / "run"
     store = _store(sweep_file, out, [])

@@ -11,7 +11,7 @@ import time
 
 from attnbench.dispatch.lanes import LaneRun, _Held, _Lane
 from attnbench.results.records import make_record
-from attnbench.dispatch.run import Progress
+from attnbench.dispatch.loop import Progress
 from attnbench.cluster.simulation import lease_overlaps
 from attnbench.sweep.case import Case
 from helpers import ROOT, attnbench_cmd
@@ -58,7 +58,7 @@ def test_a_case_whose_lanes_die_goes_back_then_is_lost_and_nothing_is_written_tw
     assert run._answer({"lane": "L1", "done": [_record_text(first.to_dict())]}, _Held(),
                        None) == {"cases": []}
     while not run.done.empty():
-        run._drain(0)
+        run.step(0)
     run.store.close()
     lines = _journal(tmp_path / "run")
     assert sorted(r["verdict"] for r in lines) == ["lost", "pass", "pass"]

@@ -201,6 +201,30 @@ def _parent_pid(pid: int) -> int | None:
         return None
 
 
+def test_attnbench_workers_set_up_their_plugin_once(cluster):
+    """`attnbench worker` registers the worker plugin as it starts (--preload); a client that
+    registers it again on connect, as every run does, changes nothing on the workers."""
+    from distributed import Client
+
+    from attnbench.cluster.plugin import NAME, register
+
+    address, procs = cluster
+
+    def plugin(dask_worker):
+        state = dask_worker.plugins[NAME]
+        return id(state), state.closed, state.leases.kind
+
+    with Client(address, timeout="20s") as client:
+        before = client.run(plugin)
+        register(client)
+        assert client.run(plugin) == before
+    assert sorted(kind for _, closed, kind in before.values() if not closed) == ["A", "B"]
+    workers = [p for p in procs.started if "worker" in p.args and p.poll() is None]
+    assert len(workers) == 2
+    for proc in workers:
+        assert proc.log_path.read_text().count(f"Starting Worker plugin {NAME}") == 1
+
+
 def test_sigkill_of_a_worker_mid_case_loses_nothing(cluster, env, tmp_path):
     """A second kind-A worker whose cases take 30 s is SIGKILLed while its rank is inside the
     first one: that case reruns on wA; every case has exactly one record."""
@@ -439,8 +463,9 @@ def test_worker_command_line_passes_unknown_options_to_dask(capsys):
                         "--slots", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("-m distributed.cli.dask_worker tcp://10.0.0.1:8786 --nthreads 4 "
-                           "--resources 'device=2 kind-A=2' --nanny --name job-1 "
-                           "--memory-limit 8GB --death-timeout 60")
+                           "--resources 'device=2 kind-A=2' --nanny --preload "
+                           "attnbench.cluster.plugin --name job-1 --memory-limit 8GB "
+                           "--death-timeout 60")
     assert "ATTNBENCH_KIND=A" in out and "ATTNBENCH_DEVICE_TYPE=cpu" in out
     assert worker_main(["--slots", "1"]) == 2
     assert "give the scheduler's address" in capsys.readouterr().err
@@ -546,9 +571,10 @@ def test_killed_worker_becomes_lost_and_nothing_is_written_twice(tmp_path):
 
 
 def test_cases_of_a_kind_whose_worker_left_stay_pending(tmp_path, monkeypatch):
+    from attnbench.dispatch import loop
     from attnbench.dispatch import run as runner
 
-    monkeypatch.setattr(runner, "TICK_S", 0.01)
+    monkeypatch.setattr(loop, "TICK_S", 0.01)
     held = []
     store = _store(tmp_path, ["A", "B"], seeds=2)
     both, only_b = _workers(("A", 1), ("B", 1)), _workers(("B", 1))

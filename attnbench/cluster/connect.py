@@ -6,7 +6,9 @@ Routing: every worker advertises ``device=N`` and ``kind-<KIND>=N`` (see
 (:func:`plan_case`), and one that no worker can ever satisfy is reported at once instead of
 waiting in Dask's ``no-worker`` state forever.
 
-The task a worker runs for one case is :mod:`attnbench.cluster.task`.
+The task a worker runs for one case is :mod:`attnbench.cluster.task`; what a worker owns (its
+lease table, its rank pools) is a worker plugin, registered here on every connection
+(:mod:`attnbench.cluster.plugin`).
 """
 
 from __future__ import annotations
@@ -207,11 +209,14 @@ def _connect_scheduler(address: str, min_workers: int, security,
                        worker_wait_s: float) -> Connection:
     from distributed import Client
 
+    from attnbench.cluster.plugin import register
+
     try:
         client = Client(address, timeout="20s", security=security)
     except (OSError, TimeoutError, ValueError, TypeError) as exc:
         raise ClusterError(f"cannot reach the Dask scheduler at {address}: "
                            f"{_one_line(exc)}") from None
+    register(client)  # workers someone else started, now and as they join
     conn = Connection(client, None, 1, where=f"scheduler {address}")
     _wait_for_workers(conn, min_workers, worker_wait_s,
                       f"start one per node: attnbench worker --scheduler {address}")
@@ -226,6 +231,8 @@ def _connect_slurm(jobs: int, security, worker_wait_s: float) -> Connection:
                            "pip install 'attnbench[slurm]'") from None
     from distributed import Client
 
+    from attnbench.cluster.plugin import register
+
     kwargs = {"worker_command": "attnbench.cluster.worker", "processes": 1}
     if security is not None:
         kwargs.update(security=security, protocol="tls://")
@@ -237,7 +244,9 @@ def _connect_slurm(jobs: int, security, worker_wait_s: float) -> Connection:
         raise ClusterError(f"--cluster slurm: {_one_line(exc)} (configure jobqueue.slurm, "
                            "see docs/cluster.md)") from None
     cluster.scale(jobs=jobs)
-    conn = Connection(Client(cluster), cluster, 1,
+    client = Client(cluster)
+    register(client)  # the jobs run `attnbench worker`, which registers it too: idempotent
+    conn = Connection(client, cluster, 1,
                       where=f"SLURM ({jobs} job{'s' if jobs != 1 else ''}), scheduler "
                             f"{cluster.scheduler_address}")
     _wait_for_workers(conn, 1, worker_wait_s, "check the jobs with squeue; raise --worker-wait "
@@ -249,6 +258,7 @@ def _connect_local(slots: Optional[int]) -> Connection:
     import dask
     from distributed import Client, LocalCluster
 
+    from attnbench.cluster.plugin import register
     from attnbench.cluster.worker import detect_gpus, detect_node
 
     gpus = detect_gpus()
@@ -263,6 +273,7 @@ def _connect_local(slots: Optional[int]) -> Connection:
                                silence_logs=logging.ERROR, resources=node.resources,
                                env=node.environ())
     client = Client(cluster)
+    register(client)
     return Connection(client, cluster, len(node.ids),
                       where=f"embedded LocalCluster ({len(node.ids)} concurrent cases, "
                             f"{node.describe()})")

@@ -2,9 +2,9 @@
 
 ``attnbench worker --simulate-gpus 64 --kind H100-SXM5-80GB --case-seconds 1`` is an ordinary
 Dask worker advertising 64 devices of that kind; its cases lease devices from the same lease
-table as on real GPUs (:class:`attnbench.cluster.worker.DeviceLeases`), then sleep for the chosen time
-instead of computing, and return a plausible record (verdict ``pass``, reason ``simulated``,
-timing from the FLOP model at half the kind's peak). A sleeping case costs a thread, not a
+table as on real GPUs (:class:`attnbench.cluster.worker.DeviceLeases`, held by the worker's
+plugin), then sleep for the chosen time instead of computing, and return a plausible record
+(verdict ``pass``, reason ``simulated``, timing from the FLOP model at half the kind's peak). A sleeping case costs a thread, not a
 core, so one process holds many GPUs. The record also says when its lease began and ended
 (``env.lease_start``, ``env.lease_end``, wall-clock seconds), from which a benchmark checks that
 no device was ever leased twice at once and how much device time stayed idle.
@@ -36,10 +36,10 @@ def simulate_case(case_dict: dict, attempt: int, devices: int, seconds: float, *
     hold them ``seconds``, return a record."""
     from distributed import get_worker
 
-    from attnbench.cluster.worker import worker_leases
+    from attnbench.cluster.plugin import worker_state
 
     case = Case.from_dict(case_dict)
-    leases = worker_leases()
+    leases = worker_state().leases
     with leases.lease(devices or case.world_size, timeout=lease_wait_s) as lease:
         start = time.time()
         time.sleep(seconds)

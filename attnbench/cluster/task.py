@@ -2,8 +2,8 @@
 happened to it.
 
 It never touches torch: it leases devices from the worker's lease table, then a warm rank pool
-bound to them (child processes started with Popen, see :mod:`attnbench.execution.pool`), and
-hands the case over. A segfault or hang therefore kills a rank process, never the Dask worker, so
+bound to them (child processes started with Popen, see :mod:`attnbench.execution.pool`), both
+held by the worker's plugin (:mod:`attnbench.cluster.plugin`), and hands the case over. A segfault or hang therefore kills a rank process, never the Dask worker, so
 Dask's KilledWorker logic only sees workers that really died (killed, node lost); their cases are
 rescheduled elsewhere.
 """
@@ -11,16 +11,16 @@ rescheduled elsewhere.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Optional
 
 from attnbench.results.records import make_record
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions
-from attnbench.resources import ENV_THREADS
 
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
+"""What a rank runs for one case (its module is what the plugin's ranks import as they start,
+:data:`attnbench.cluster.plugin.CASE_RUNNER`)."""
 
 LEASE_GRACE_S = 60.0
 """Beyond a case's own timeout, how long a task waits for devices a cancelled (but still
@@ -42,9 +42,8 @@ def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
     a rank pool bound to them, always return a record."""
     from distributed import get_worker
 
-    from attnbench.execution.pool import get_default_poolset
+    from attnbench.cluster.plugin import worker_state
     from attnbench.cluster.simulation import simulate_case, simulated_seconds
-    from attnbench.cluster.worker import worker_leases
 
     options = RunOptions.from_dict(options_dict)
     if simulated_seconds():  # `attnbench worker --simulate-gpus`: scale tests of orchestration
@@ -52,16 +51,14 @@ def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
                              lease_wait_s=options.timeout_s + LEASE_GRACE_S)
     case = Case.from_dict(case_dict)
     t0 = time.perf_counter()
-    leases = worker_leases()
+    state = worker_state()
+    leases = state.leases
     most = len(leases.ids) * (1 if leases.gpu else CPU_RANKS_PER_SLOT)
     if case.world_size > most:  # a client that did not plan (plan_case): no rank starts
         return make_record(case, verdict="skipped", attempt=attempt, reason=(
             f"cp={case.cp} x tp={case.tp} needs {case.world_size} ranks; this worker runs at "
             f"most {most}"))
-    pools = get_default_poolset()
-    if not len(pools):  # first case on this worker: configure the ranks it will start
-        pools.threads_per_pool = int(os.environ.get(ENV_THREADS, "0")) or None
-        pools.preload = (CASE_FUNC.split(":")[0],)  # import torch once, at rank start
+    pools = state.pools
     wait_s = options.timeout_s + LEASE_GRACE_S
     with leases.lease(devices or case.world_size, timeout=wait_s) as lease:
         with pools.lease(world_size=case.world_size, env=lease.pool_env(case.world_size)) as pool:

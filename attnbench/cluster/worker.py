@@ -8,15 +8,18 @@ Resources (the names a case asks for when it is submitted, see :func:`case_resou
 A case with ``gpu: H100`` and ``cp * tp = 4`` asks for ``{"device": 4, "kind-H100": 4}``; a case
 with ``gpu: any`` asks for ``{"device": 4}``. Asking for both keeps Dask's count of free
 ``device`` units exact whatever mix of cases runs. Dask counts free units but does not say
-which: :class:`DeviceLeases` (one per worker process) hands concrete device ids to each running
-case, so two cases never share a GPU, and the rank pool gets them as ``CUDA_VISIBLE_DEVICES``.
+which: :class:`DeviceLeases` (one per worker process, held by the worker's plugin,
+:mod:`attnbench.cluster.plugin`) hands concrete device ids to each running case, so two cases
+never share a GPU, and the rank pool gets them as ``CUDA_VISIBLE_DEVICES``.
 
 ``attnbench worker --scheduler tcp://head:8786`` detects the GPUs without initialising CUDA in
 this process (``nvidia-smi``, else torch in a short subprocess), sets the environment the lease
-table reads, and replaces itself with ``dask worker`` (nanny, TLS, ``--death-timeout`` and
-every other ``dask worker`` option keep working: unknown options are passed through). A plain
-``dask worker --resources "device=4 kind-H100=4"`` works too; its lease table is then built
-from those resources and ``CUDA_VISIBLE_DEVICES``.
+table reads, and replaces itself with ``dask worker --preload attnbench.cluster.plugin`` (the
+worker plugin that holds the lease table and the rank pools; nanny, TLS, ``--death-timeout``
+and every other ``dask worker`` option keep working: unknown options are passed through). A
+plain ``dask worker --resources "device=4 kind-H100=4"`` works too: the client registers the
+plugin on connect, and its lease table is built from those resources and
+``CUDA_VISIBLE_DEVICES``.
 
 ``python -m attnbench.cluster.worker ADDRESS ...`` is the same command, for dask-jobqueue's
 ``worker_command`` (see ``docs/cluster.md``).
@@ -47,6 +50,8 @@ from attnbench.validation import positive_int_argument
 log = logging.getLogger("attnbench.cluster.worker")
 
 _KIND_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+PLUGIN_MODULE = "attnbench.cluster.plugin"
+"""Preloaded by every ``attnbench worker``: it registers the worker plugin as the worker starts."""
 _NVIDIA_SMI_TIMEOUT_S = 30.0
 _TORCH_PROBE_TIMEOUT_S = 120.0  # importing torch and creating a CUDA context on a busy node
 
@@ -89,7 +94,7 @@ class NodeDevices:
         return what
 
     def environ(self) -> dict[str, str]:
-        """Environment of the worker process, read by :func:`worker_leases`."""
+        """Environment of the worker process, read by :meth:`DeviceLeases.from_environment`."""
         return {ENV_IDS: ",".join(self.ids), ENV_TYPE: "gpu" if self.gpu else "cpu",
                 ENV_KIND: self.kind, ENV_DEVICE_KIND: self.detected_kind,
                 ENV_FAMILY: self.family, ENV_THREADS: str(self.threads)}
@@ -269,7 +274,8 @@ class DeviceLeases:
     ``lease(n)`` takes ``n`` free ids, preferring an aligned block (ids ``k*n .. k*n+n-1``, the
     NVLink-friendly and pool-friendly choice: the same cases get the same GPUs, so their warm
     pools are reused) and blocks until they are free. Dask normally guarantees they are; they
-    are not when a cancelled case still runs (Dask cannot stop a running task).
+    are not when a cancelled case still runs (Dask cannot stop a running task). Once closed
+    (the worker is closing) nothing more is leased.
     """
 
     def __init__(self, ids: Sequence[str], *, kind: str, gpu: bool,
@@ -282,6 +288,7 @@ class DeviceLeases:
         self.gpu = gpu
         self._free = set(self.ids)
         self._cond = threading.Condition()
+        self._closed = False
 
     def _pick(self, count: int) -> Optional[tuple[str, ...]]:
         for start in range(0, len(self.ids) - count + 1, count):
@@ -297,7 +304,9 @@ class DeviceLeases:
             raise ValueError(f"asked for {count} devices, this worker has {len(self.ids)}")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while (ids := self._pick(count)) is None:
+            while (ids := self._pick(count)) is None or self._closed:
+                if self._closed:
+                    raise LeaseTimeout(f"devices {','.join(self.ids)}: this worker is closing")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise LeaseTimeout(f"{count} of devices {','.join(self.ids)} not free after "
@@ -313,6 +322,12 @@ class DeviceLeases:
 
     def held(self) -> list[str]:
         return [d for d in self.ids if d not in self._free]
+
+    def close(self) -> None:
+        """Lease nothing more; a case waiting for devices gives up now (the worker closes)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str],
@@ -332,22 +347,6 @@ class DeviceLeases:
                    if e.strip()]
         ids = visible[:count] if gpu and len(visible) >= count else [str(i) for i in range(count)]
         return cls(ids, kind=kind, gpu=gpu)
-
-
-_leases: Optional[DeviceLeases] = None
-_leases_lock = threading.Lock()
-
-
-def worker_leases() -> DeviceLeases:
-    """This worker process's lease table, built on first use."""
-    global _leases
-    with _leases_lock:
-        if _leases is None:
-            from distributed import get_worker
-
-            worker = get_worker()
-            _leases = DeviceLeases.from_environment(os.environ, worker.state.total_resources)
-        return _leases
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -400,7 +399,7 @@ def dask_worker_argv(address: str, node: NodeDevices, args: argparse.Namespace,
     resources = " ".join(f"{k}={v}" for k, v in node.resources.items())
     argv = [sys.executable, "-m", "distributed.cli.dask_worker", address,
             "--nthreads", str(args.nthreads or len(node.ids)), "--resources", resources,
-            "--nanny" if args.nanny else "--no-nanny"]
+            "--nanny" if args.nanny else "--no-nanny", "--preload", PLUGIN_MODULE]
     if args.name:
         argv += ["--name", args.name]
     if args.no_dashboard:

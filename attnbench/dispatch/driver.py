@@ -27,7 +27,7 @@ from typing import Any, Optional
 from attnbench.dispatch.driver_state import FINAL, LOG, cancel_requested, write_state
 from attnbench.errors import UserError, printable
 from attnbench.dispatch.lanes import make_run
-from attnbench.dispatch.run import Progress, Stop, SweepRun
+from attnbench.dispatch.loop import Progress, RunLoop, Stop
 
 log = logging.getLogger("attnbench")
 
@@ -39,16 +39,16 @@ LOCK_WAIT_MARGIN_S = 30.0
 
 
 class StatusWriter:
-    """An ``on_tick`` hook of :class:`SweepRun`: rewrites ``driver.json`` once a second and
+    """An ``on_tick`` hook of a :class:`RunLoop`: rewrites ``driver.json`` once a second and
     stops the run when ``attnbench cancel`` asks or the lock was taken over."""
 
     def __init__(self, run_dir: Path, base: dict[str, Any], tokens: tuple[str, ...]):
         self.run_dir, self.base, self.tokens = Path(run_dir), base, tokens
         self.ticks = 0
         self.running: dict[str, list[str]] = {}
-        self.last_run: Optional[SweepRun] = None
+        self.last_run: Optional[RunLoop] = None
 
-    def state(self, run: Optional[SweepRun], state: str, **extra: Any) -> dict[str, Any]:
+    def state(self, run: Optional[RunLoop], state: str, **extra: Any) -> dict[str, Any]:
         out = {**self.base, "state": state, **extra}
         if run is not None:
             progress = run.progress
@@ -63,7 +63,7 @@ class StatusWriter:
                        running={} if state in FINAL else self.running)
         return out
 
-    def __call__(self, run: SweepRun) -> None:
+    def __call__(self, run: RunLoop) -> None:
         self.last_run = run
         if cancel_requested(self.run_dir, self.tokens):
             raise Stop("cancelled by attnbench cancel")
@@ -90,7 +90,7 @@ def local_run_status(store, where: str) -> StatusWriter:
     return StatusWriter(store.dir, base, (store.lock.token,))
 
 
-def who_runs_what(run: SweepRun) -> dict[str, list[str]]:
+def who_runs_what(run: RunLoop) -> dict[str, list[str]]:
     """Worker name -> ``id label`` of the cases the scheduler has assigned to it (at most 8
     each)."""
     try:
@@ -117,6 +117,7 @@ def drive(sweep_text: str, sweep_path: str, run_dir: str, submission: str, comma
 
     from attnbench.backends import check_backend_name
     from attnbench.cluster.connect import Connection
+    from attnbench.cluster.plugin import register
     from attnbench.sweep.load import parse_sweep
     from attnbench.results.store import RunStore
 
@@ -147,6 +148,7 @@ def drive(sweep_text: str, sweep_path: str, run_dir: str, submission: str, comma
             if store.resume_note:
                 print(f"attnbench: warning: {store.resume_note}", file=stream, flush=True)
             with worker_client() as client:  # secedes: the driver holds no worker thread
+                register(client)  # submit did; a no-op unless the scheduler lost it
                 conn = Connection(client, None, 1, where=f"scheduler {base['scheduler']}")
                 run = make_run(store, conn, Progress(0, len(store.done), stream),
                                worker_wait_s, dispatch)

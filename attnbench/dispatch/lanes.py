@@ -36,10 +36,10 @@ from typing import Optional
 
 from attnbench.cluster.connect import plan_case
 from attnbench.cluster.task import run_case_task_text
-from attnbench.errors import ClusterError
 from attnbench.results.records import make_record
 from attnbench.resources import DEVICE
-from attnbench.dispatch.run import TICK_S, Progress, RunSummary, SweepRun, _Flight, quiet_reconnects
+from attnbench.dispatch.loop import Progress, RunLoop, _Flight
+from attnbench.dispatch.run import SweepRun
 from attnbench.sweep.case import Case
 
 log = logging.getLogger("attnbench")
@@ -61,12 +61,16 @@ async def _ask(comm, message: dict) -> dict:
 def lane_task(address: str, lane: str, options_dict: dict, devices: int) -> int:
     """Dask task: ask the driver at ``address`` for cases until it has none, run each one as
     :func:`run_case_task` would, send back its record with the next request. Returns how many
-    cases it ran."""
+    cases it ran. A worker that closes under a case (its plugin's teardown kills the rank pools)
+    sends nothing for it: the connection closes and the driver puts the case back."""
     from distributed import get_worker
     from distributed.comm import CommClosedError, connect
     from distributed.utils import sync
 
+    from attnbench.cluster.plugin import worker_state
+
     worker = get_worker()
+    state = worker_state()  # the lease table and rank pools the cases use
     try:
         comm = sync(worker.loop, connect, address, **worker.connection_args)
     except (OSError, TimeoutError) as exc:
@@ -85,6 +89,8 @@ def lane_task(address: str, lane: str, options_dict: dict, devices: int) -> int:
                 return ran
             done = [_run_one(case_dict, attempt, options_dict, devices)
                     for case_dict, attempt in cases]
+            if state.closed:  # what ran was cut short by the worker closing, not the case
+                return ran
             ran += len(done)
     finally:
         with contextlib.suppress(Exception):
@@ -131,8 +137,11 @@ def _listen_address(client) -> str:
     return f"{scheme}://{unparse_host_port(local, 0)}"
 
 
-class LaneRun(SweepRun):
-    """:class:`SweepRun` with lanes instead of a task per case (see the module docstring)."""
+class LaneRun(RunLoop):
+    """The ``lanes`` dispatch of :class:`~attnbench.dispatch.loop.RunLoop` (see the module
+    docstring): :meth:`start` queues the cases by the resources they need and listens for the
+    lanes, :meth:`hand_out` starts lanes, :meth:`step` takes what the connections hand in,
+    :meth:`stop` tells the lanes to stop."""
 
     def __init__(self, *args, **kwargs):
         import dask
@@ -158,36 +167,13 @@ class LaneRun(SweepRun):
     def queued(self) -> int:
         return sum(len(q) for q in self.queues.values())
 
-    # -- the loop ------------------------------------------------------------------------------
-    def run(self) -> RunSummary:
-        t0 = time.perf_counter()
-        next_look = time.monotonic() + TICK_S
-        with self.interrupts.installed():
-            try:
-                self.plan()
-                self._queue_todo()
-                self._listen()
-                self.start_lanes()
-                while self._work_left():
-                    self._drain(max(0.0, next_look - time.monotonic()))
-                    if time.monotonic() >= next_look:
-                        self.look_at_workers()
-                        if self.on_tick is not None:
-                            self.on_tick(self)
-                        next_look = time.monotonic() + TICK_S
-                    self.start_lanes()
-                    self.store.flush()  # the batch's records, one write for them all
-            except KeyboardInterrupt:
-                self.summary.interrupted = True
-            except ClusterError:
-                quiet_reconnects()
-                raise
-            finally:
-                self._shutdown()
-                self.store.flush()
-        return self.finish(t0)
+    # -- the strategy ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._queue_todo()
+        self._listen()
+        self.hand_out()
 
-    def _work_left(self) -> bool:
+    def work_left(self) -> bool:
         # Under the lock: a connection that closes moves its case from in_flight back to a
         # queue in one step, never seen half done.
         with self.lock:
@@ -202,7 +188,8 @@ class LaneRun(SweepRun):
             self.queues.setdefault(group, collections.deque()).append(case)
         self.todo = []
 
-    def _drain(self, wait_s: float) -> None:
+    def step(self, wait_s: float) -> None:
+        """Records, lost cases and ended lanes, as the connections and futures left them."""
         try:
             batch = [self.done.get(timeout=wait_s)]
         except queue_mod.Empty:
@@ -289,7 +276,7 @@ class LaneRun(SweepRun):
             held.cases = []
 
     # -- lanes -----------------------------------------------------------------------------------
-    def start_lanes(self) -> None:
+    def hand_out(self) -> None:
         """Top up: on each worker, one lane per free device (or block of devices) for a group
         of cases that has more queued cases than idle lanes."""
         with self.lock:
@@ -392,7 +379,8 @@ class LaneRun(SweepRun):
                     self.summary.not_run += len(queue)
                     queue.clear()
 
-    def _shutdown(self) -> None:
+    def stop(self) -> None:
+        """Tell the lanes to stop (what they hold stays pending) and close the connections."""
         with self.lock:
             self.stopping = True
             futures = [lane.future for lane in self.lanes.values() if lane.future is not None]
@@ -418,5 +406,5 @@ def run_class(dispatch: str) -> type:
 
 
 def make_run(store, conn, progress: Progress, worker_wait_s: float = 60.0,
-             dispatch: str = "tasks") -> SweepRun:
+             dispatch: str = "tasks") -> RunLoop:
     return run_class(dispatch)(store, conn, progress, worker_wait_s)

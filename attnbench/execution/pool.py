@@ -44,9 +44,11 @@ unpickled with torch and triton refused, so a function must return plain data (`
 lines as written; the child runs unbuffered); ``Outcome.stderr_tail`` is the last lines written
 during the call.
 
-:class:`PoolSet` hands warm pools to concurrent Dask worker threads; :func:`get_default_poolset`
-is the per-process one, closed at interpreter exit. A rank also exits by itself when its parent
-dies: its request pipe hangs up and a watchdog thread kills the rank's process group.
+:class:`PoolSet` hands warm pools to concurrent Dask worker threads. A Dask worker's PoolSet is
+held by its worker plugin (:mod:`attnbench.cluster.plugin`), which closes it when the worker
+closes; :func:`get_default_poolset` is a per-process one for code outside a Dask worker, closed
+at interpreter exit. A rank also exits by itself when its parent dies: its request pipe hangs
+up and a watchdog thread kills the rank's process group.
 """
 
 from __future__ import annotations
@@ -569,8 +571,9 @@ _default_lock = threading.Lock()
 
 
 def get_default_poolset() -> PoolSet:
-    """This process's PoolSet, created on first use and closed at interpreter exit. Set its
-    ``threads_per_pool`` before the first lease to give ranks a torch thread count."""
+    """This process's PoolSet, created on first use and closed at interpreter exit (outside a
+    Dask worker: a worker's pools are its plugin's). Set its ``threads_per_pool`` before the
+    first lease to give ranks a torch thread count."""
     global _default
     with _default_lock:
         if _default is None or _default._closed:

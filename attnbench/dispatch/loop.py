@@ -1,0 +1,357 @@
+"""The run loop both dispatches share: one skeleton (:class:`RunLoop`), two strategies.
+
+A strategy says how cases are handed out, the skeleton does the rest, the same for both:
+:meth:`RunLoop.run` plans (cases no worker can run are recorded ``skipped`` now), then ::
+
+    start()                           hand out the first cases
+    while work_left():
+        step(wait_s)                  take what finished: journal it, update the progress line
+        every TICK_S: look_at_workers(), then the on_tick hook (cancel, the status file)
+        hand_out()                    hand out more: keep the workers busy
+        store.flush()                 the batch's records, one write for them all
+    stop()                            cancel or close what is still out (also after Ctrl-C or
+                                      a lost scheduler)
+    finish()                          the summary
+
+The strategies: :class:`attnbench.dispatch.run.SweepRun` (``tasks``: one Dask task per case,
+a bounded window in flight) and :class:`attnbench.dispatch.lanes.LaneRun` (``lanes``: one long
+task per device pulling cases from the driver). What every result goes through on its way
+into the journal (checked, written once, counted, shown) is here too, so both keep the
+journal by the same rules (:mod:`attnbench.dispatch.run`'s docstring).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import json
+import logging
+import queue as queue_mod
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional, TextIO
+
+from attnbench.cluster.connect import Connection, WorkerInfo, plan_case
+from attnbench.errors import ClusterError, printable
+from attnbench.results.records import BAD_VERDICTS, make_record
+from attnbench.results.schema import check_record
+from attnbench.results.store import RunStore
+from attnbench.sweep.case import Case
+
+log = logging.getLogger("attnbench")
+
+TICK_S = 1.0
+"""How often the client looks at the workers (joins, departures, stuck cases)."""
+
+
+@dataclass
+class RunSummary:
+    cases: int = 0
+    """Cases pending when the run started."""
+    submitted: int = 0
+    """Cases handed to Dask (Dask's own reruns after a worker died are not counted)."""
+    written: int = 0
+    """Records appended to the journal by this run."""
+    counts: collections.Counter = field(default_factory=collections.Counter)
+    """Verdicts of the records written."""
+    duplicated: int = 0
+    """Results that arrived for a case already in the journal (not written again)."""
+    not_run: int = 0
+    """Cases left pending: their workers left, or they were cancelled from outside."""
+    wall_s: float = 0.0
+    inside_s: float = 0.0
+    """Sum of time spent inside rank processes on cases (accuracy + timing)."""
+    interrupted: bool = False
+
+    @property
+    def lost(self) -> int:
+        return self.counts["lost"]
+
+
+class Progress:
+    """One status line (rewritten on a terminal, printed every few seconds otherwise); failing
+    cases get a line of their own as they arrive, unless ``quiet`` (the selftest, whose mutant
+    cases fail on purpose)."""
+
+    def __init__(self, total: int, already: int, stream: Optional[TextIO] = None,
+                 quiet: bool = False):
+        stream = stream or sys.stderr  # the one at call time (a default binds it at import)
+        self.total, self.already, self.stream, self.quiet = total, already, stream, quiet
+        self.done = 0
+        self.counts: collections.Counter = collections.Counter()
+        self.start = time.perf_counter()
+        self.tty = stream.isatty()
+        self.last_print = 0.0
+
+    def update(self, record: dict) -> None:
+        self.done += 1
+        self.counts[record["verdict"]] += 1
+        if record["verdict"] in BAD_VERDICTS and not self.quiet:
+            self._clear()
+            print(printable(f"  {record['verdict'].upper():8s} {record['id'][:10]} "
+                            f"{record['label']}: {record['reason']}", 2000), file=self.stream)
+        now = time.perf_counter()
+        # A terminal is redrawn at most 10 times a second: at hundreds of records a second a
+        # redraw per record would cost the driver more than writing the records.
+        if now - self.last_print > (0.1 if self.tty else 5) or self.done == self.total:
+            self.last_print = now
+            self._line()
+
+    def note(self, text: str) -> None:
+        self._clear()
+        print(f"attnbench: {printable(text, 2000)}", file=self.stream, flush=True)
+
+    def _clear(self) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+
+    def _line(self) -> None:
+        elapsed = time.perf_counter() - self.start
+        rate = self.done / elapsed if elapsed > 0 else 0
+        eta = (self.total - self.done) / rate if rate else 0
+        parts = " ".join(f"{v} {n}" for v, n in sorted(self.counts.items()))
+        text = (f"[{self.done + self.already}/{self.total + self.already}] {parts}  "
+                f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s")
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            if self.done == self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+class _Interrupts:
+    """SIGINT and SIGTERM become KeyboardInterrupt, but never in the middle of writing a record
+    (the signal is then honoured right after it)."""
+
+    def __init__(self) -> None:
+        self.pending: Optional[str] = None
+        self.critical = False
+
+    def handler(self, signum: int, frame) -> None:
+        self.pending = signal.Signals(signum).name
+        if not self.critical:
+            raise KeyboardInterrupt(self.pending)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["_Interrupts"]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self.handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self.critical = True
+        try:
+            yield
+        finally:
+            self.critical = False
+        if self.pending:
+            raise KeyboardInterrupt(self.pending)
+
+
+class Stop(KeyboardInterrupt):
+    """Raised by an ``on_tick`` hook: stop as on Ctrl-C (cases in flight stay pending)."""
+
+
+def quiet_reconnects() -> None:
+    """A lost cluster: the run reports it once; Dask's reconnect attempts would repeat it."""
+    for name in ("distributed.client", "distributed.batched", "distributed.core"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+@dataclass
+class _Flight:
+    case: Case
+    future: object
+    stuck_since: Optional[float] = None
+    cancelled: bool = False
+
+
+def _interleave_by_kind(cases: list[Case]) -> list[Case]:
+    """Round-robin over GPU kinds (order kept within a kind), so a bounded window of cases in
+    flight keeps every kind's workers busy."""
+    by_kind: dict[str, list[Case]] = {}
+    for case in cases:
+        by_kind.setdefault(case.gpu, []).append(case)
+    mixed = itertools.chain.from_iterable(itertools.zip_longest(*by_kind.values()))
+    return [c for c in mixed if c is not None]
+
+
+class RunLoop:
+    """One pass over a run directory's pending cases: :meth:`run` is the skeleton (see the
+    module docstring); a dispatch subclasses it and fills in :meth:`start`, :meth:`step`,
+    :meth:`hand_out`, :meth:`work_left`, :meth:`look_at_workers`, :meth:`stop` and
+    :meth:`queued`. The journal side is shared: :meth:`plan` (cases no worker can run are
+    skipped now), :meth:`accept` (a worker's answer, checked), :meth:`write` (append it, once),
+    :meth:`skip`, :meth:`refresh_workers` and :meth:`finish` (the summary)."""
+
+    def __init__(self, store: RunStore, conn: Connection, progress: Progress,
+                 worker_wait_s: float = 60.0):
+        self.store, self.conn, self.progress = store, conn, progress
+        self.worker_wait_s = worker_wait_s
+        self.cases = list({c.id: c for c in store.pending()}.values())  # listed twice: run once
+        self.before = {c.id: store.done.get(c.id) for c in self.cases}
+        """Each case's record when the run began (None: none): another is a duplicate."""
+        self.attempts = {c.id: store.attempt(c) for c in self.cases}
+        self.summary = RunSummary(cases=len(self.cases))
+        progress.total = len(self.cases)
+        self.options = store.sweep.options.to_dict()
+        self.todo: list[Case] = []  # next case last: pop() from the end
+        self.in_flight: dict[str, _Flight] = {}
+        self.done: queue_mod.Queue = queue_mod.Queue()
+        self.skip_reasons: set[str] = set()
+        self.interrupts = _Interrupts()
+        self.workers: list[WorkerInfo] = conn.workers()
+        self.seen: dict[str, WorkerInfo] = {w.address: w for w in self.workers}
+        self.on_tick: Optional[Callable[["RunLoop"], None]] = None
+
+    # -- the skeleton ----------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        t0 = time.perf_counter()
+        next_look = time.monotonic() + TICK_S
+        with self.interrupts.installed():
+            try:
+                self.plan()
+                self.start()
+                while self.work_left():
+                    self.step(max(0.0, next_look - time.monotonic()))
+                    if time.monotonic() >= next_look:
+                        self.look_at_workers()
+                        if self.on_tick is not None:
+                            self.on_tick(self)
+                        next_look = time.monotonic() + TICK_S
+                    self.hand_out()
+                    self.store.flush()  # the batch's records, one write for them all
+            except KeyboardInterrupt:
+                self.summary.interrupted = True
+            except ClusterError:
+                quiet_reconnects()
+                raise
+            finally:
+                self.stop()
+                self.store.flush()
+        return self.finish(t0)
+
+    # -- what a dispatch fills in ------------------------------------------------------------
+    def start(self) -> None:
+        """Hand out the first cases (:meth:`plan` has filled ``todo``)."""
+        self.hand_out()
+
+    def step(self, wait_s: float) -> None:
+        """Take what finished within ``wait_s`` seconds into the journal."""
+        raise NotImplementedError
+
+    def hand_out(self) -> None:
+        """Hand out more cases, as far as the workers have room."""
+        raise NotImplementedError
+
+    def work_left(self) -> bool:
+        """Cases queued, out on the cluster, or finished but not yet taken."""
+        raise NotImplementedError
+
+    def look_at_workers(self) -> None:
+        """Once a tick: joins, departures, cases that wait for a worker that left."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """The loop ended (done, interrupted, or the scheduler was lost): cancel or close what
+        is still out; the cases it holds stay pending."""
+
+    def queued(self) -> int:
+        """Cases not yet handed to a worker."""
+        raise NotImplementedError
+
+    # -- the journal side (both dispatches) ------------------------------------------------------
+    def finish(self, t0: float) -> RunSummary:
+        """The summary of a run loop that started at ``t0``."""
+        if self.summary.not_run:
+            self.progress.note(f"{self.summary.not_run} cases not run (no worker left that can "
+                               "run them); they stay pending")
+        self.summary.wall_s = time.perf_counter() - t0
+        return self.summary
+
+    def plan(self) -> None:
+        """Everything no worker can run is reported now, not when its turn comes."""
+        for case in _interleave_by_kind(self.cases):
+            resources, reason = plan_case(case, self.workers)
+            if resources is None:
+                self.skip(case, reason)
+            else:
+                self.todo.append(case)
+        self.todo.reverse()
+
+    def accept(self, case: Case, record) -> None:
+        """A worker's answer for ``case`` (a record, or its JSON text), checked, then written."""
+        flight = _Flight(case, None)
+        if isinstance(record, str):  # run_case_task_text
+            try:
+                record = json.loads(record)
+            except ValueError as exc:
+                record = make_record(flight.case, verdict="error", attempt=self.attempts[
+                    flight.case.id], reason=f"the worker's record is not JSON: {exc}"[:400])
+        if not isinstance(record, dict) or record.get("id") != flight.case.id:
+            got = record.get("id") if isinstance(record, dict) else type(record).__name__
+            env = (record.get("env") if isinstance(record, dict) else None) or {}
+            record = make_record(flight.case, verdict="error", reason=(
+                f"the worker returned a record for case {got!r}: does it run another attnbench "
+                f"version ({env.get('attnbench') if isinstance(env, dict) else '?'})?"),
+                attempt=self.attempts[flight.case.id])
+        text = None
+        try:  # what the journal cannot hold (NaN, a foreign shape) must not stop the run
+            check_record("", record)
+            text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        except (ValueError, TypeError) as exc:
+            record = make_record(flight.case, verdict="error", attempt=self.attempts[
+                flight.case.id], reason=f"the worker's record cannot be stored: {exc}"[:400])
+        self.write(record, text)
+
+    def write(self, record: dict, text: Optional[str] = None) -> None:
+        """Append ``record`` (``text``: its JSON) once; the run loop flushes each batch."""
+        if self.store.done.get(record["id"]) is not self.before.get(record["id"]):
+            self.summary.duplicated += 1
+            log.warning("a second result for case %s arrived; the journal keeps the first",
+                        record["id"])
+            return
+        with self.interrupts.deferred():
+            # Counted with the append: an interrupt honoured right after it must not leave the
+            # summary one record short of the journal.
+            note = self.store.append(record, text=text, flush=False)
+            self.summary.written += 1
+            self.summary.counts[record["verdict"]] += 1
+            self.summary.inside_s += record.get("duration_s") or 0.0
+        if note:
+            self.progress.note(note)
+        self.progress.update(record)
+
+    def skip(self, case: Case, reason: str) -> None:
+        if reason not in self.skip_reasons:
+            self.skip_reasons.add(reason)
+            self.progress.note(f"skipping cases no worker can run: {reason}")
+        self.write(make_record(case, verdict="skipped", reason=reason,
+                               attempt=self.attempts[case.id]))
+
+    def scheduler_lost(self, in_flight_count: int) -> ClusterError:
+        return ClusterError(f"lost the connection to the Dask scheduler ({self.conn.where}); "
+                            f"{self.summary.written} records written by this run, "
+                            f"{in_flight_count} cases in flight not recorded")
+
+    def refresh_workers(self) -> None:
+        try:
+            if self.conn.client.status not in ("running", "newly-created"):
+                raise OSError(f"client status {self.conn.client.status}")
+            self.workers = self.conn.workers()
+        except OSError:  # CommClosedError and timeouts included
+            raise self.scheduler_lost(len(self.in_flight)) from None
+        self.seen.update((w.address, w) for w in self.workers)
