@@ -339,7 +339,7 @@ def _main(argv: Optional[list[str]] = None) -> int:
         handler.addFilter(lambda r: r.levelno >= logging.ERROR or not r.name.startswith(noisy))
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:
-        from attnbench.cluster.worker import main as worker_main
+        from attnbench.cluster.worker import worker_main
 
         return worker_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -268,7 +268,7 @@ def test_bad_numbers_and_names_are_argument_errors(sweep_file, tmp_path, capsys,
 
 
 def test_worker_refuses_zero_threads_and_offers_its_listen_options(capsys):
-    from attnbench.cluster.worker import main as worker_main
+    from attnbench.cluster.worker import worker_main
 
     for bad in (["--nthreads", "0"], ["--slots", "0"]):
         with pytest.raises(SystemExit) as info:

@@ -29,7 +29,7 @@ import pytest
 from attnbench.cluster.connect import WorkerInfo, plan_case
 from attnbench.sweep.case import Case
 from attnbench.cluster.worker import DetectionError, DeviceLeases, LeaseTimeout, detect_node
-from attnbench.cluster.worker import main as worker_main
+from attnbench.cluster.worker import worker_main
 from helpers import ROOT, attnbench_cmd
 
 SLEEP_S = 0.3

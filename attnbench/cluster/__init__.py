@@ -7,3 +7,18 @@ leased, the case handed to a warm rank pool, a record always returned); :mod:`~.
 :mod:`~.scheduler_address` finds the scheduler the ways Dask users say it; :mod:`~.simulation`
 simulates GPUs for scale tests; :mod:`~.performance_report` keeps Dask's report of a run.
 """
+
+from attnbench import package_face
+
+__all__, __getattr__ = package_face(__name__, {
+    "connect": ("Connection", "WorkerInfo", "check_connection_arguments", "describe_workers",
+                "make_security", "plan_case"),
+    "performance_report": ("REPORT_NAME", "saved_performance_report"),
+    "plugin": ("CASE_RUNNER", "NAME", "WorkerState", "register", "worker_state"),
+    "scheduler_address": ("check_choice", "choose_scheduler", "read_scheduler_file"),
+    "simulation": ("lease_overlaps", "simulate_case", "simulated_seconds"),
+    "task": ("CASE_FUNC", "CPU_RANKS_PER_SLOT", "outcome_to_record", "run_case_task",
+             "run_case_task_text"),
+    "worker": ("DetectionError", "DeviceLeases", "LeaseTimeout", "detect_gpus", "detect_node",
+               "worker_main"),
+})

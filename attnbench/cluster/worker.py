@@ -412,7 +412,7 @@ def dask_worker_argv(address: str, node: NodeDevices, args: argparse.Namespace,
     return argv + list(passthrough)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def worker_main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     address = None
@@ -458,4 +458,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(worker_main())

@@ -5,3 +5,13 @@ pulls cases from the driver; :mod:`~.driver` is the driver as a Dask task (``att
 submit``), :mod:`~.driver_state` what a detached run leaves for ``status``, ``attach`` and
 ``cancel``, and :mod:`~.detach` those commands.
 """
+
+from attnbench import package_face
+
+__all__, __getattr__ = package_face(__name__, {
+    "detach": ("add_detach_commands", "journal_verdicts"),
+    "driver": ("drive", "local_run_status"),
+    "lanes": ("DISPATCHES", "LaneRun", "make_run", "run_class"),
+    "loop": ("Progress", "RunLoop"),
+    "run": ("SweepRun", "run_pending"),
+})

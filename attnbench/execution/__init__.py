@@ -6,7 +6,13 @@ and turns their crashes, hangs and out-of-memory errors into :class:`Outcome` va
 neither torch nor the case runner.
 """
 
-from attnbench.execution.ranks import Outcome
-from attnbench.execution.pool import PoolSet, RankPool, get_default_poolset
+from attnbench import package_face
 
-__all__ = ["Outcome", "PoolSet", "RankPool", "get_default_poolset"]
+__all__, __getattr__ = package_face(__name__, {
+    "case_runner": ("run_case", "run_payload", "served_kinds"),
+    "child": ("read_message", "write_message"),
+    "multi": ("run_parallel_case",),
+    "pool": ("PoolSet", "RankPool", "get_default_poolset"),
+    "ranks": ("OUTCOME_KINDS", "FrameReader", "Outcome"),
+    "single": ("run_single_case",),
+})
