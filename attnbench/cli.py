@@ -22,9 +22,9 @@ from attnbench.errors import (EXIT_CLUSTER, EXIT_FAILURES, EXIT_FINDINGS, EXIT_I
                               EXIT_OK, EXIT_STATUS_HELP, ClusterError, UserError, printable,
                               quiet_broken_pipe, short_repr)
 from attnbench.results.records import BAD_VERDICTS, VERDICTS
-from attnbench.sweep.load import load_sweep, single_case_sweep
 from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
                                      load_records)
+from attnbench.sweep.load import load_sweep, single_case_sweep
 from attnbench.validation import positive_int_argument
 
 

@@ -37,12 +37,12 @@ from attnbench.dtypes import BY_NAME, FAMILIES, is_fp8
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_OK, ClusterError
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN, Mutant, by_name)
-from attnbench.results.records import BAD_VERDICTS, DIED_VERDICTS
-from attnbench.resources import ENV_DEVICE, ENV_THREADS
-from attnbench.sweep.case import Case
-from attnbench.sweep.options import RunOptions, TimingOptions
-from attnbench.sweep.load import Sweep, load_sweep
 from attnbench.report.trends import SLOPE_BOUND, findings, trends
+from attnbench.resources import ENV_DEVICE, ENV_THREADS
+from attnbench.results.records import BAD_VERDICTS, DIED_VERDICTS
+from attnbench.sweep.case import Case
+from attnbench.sweep.load import Sweep, load_sweep
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 DEFAULT_SWEEPS = (SWEEPS_DIR / "standard.yaml", SWEEPS_DIR / "decode.yaml",

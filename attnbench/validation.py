@@ -2,9 +2,9 @@
 
 One place for the typed value rules every field and option goes through (a sweep's
 fields and options in :mod:`attnbench.sweep`, a stored record's case and a manifest's options in
-:mod:`attnbench.results.store`), for reading a small input file without trusting its size or kind, and
-for parsing YAML and JSON strictly. Every mistake is a :class:`~attnbench.errors.UserError` whose
-message shows a bounded part of the input (:func:`~attnbench.errors.short_repr`).
+:mod:`attnbench.results.store`), for reading a small input file without trusting its size or kind,
+and for parsing YAML and JSON strictly. Every mistake is a :class:`~attnbench.errors.UserError`
+whose message shows a bounded part of the input (:func:`~attnbench.errors.short_repr`).
 """
 
 from __future__ import annotations

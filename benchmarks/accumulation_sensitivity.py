@@ -25,14 +25,14 @@ import time
 import torch
 
 from attnbench.accuracy import bounds as acc
-from attnbench.problem.dropout import hash_keep_mask
 from attnbench.accuracy.evaluate import References
 from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
-from attnbench.problem.inputs import make_inputs
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.problem.inputs import make_inputs
+from attnbench.report.trends import SLOPE_BOUND, Point, Series, fit
 from attnbench.results.records import TENSORS
 from attnbench.sweep.case import make_case
-from attnbench.report.trends import SLOPE_BOUND, Point, Series, fit
 
 
 def round_to_bits(x: torch.Tensor, bits: int) -> torch.Tensor:

@@ -3,8 +3,8 @@
     python benchmarks/baseline_memory.py [--lengths 16384,65536] [--error-lengths 256,1024,4096]
         [--quick] [--no-memory] [--no-errors]
 
-Memory: forward + backward of :mod:`attnbench.accuracy.fused_baseline` at each length (1 head, d64, bf16,
-causal and not), each in a fresh subprocess so that the peak resident memory (``ru_maxrss``)
+Memory: forward + backward of :mod:`attnbench.accuracy.fused_baseline` at each length (1 head, d64,
+bf16, causal and not), each in a fresh subprocess so that the peak resident memory (``ru_maxrss``)
 belongs to that length alone; on a GPU also ``torch.cuda.max_memory_allocated``. Printed next
 to one S x S bf16 matrix, the least a dense (naive) implementation needs.
 
@@ -26,10 +26,10 @@ import time
 import torch
 
 from attnbench.accuracy.bounds import tensor_errors
-from attnbench.backends import get_backend
 from attnbench.accuracy.fused_baseline import FusedBaseline
-from attnbench.problem.inputs import make_inputs
+from attnbench.backends import get_backend
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.inputs import make_inputs
 from attnbench.problem.reference import reference_backward, reference_forward
 from attnbench.sweep.case import make_case
 

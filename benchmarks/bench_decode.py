@@ -6,8 +6,8 @@
     python benchmarks/bench_decode.py --cpu-smoke            # tiny shapes, interpreter
 
 Shapes: 32 query heads, 8 KV heads, head_dim 128, bf16, batch 2 (``--batch``). Bytes come from
-:func:`attnbench.sweep.flops.decode_bytes` (each sequence's cache read once, q, out, the block table),
-the model the sweeps use; % of bandwidth is against the datasheet figure of
+:func:`attnbench.sweep.flops.decode_bytes` (each sequence's cache read once, q, out, the block
+table), the model the sweeps use; % of bandwidth is against the datasheet figure of
 :mod:`attnbench.hardware.peaks`. Every backend is called through the attnbench backend protocol,
 exactly as the harness calls it; the paged pool and block table are built by the first
 (untimed) call.
@@ -30,10 +30,10 @@ import torch
 
 from attnbench.backends import Unsupported, get_backend, refusal
 from attnbench.backends.masks import release_prepared
-from attnbench.sweep.flops import decode_bytes
-from attnbench.problem.inputs import make_inputs
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.inputs import make_inputs
 from attnbench.sweep.case import make_case
+from attnbench.sweep.flops import decode_bytes
 from attnbench.timing.bench import bench_ms
 
 

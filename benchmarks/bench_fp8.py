@@ -33,9 +33,9 @@ import sys
 
 import torch
 
-from attnbench.problem.fp8 import FORMATS, quantize
 from attnbench.kernels.flash_fwd import FP8_MIN_CAPABILITY, flash_forward, flash_forward_fp8
 from attnbench.kernels.params import FlashParams
+from attnbench.problem.fp8 import FORMATS, quantize
 from attnbench.timing.bench import bench_ms
 
 VARIANTS = ("bf16", "fp8 e4m3", "fp8 e4m3 vT", "fp8 e5m2", "fp8 e5m2 vT")

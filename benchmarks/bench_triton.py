@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.backends import Unsupported, get_backend
-from attnbench.sweep.flops import case_flops
-from attnbench.problem.inputs import make_inputs
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.inputs import make_inputs
 from attnbench.sweep.case import make_case
+from attnbench.sweep.flops import case_flops
 from attnbench.timing.bench import bench_ms
 
 

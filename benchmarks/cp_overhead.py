@@ -23,10 +23,10 @@ from pathlib import Path
 
 from attnbench.cluster.task import outcome_to_record
 from attnbench.execution.pool import RankPool
-from attnbench.sweep.case import Case
-from attnbench.sweep.options import RunOptions, TimingOptions
-from attnbench.sweep.load import load_sweep
 from attnbench.results.store import load_records
+from attnbench.sweep.case import Case
+from attnbench.sweep.load import load_sweep
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
 SWEEP = Path(__file__).resolve().parent.parent / "sweeps" / "cp_tp.yaml"

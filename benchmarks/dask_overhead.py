@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from attnbench.cluster.connect import connect  # noqa: E402
 from attnbench.dispatch.run import run_pending  # noqa: E402
-from attnbench.sweep.load import load_sweep  # noqa: E402
 from attnbench.results.store import RunStore  # noqa: E402
+from attnbench.sweep.load import load_sweep  # noqa: E402
 
 SLEEPY = "sleepy_backend:make"
 

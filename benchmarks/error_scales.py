@@ -18,8 +18,8 @@ import math
 import time
 
 from attnbench.execution.case_runner import run_case
-from attnbench.sweep.options import RunOptions, TimingOptions
 from attnbench.sweep.case import make_case
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 
 def cases(args):

@@ -2,8 +2,8 @@
 
 Prints, per input distribution and length, the relative L2 error of the fused fp8 model's output
 (FusedBaseline with p_format) against exact attention on the same dequantized inputs, with P
-pre-scaled by attnbench.problem.fp8.P_PRESCALE and without (p_prescale=1), and their ratio: the margin
-by which the fused rule (2 x the baseline) catches the missing pre-scale.
+pre-scaled by attnbench.problem.fp8.P_PRESCALE and without (p_prescale=1), and their ratio: the
+margin by which the fused rule (2 x the baseline) catches the missing pre-scale.
 
     python benchmarks/fp8_prescale.py [--lengths 96 256 1024 4096] [--format fp8_e4m3]
 """
@@ -15,10 +15,10 @@ import argparse
 import torch
 
 from attnbench.accuracy.bounds import tensor_errors
-from attnbench.problem.fp8 import FORMATS, dequantize_call, with_descales
 from attnbench.accuracy.fused_baseline import FusedBaseline
-from attnbench.problem.inputs import make_fp8_inputs
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.fp8 import FORMATS, dequantize_call, with_descales
+from attnbench.problem.inputs import make_fp8_inputs
 from attnbench.problem.reference import reference_forward
 from attnbench.sweep.case import make_case
 

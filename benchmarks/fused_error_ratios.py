@@ -1,7 +1,7 @@
 """How far correct fused backends sit from the fused-precision baseline (the new bounds' scale).
 
-For each case: the fp64 reference, the fused baseline (:mod:`attnbench.accuracy.fused_baseline`) and the
-backend on the same inputs and the same dropout mask; the ratio (backend rel. L2 error) /
+For each case: the fp64 reference, the fused baseline (:mod:`attnbench.accuracy.fused_baseline`) and
+the backend on the same inputs and the same dropout mask; the ratio (backend rel. L2 error) /
 (baseline rel. L2 error) per tensor. Prints the largest ratio per (dtype, tensor), per backend
 and over all of them, with the case that gave it, and the median.
 
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.accuracy.bounds import tensor_errors
-from attnbench.backends import Capabilities, Unsupported, get_backend
-from attnbench.problem.dropout import hash_keep_mask
 from attnbench.accuracy.fused_baseline import FusedBaseline
-from attnbench.problem.inputs import make_inputs
+from attnbench.backends import Capabilities, Unsupported, get_backend
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.problem.inputs import make_inputs
 from attnbench.problem.reference import reference_backward, reference_forward
 from attnbench.sweep.case import make_case
 

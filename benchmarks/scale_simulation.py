@@ -46,11 +46,11 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 import psutil  # noqa: E402  (a dependency of distributed)
 
 from attnbench.cluster.connect import Connection  # noqa: E402
+from attnbench.cluster.simulation import lease_overlaps  # noqa: E402
 from attnbench.dispatch.lanes import DISPATCHES, make_run  # noqa: E402
 from attnbench.dispatch.loop import Progress  # noqa: E402
-from attnbench.cluster.simulation import lease_overlaps  # noqa: E402
-from attnbench.sweep.load import load_sweep  # noqa: E402
 from attnbench.results.store import RunStore, load_records  # noqa: E402
+from attnbench.sweep.load import load_sweep  # noqa: E402
 
 
 def write_sweep(path: Path, cases: int, kinds: list[str], tp: list[int]) -> None:
@@ -237,7 +237,8 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=2.0,
                         help="cases in flight per device (the driver's default: 2)")
     parser.add_argument("--dispatch", choices=DISPATCHES, default="lanes",
-                        help="a Dask task per case, or lanes that pull cases (attnbench/dispatch/lanes.py)")
+                        help="a Dask task per case, or lanes that pull cases "
+                        "(attnbench/dispatch/lanes.py)")
     parser.add_argument("--profile", action="store_true", help="cProfile the driver loop")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
     args = parser.parse_args()

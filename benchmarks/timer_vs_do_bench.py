@@ -21,10 +21,10 @@ import sys
 import torch
 
 from attnbench.backends import Unsupported, get_backend
-from attnbench.problem.inputs import make_inputs
 from attnbench.problem.attn_spec import AttnSpec
-from attnbench.sweep.options import TimingOptions
+from attnbench.problem.inputs import make_inputs
 from attnbench.sweep.case import make_case
+from attnbench.sweep.options import TimingOptions
 from attnbench.timing.loop import make_clock, measure
 
 # (batch, seqlen, heads, head_dim): from tens of microseconds to milliseconds on an H100/H200.

@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from attnbench.sweep.flops import case_flops
 from attnbench.sweep.case import make_case
+from attnbench.sweep.flops import case_flops
 
 MIXES = [{"lengths": "lognormal", "mean": 2048, "max": 16384, "total": total, "seed": 0}
          for total in (16384, 32768, 65536, 131072)]

@@ -27,12 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.problem.fp8 import FORMATS, P_PRESCALE
 from attnbench.kernels import configs
 from attnbench.kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile, \
     sequence_of
 from attnbench.kernels.fp8 import round_to_fp8_grid, round_to_grid
 from attnbench.kernels.params import FlashParams, is_interpreted, strides
+from attnbench.problem.fp8 import FORMATS, P_PRESCALE
 
 
 @triton.jit

@@ -1,4 +1,5 @@
-"""fp8 quantization inside a kernel, in fp32 arithmetic (see :mod:`attnbench.problem.fp8` for the model).
+"""fp8 quantization inside a kernel, in fp32 arithmetic (see :mod:`attnbench.problem.fp8` for the
+model).
 
 Triton 3.9's interpreter casts fp32 -> fp8 wrongly when the rounding carries into the exponent
 (-1.965 becomes -1.0, not -2.0); a compiled kernel's ``cvt`` rounds correctly. Rounding to the
@@ -36,10 +37,10 @@ def round_to_grid(x, MANTISSA_BITS: tl.constexpr):
     ``MANTISSA_BITS`` stored mantissa bits (bf16: 7), nearest, ties to even, still fp32.
 
     Integer rounding of the fp32 bits: add half an ulp of the target minus one, plus the lowest
-    kept bit (ties go to even), then clear the dropped bits (unsigned: no overflow). A carry into the exponent is the
-    correct result (1.99 -> 2.0; the largest values round to inf, as a cast does), and fp32
-    subnormals are handled alike (bf16 shares them). Used before fp32 -> bf16 casts under
-    Triton 3.9's interpreter, which truncates them (kernels/flash_fwd.py).
+    kept bit (ties go to even), then clear the dropped bits (unsigned: no overflow). A carry into
+    the exponent is the correct result (1.99 -> 2.0; the largest values round to inf, as a cast
+    does), and fp32 subnormals are handled alike (bf16 shares them). Used before fp32 -> bf16 casts
+    under Triton 3.9's interpreter, which truncates them (kernels/flash_fwd.py).
     """
     DROP: tl.constexpr = 23 - MANTISSA_BITS
     bits = x.to(tl.uint32, bitcast=True)

@@ -6,8 +6,8 @@ import itertools
 import pytest
 
 from attnbench.execution.case_runner import run_case
-from attnbench.sweep.options import RunOptions, TimingOptions
 from attnbench.sweep.case import make_case
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 NO_TIMING = RunOptions(timing=TimingOptions(enabled=False))
 DTYPES = ["fp32", "fp16", "bf16"]

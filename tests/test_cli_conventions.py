@@ -14,8 +14,8 @@ from importlib import metadata
 
 import pytest
 
-from attnbench.errors import EXIT_BROKEN_PIPE, UsageError
 from attnbench.cluster.scheduler_address import choose_scheduler, read_scheduler_file
+from attnbench.errors import EXIT_BROKEN_PIPE, UsageError
 from helpers import ROOT
 
 

@@ -17,18 +17,18 @@ import subprocess
 import pytest
 import torch
 
-from attnbench.execution.case_runner import run_case
-from attnbench.sweep.flops import case_bytes
-from attnbench.problem.paged import build_paged_cache, decode_cache, gather_kv
-from attnbench.problem.attn_spec import AttnSpec, alibi_slopes
-from attnbench.problem.reference import reference_forward
-from attnbench.sweep.case import Case, make_case
-from attnbench.sweep.options import RunOptions, TimingOptions
-from attnbench.sweep.load import parse_sweep
 from attnbench.errors import SweepError
-from attnbench.results.schema import check_record
+from attnbench.execution.case_runner import run_case
 from attnbench.kernels.decode import decode_forward, merge_splits_torch
 from attnbench.kernels.params import FlashParams
+from attnbench.problem.attn_spec import AttnSpec, alibi_slopes
+from attnbench.problem.paged import build_paged_cache, decode_cache, gather_kv
+from attnbench.problem.reference import reference_forward
+from attnbench.results.schema import check_record
+from attnbench.sweep.case import Case, make_case
+from attnbench.sweep.flops import case_bytes
+from attnbench.sweep.load import parse_sweep
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))
 ONE_SAMPLE = RunOptions(timeout_s=120, timing=TimingOptions(

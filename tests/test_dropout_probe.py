@@ -1,5 +1,5 @@
-"""Dropout of hidden-mask backends (attnbench.accuracy.dropout_probe): the mask is recovered for sdpa on
-CPU and the fp64 reference judges with it; the forward dropout mutants are caught, by the
+"""Dropout of hidden-mask backends (attnbench.accuracy.dropout_probe): the mask is recovered for
+sdpa on CPU and the fp64 reference judges with it; the forward dropout mutants are caught, by the
 recovered mask and by statistics alone; the correct control passes both.
 
 Margins (value / bound of the check that catches it; a check passes at <= 1), the smallest over
@@ -27,14 +27,14 @@ import pytest
 import torch
 
 from attnbench.accuracy import dropout_probe
+from attnbench.accuracy.dropout_probe import RecoveredKeepMask, RngState, judge_dropout
+from attnbench.accuracy.evaluate import evaluate
 from attnbench.backends import get_backend
 from attnbench.backends.base import Forward
 from attnbench.backends.sdpa import SdpaDefault
-from attnbench.accuracy.dropout_probe import RecoveredKeepMask, RngState, judge_dropout
-from attnbench.accuracy.evaluate import evaluate
-from attnbench.problem.inputs import make_inputs
 from attnbench.mutants.dropout import DropoutKeepP, DropoutRenormalised, HiddenTorchRngDropout
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.inputs import make_inputs
 from attnbench.results.records import TENSORS
 from attnbench.sweep.case import make_case
 

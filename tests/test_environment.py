@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from attnbench import cli
-from attnbench.results import store
-from attnbench.hardware.device import interpreter_on_gpu
 from attnbench.execution.case_runner import served_kinds
-from attnbench.results.records import make_record
+from attnbench.hardware.device import interpreter_on_gpu
 from attnbench.resources import ENV_FAMILY, ENV_KIND, node_resources
+from attnbench.results import store
+from attnbench.results.records import make_record
 from attnbench.sweep.load import load_sweep
 
 SWEEP = "name: envtest\ndefaults: {backend: naive, seqlen_q: 16, heads_q: 2, head_dim: 8}\n" \

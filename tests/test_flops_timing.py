@@ -7,10 +7,10 @@ import threading
 import pytest
 import torch
 
-from attnbench.sweep.flops import BACKWARD_FACTOR, case_bytes, case_flops, visible_pairs
 from attnbench.problem.attn_spec import AttnSpec
-from attnbench.sweep.options import TimingOptions
 from attnbench.sweep.case import make_case
+from attnbench.sweep.flops import BACKWARD_FACTOR, case_bytes, case_flops, visible_pairs
+from attnbench.sweep.options import TimingOptions
 from attnbench.timing.loop import (CpuClock, EventClock, StopRule, calls_per_sample, measure,
                                    summarize)
 

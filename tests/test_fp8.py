@@ -7,8 +7,8 @@ import attnbench.kernels  # noqa: F401  (sets TRITON_INTERPRET when there is no 
 import triton
 import triton.language as tl
 
-from attnbench.problem.fp8 import FORMATS, quantize, round_to_fp8
 from attnbench.kernels.fp8 import round_to_fp8_grid
+from attnbench.problem.fp8 import FORMATS, quantize, round_to_fp8
 
 
 @triton.jit

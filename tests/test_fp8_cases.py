@@ -10,18 +10,18 @@ import pytest
 import torch
 
 from attnbench.accuracy.bounds import tensor_errors
+from attnbench.accuracy.fused_baseline import FusedBaseline
 from attnbench.errors import SweepError
 from attnbench.execution.case_runner import run_case
-from attnbench.sweep.flops import case_bytes
-from attnbench.problem.fp8 import FORMATS, dequantize_call, round_to_fp8, with_descales
-from attnbench.accuracy.fused_baseline import FusedBaseline
-from attnbench.problem.inputs import make_fp8_inputs
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.fp8 import FORMATS, dequantize_call, round_to_fp8, with_descales
+from attnbench.problem.inputs import make_fp8_inputs
 from attnbench.problem.reference import reference_forward
-from attnbench.sweep.options import RunOptions, TimingOptions
-from attnbench.sweep.case import make_case
-from attnbench.sweep.load import parse_sweep
 from attnbench.results.schema import check_record
+from attnbench.sweep.case import make_case
+from attnbench.sweep.flops import case_bytes
+from attnbench.sweep.load import parse_sweep
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))
 FP8 = dict(batch=2, seqlen_q=64, heads_q=4, heads_kv=2, head_dim=32, dtype="fp8_e4m3")

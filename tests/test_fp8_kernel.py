@@ -4,14 +4,15 @@ dequantized inputs, held to a Python model of the same roundings.
 The model (:func:`model_forward`, FA3's fp8 precision): fp32 scores of the dequantized values,
 online softmax in fp32 over key blocks of the kernel's BLOCK_N, P (relative to the running max)
 rounded to v's fp8 grid before P·V, an fp32 accumulator, one rounding of the output. It takes
-fp32 dequantized q, k, v: with power-of-two descales (what :func:`attnbench.problem.fp8.quantize` makes)
-(q8 * dq)·(k8 * dk) = dq * dk * (q8·k8) exactly, so this is the kernel's arithmetic, not an
+fp32 dequantized q, k, v: with power-of-two descales (what :func:`attnbench.problem.fp8.quantize`
+makes) (q8 * dq)·(k8 * dk) = dq * dk * (q8·k8) exactly, so this is the kernel's arithmetic, not an
 approximation of it. The kernel's relative L2 error of ``out`` must be within
 ``ERROR_RATIO_TOL`` of the model's and the two must be far closer to each other than either is
 to fp64.
 
-Tiny shapes and 16 x 16 tiles (16 x 32 on a GPU; the interpreter is slow): multi-block rows, partial blocks and
-all three key ranges. Legend: B = batch, Hq / Hkv = heads, Sq / Sk = lengths, D = head dim.
+Tiny shapes and 16 x 16 tiles (16 x 32 on a GPU; the interpreter is slow): multi-block rows, partial
+blocks and all three key ranges. Legend: B = batch, Hq / Hkv = heads, Sq / Sk = lengths, D = head
+dim.
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnbench.backends.triton_backend import flash_params
-from attnbench.problem.fp8 import FORMATS, Fp8Format, Quantized, quantize
 from attnbench.accuracy.fused_baseline import FusedBaseline
+from attnbench.backends.triton_backend import flash_params
 from attnbench.kernels import flash_fwd
 from attnbench.kernels.configs import BlockConfig
 from attnbench.kernels.flash_fwd import flash_forward_fp8
 from attnbench.kernels.params import is_interpreted
 from attnbench.problem.attn_spec import AttnSpec, alibi_slopes
+from attnbench.problem.fp8 import FORMATS, Fp8Format, Quantized, quantize
 from attnbench.problem.reference import reference_forward
 
 REPO = Path(__file__).resolve().parents[1]

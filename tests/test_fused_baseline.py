@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from attnbench.accuracy.bounds import tensor_errors
-from attnbench.backends import get_backend
-from attnbench.problem.dropout import hash_keep_mask
 from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
-from attnbench.problem.inputs import make_inputs
+from attnbench.backends import get_backend
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.problem.inputs import make_inputs
 from attnbench.problem.reference import reference_backward, reference_forward
 from attnbench.sweep.case import make_case
 

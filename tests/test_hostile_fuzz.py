@@ -31,9 +31,9 @@ from hypothesis import strategies as st  # noqa: E402
 from attnbench import cli  # noqa: E402
 from attnbench.errors import ClusterError  # noqa: E402
 from attnbench.results.records import TENSORS, VERDICTS, make_record  # noqa: E402
+from attnbench.results.store import RunStore  # noqa: E402
 from attnbench.sweep.case import CASE_FIELDS, make_case  # noqa: E402
 from attnbench.sweep.load import load_sweep  # noqa: E402
-from attnbench.results.store import RunStore  # noqa: E402
 from helpers import ROOT, attnbench_cmd  # noqa: E402
 
 # Hypothesis keeps caches (not examples) in its home: the git-ignored build/, not the checkout.

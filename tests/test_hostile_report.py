@@ -18,8 +18,8 @@ import pytest
 
 from attnbench import cli
 from attnbench.results.records import make_record
-from attnbench.sweep.load import load_sweep
 from attnbench.results.store import RunStore
+from attnbench.sweep.load import load_sweep
 from helpers import ROOT
 
 MINIMAL = str(ROOT / "tests" / "data" / "minimal.yaml")

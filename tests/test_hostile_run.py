@@ -23,9 +23,9 @@ import pytest
 from attnbench import cli
 from attnbench.cluster.connect import WorkerInfo, plan_case
 from attnbench.results.records import make_record
+from attnbench.results.store import RunStore, load_records
 from attnbench.sweep.case import Case, make_case
 from attnbench.sweep.load import load_sweep
-from attnbench.results.store import RunStore, load_records
 
 SWEEP = """name: tiny
 defaults: {backend: naive, batch: 1, seqlen_q: 32, heads_q: 2, head_dim: 16, dtype: fp32}

@@ -119,7 +119,8 @@ def test_triton_is_required_on_linux_only():
 def test_without_triton_a_triton_case_is_unsupported_with_the_reason():
     code = ("import sys; sys.modules['triton'] = None\n"
             "from attnbench.execution.case_runner import run_case\n"
-            "from attnbench.sweep.options import RunOptions\nfrom attnbench.sweep.case import make_case\n"
+            "from attnbench.sweep.options import RunOptions\n"
+            "from attnbench.sweep.case import make_case\n"
             "case = make_case('t', {'backend': 'triton', 'dtype': 'fp32', 'seqlen_q': 16,\n"
             "                       'heads_q': 2, 'head_dim': 16})\n"
             "import json; r = run_case(case, RunOptions())\n"

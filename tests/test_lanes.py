@@ -1,5 +1,6 @@
-"""Lanes (attnbench/dispatch/lanes.py): devices pull their next case from the driver. The bookkeeping
-that keeps the journal exact, then real processes: simulated workers, one SIGKILLed mid-run."""
+"""Lanes (attnbench/dispatch/lanes.py): devices pull their next case from the driver. The
+bookkeeping that keeps the journal exact, then real processes: simulated workers, one SIGKILLed
+mid-run."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import signal
 import subprocess
 import time
 
-from attnbench.dispatch.lanes import LaneRun, _Held, _Lane
-from attnbench.results.records import make_record
-from attnbench.dispatch.loop import Progress
 from attnbench.cluster.simulation import lease_overlaps
+from attnbench.dispatch.lanes import LaneRun, _Held, _Lane
+from attnbench.dispatch.loop import Progress
+from attnbench.results.records import make_record
 from attnbench.sweep.case import Case
 from helpers import ROOT, attnbench_cmd
 from test_multinode import Processes, _FakeConnection, _journal, _store, _wait_for, _workers

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from attnbench.cluster.connect import WorkerInfo, plan_case
-from attnbench.sweep.case import Case
 from attnbench.cluster.worker import DetectionError, DeviceLeases, LeaseTimeout, detect_node
 from attnbench.cluster.worker import worker_main
+from attnbench.sweep.case import Case
 from helpers import ROOT, attnbench_cmd
 
 SLEEP_S = 0.3

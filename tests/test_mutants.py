@@ -23,8 +23,8 @@ from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
 from attnbench.selftest import (Evidence, evidence, is_long, judge_controls, judge_mutant,
                                 make_plan, run_in_pools, summary)
 from attnbench.sweep.case import Case, make_case
-from attnbench.sweep.options import RunOptions, TimingOptions
 from attnbench.sweep.load import load_sweep
+from attnbench.sweep.options import RunOptions, TimingOptions
 from helpers import ROOT, attnbench_cmd
 
 NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))

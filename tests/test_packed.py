@@ -7,20 +7,20 @@ import pytest
 import torch
 
 from attnbench.accuracy.bounds import identity_bounds
-from attnbench.backends import get_backend
-from attnbench.problem.dropout import hash_keep_mask
-from attnbench.execution.case_runner import run_case
-from attnbench.sweep.flops import case_bytes, case_flops, visible_pairs
 from attnbench.accuracy.fused_baseline import fused_backward, fused_forward
-from attnbench.problem.inputs import make_inputs
 from attnbench.accuracy.invariants import identity_residuals
+from attnbench.backends import get_backend
 from attnbench.backends.capabilities import refusal
-from attnbench.problem.packing import segments, sequence_spec
+from attnbench.execution.case_runner import run_case
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.problem.inputs import make_inputs
+from attnbench.problem.packing import segments, sequence_spec
 from attnbench.problem.reference import reference_backward, reference_forward
 from attnbench.report.data import flatten
-from attnbench.sweep.options import RunOptions, TimingOptions
 from attnbench.sweep.case import make_case
+from attnbench.sweep.flops import case_bytes, case_flops, visible_pairs
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 NO_TIMING = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))
 PACK = dict(seqlens_q=[5, 17, 1, 33], seqlens_kv=[9, 3, 4, 40], heads_q=4, heads_kv=2,

@@ -12,17 +12,17 @@ import torch
 
 import attnbench.kernels  # noqa: F401  (TRITON_INTERPRET=1 without a GPU, before the kernels load)
 from attnbench.backends.triton_backend import flash_params, triton_keep_mask
-from attnbench.problem.inputs import make_inputs
-from attnbench.problem.packing import segments, sequence_spec
-from attnbench.problem.attn_spec import AttnSpec
-from attnbench.problem.reference import reference_backward, reference_forward
 from attnbench.execution.case_runner import run_case
-from attnbench.sweep.options import RunOptions, TimingOptions
-from attnbench.sweep.case import make_case
 from attnbench.kernels.configs import BlockConfig
 from attnbench.kernels.flash_bwd import flash_backward
 from attnbench.kernels.flash_fwd import _attn_fwd, flash_forward
 from attnbench.kernels.params import is_interpreted
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.inputs import make_inputs
+from attnbench.problem.packing import segments, sequence_spec
+from attnbench.problem.reference import reference_backward, reference_forward
+from attnbench.sweep.case import make_case
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 TILE = BlockConfig(block_m=16, block_n=16)
 LENGTHS = dict(seqlens_q=[5, 40, 1, 19], seqlens_kv=[9, 17, 3, 19])

@@ -16,8 +16,8 @@ from attnbench.cluster.task import outcome_to_record
 from attnbench.execution.pool import RankPool
 from attnbench.parallel import layout as lay
 from attnbench.results.records import TENSORS
-from attnbench.sweep.options import RunOptions, TimingOptions
 from attnbench.sweep.case import make_case
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 CASE_FUNC = "attnbench.execution.case_runner:run_payload"
 OPTIONS = RunOptions(timeout_s=120, timing=TimingOptions(enabled=False))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from attnbench.errors import SweepError
-from attnbench.sweep.length_mix import expand
 from attnbench.problem.packing import cu_seqlens, segments
-from attnbench.sweep.packed_rules import MAX_SEQUENCES
 from attnbench.sweep.case import Case, check_case_dict, make_case
+from attnbench.sweep.length_mix import expand
 from attnbench.sweep.load import parse_sweep
+from attnbench.sweep.packed_rules import MAX_SEQUENCES
 
 
 def sweep(include: str, defaults: str = "{backend: naive}") -> list[Case]:

@@ -21,22 +21,15 @@ from attnbench.execution.child import write_message
 from attnbench.execution.pool import PoolSet, RankPool
 from attnbench.execution.ranks import FrameReader
 
+from helpers import alive
+
 T = "attnbench.execution.testing:"
 
-
-def _alive(pid: int) -> bool:
-    """Running (zombies count as dead: they are only waiting for a reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _wait_dead(pid: int, seconds: float = 5.0) -> bool:
     end = time.monotonic() + seconds
-    while _alive(pid):
+    while alive(pid):
         if time.monotonic() > end:
             return False
         time.sleep(0.02)
@@ -152,7 +145,7 @@ def test_close_leaves_no_processes_not_even_grandchildren():
     outcome = pool.run(T + "spawn_grandchild", None, timeout=30)
     assert outcome.kind == "ok"
     rank_pid, grandchild = outcome.pids[0], outcome.result
-    assert _alive(rank_pid) and _alive(grandchild)
+    assert alive(rank_pid) and alive(grandchild)
     pool.close()
     assert pool.pids == ()
     assert _wait_dead(rank_pid) and _wait_dead(grandchild)

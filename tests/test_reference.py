@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnbench.problem import reference as ref_mod
-from attnbench.problem.dropout import hash_keep_mask, uniform01
 from attnbench.problem.attn_spec import AttnSpec, alibi_slopes
+from attnbench.problem.dropout import hash_keep_mask, uniform01
 from attnbench.problem.reference import reference_backward, reference_forward
 from attnbench.sweep.case import make_case
 
@@ -17,7 +17,8 @@ F64 = torch.float64
 
 
 def dense_attention(q, k, v, spec):
-    """Textbook fp64 attention with autograd, written independently of attnbench.problem.reference."""
+    """Textbook fp64 attention with autograd, written independently of
+    attnbench.problem.reference."""
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     g = hq // hkv

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.results.records import SEVERITY, TENSORS
 from attnbench.report import commands
 from attnbench.report.dashboard import PANEL_KINDS, default_dashboard, load_dashboard
 from attnbench.report.data import load_run
 from attnbench.report.figures import slug as _slug
 from attnbench.report.panels.accuracy_heatmap import heatmap_figure, heatmap_rows, over_cmap
+from attnbench.results.records import SEVERITY, TENSORS
 from matplotlib.colors import LogNorm
 
 

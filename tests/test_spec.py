@@ -5,8 +5,8 @@ import subprocess
 import pytest
 
 from attnbench.backends import check_backend_name
-from attnbench.sweep.case import Case
 from attnbench.errors import SweepError
+from attnbench.sweep.case import Case
 from attnbench.sweep.load import load_sweep, parse_sweep
 from helpers import ROOT, attnbench_cmd
 

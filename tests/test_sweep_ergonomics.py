@@ -11,11 +11,11 @@ import time
 import pytest
 
 from attnbench import cli
+from attnbench.backends import check_backend_name, public_names
 from attnbench.errors import RunDirError, SweepError
+from attnbench.results.store import RunStore, latest_run_dir, load_manifest
 from attnbench.sweep.case import MAX_CASES, PUBLIC_FIELDS
 from attnbench.sweep.load import load_sweep, parse_sweep
-from attnbench.results.store import RunStore, latest_run_dir, load_manifest
-from attnbench.backends import check_backend_name, public_names
 from attnbench.sweep.schema import schema_text, sweep_schema
 from helpers import ROOT, attnbench_cmd
 

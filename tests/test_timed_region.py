@@ -9,14 +9,14 @@ import types
 import pytest
 import torch
 
-from attnbench.problem import dropout as dropout_mod
-from attnbench.backends import Unsupported, get_backend, masks
 from attnbench.accuracy.evaluate import timed_only
+from attnbench.backends import Unsupported, get_backend, masks
 from attnbench.execution.case_runner import run_case
-from attnbench.problem.inputs import make_inputs
+from attnbench.problem import dropout as dropout_mod
 from attnbench.problem.attn_spec import AttnSpec
-from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.problem.inputs import make_inputs
 from attnbench.sweep.case import make_case
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 FEATURES = [
     {"mask": "causal", "bias": "alibi"},
@@ -248,7 +248,8 @@ def test_sdpa_causal_lower_right_then_triton_in_one_rank_process():
     from helpers import ROOT
 
     code = ("from attnbench.execution.case_runner import run_case\n"
-            "from attnbench.sweep.case import make_case\nfrom attnbench.sweep.options import RunOptions, TimingOptions\n"
+            "from attnbench.sweep.case import make_case\n"
+            "from attnbench.sweep.options import RunOptions, TimingOptions\n"
             "o = RunOptions(timing=TimingOptions(enabled=False))\n"
             "for f in [dict(backend='sdpa', mask='causal', seqlen_q=16, seqlen_kv=48),\n"
             "          dict(backend='triton', seqlen_q=16)]:\n"

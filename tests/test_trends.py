@@ -1,6 +1,6 @@
-"""Error trends across a sweep (attnbench.report.trends): a series whose error grows with the sequence
-faster than the fused baseline's is a finding, even when every case passed; flat series, tensors
-judged against naive (input precision by design) and series with too few lengths are not."""
+"""Error trends across a sweep (attnbench.report.trends): a series whose error grows with the
+sequence faster than the fused baseline's is a finding, even when every case passed; flat series,
+tensors judged against naive (input precision by design) and series with too few lengths are not."""
 
 import math
 

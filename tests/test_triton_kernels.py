@@ -29,20 +29,20 @@ import triton.language as tl
 
 from attnbench.backends import get_backend
 from attnbench.backends.triton_backend import TritonBackend, flash_params, triton_keep_mask
-from attnbench.problem.dropout import hash_keep_mask
 from attnbench.execution.case_runner import run_case
-from attnbench.problem.attn_spec import AttnSpec, alibi_slopes
-from attnbench.problem.reference import reference_backward, reference_forward
-from attnbench.sweep.case import Case, make_case
-from attnbench.sweep.options import RunOptions, TimingOptions
-from attnbench.sweep.load import load_sweep
 from attnbench.kernels import configs
+from attnbench.kernels.common import UNBOUNDED, key_ranges, query_ranges
 from attnbench.kernels.dropout import keep_mask, keep_mask_torch
 from attnbench.kernels.flash_bwd import flash_backward
 from attnbench.kernels.flash_fwd import _attn_fwd as flash_fwd_kernel
 from attnbench.kernels.flash_fwd import flash_forward
-from attnbench.kernels.common import UNBOUNDED, key_ranges, query_ranges
 from attnbench.kernels.params import dropout_threshold, is_interpreted
+from attnbench.problem.attn_spec import AttnSpec, alibi_slopes
+from attnbench.problem.dropout import hash_keep_mask
+from attnbench.problem.reference import reference_backward, reference_forward
+from attnbench.sweep.case import Case, make_case
+from attnbench.sweep.load import load_sweep
+from attnbench.sweep.options import RunOptions, TimingOptions
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_GPU = torch.cuda.is_available()

@@ -15,17 +15,10 @@ from attnbench.cluster.plugin import CASE_RUNNER, NAME, WorkerState, register, w
 from attnbench.cluster.task import CASE_FUNC
 from attnbench.cluster.worker import LeaseTimeout
 
+from helpers import alive
+
 T = "attnbench.execution.testing:"
 
-
-def _alive(pid: int) -> bool:
-    """Running (zombies count as dead: they are only waiting for a reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _group(pgid: int) -> list[int]:
@@ -107,7 +100,7 @@ def test_set_up_once_per_worker_and_teardown_kills_the_rank_groups(setups, regis
         plugin = worker.plugins[NAME]
         assert len(setups) == 1 and {r["plugin"] for r in ran} == {id(plugin)}
         assert plugin.leases.kind == "cpu" and plugin.leases.ids == ("0", "1")
-        assert all(_alive(r["rank"]) and _alive(r["grandchild"]) for r in ran)
+        assert all(alive(r["rank"]) and alive(r["grandchild"]) for r in ran)
     finally:
         client.close()
         cluster.close()
@@ -115,7 +108,7 @@ def test_set_up_once_per_worker_and_teardown_kills_the_rank_groups(setups, regis
     assert plugin.closed and len(plugin.pools) == 0
     for r in ran:
         assert _wait(lambda: not _group(r["rank"])), f"rank group {r['rank']}: {_group(r['rank'])}"
-        assert not _alive(r["grandchild"])
+        assert not alive(r["grandchild"])
     with pytest.raises(LeaseTimeout, match="closing"):
         with plugin.leases.lease(1):
             pass
@@ -155,8 +148,8 @@ def test_no_rank_outlives_the_embedded_cluster():
         register(conn.client)
         again = conn.client.run(lambda dask_worker: id(dask_worker.plugins[NAME]))
         assert info == again and ran["plugin"] in info.values()
-        assert _alive(ran["rank"]) and _group(ran["rank"])
+        assert alive(ran["rank"]) and _group(ran["rank"])
     finally:
         conn.close()
     assert _wait(lambda: not _group(ran["rank"])), _group(ran["rank"])
-    assert not _alive(ran["grandchild"]) and _wait(lambda: not _alive(ran["worker_pid"]))
+    assert not alive(ran["grandchild"]) and _wait(lambda: not alive(ran["worker_pid"]))

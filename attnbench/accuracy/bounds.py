@@ -7,11 +7,11 @@ in the same dtype on the same inputs, plus a small per-dtype floor that keeps th
 meaningful when the baseline happens to be very accurate. Two baselines, chosen per tensor by
 what the backend declares (``input_precision``, :mod:`attnbench.backends.capabilities`):
 
-* **fused** (the default): :mod:`attnbench.accuracy.fused_baseline`, the precision of a correct fused
-  kernel (fp32 accumulation, P rounded to the dtype before P·V), blockwise with O(S·D) memory,
-  so it runs at every length the backend runs -- the same rule on every GPU. A kernel that loses
-  precision it should not (a bf16 accumulator) is measured against what it should have kept:
-  ``FUSED_FACTOR`` x its error + ``FUSED_FLOOR``.
+* **fused** (the default): :mod:`attnbench.accuracy.fused_baseline`, the precision of a
+  correct fused kernel (fp32 accumulation, P rounded to the dtype before P·V), blockwise with
+  O(S·D) memory, so it runs at every length the backend runs -- the same rule on every GPU. A
+  kernel that loses precision it should not (a bf16 accumulator) is measured against what it
+  should have kept: ``FUSED_FACTOR`` x its error + ``FUSED_FLOOR``.
 * **naive**, for tensors a backend computes in the input dtype by design (naive itself, SDPA's
   math path, PyTorch's CPU flash backward for dK/dV): ``RATIO_FACTOR`` x the ``naive`` backend's
   error + ``RATIO_FLOOR``. naive materialises S x S: where it runs out of memory the tensor falls

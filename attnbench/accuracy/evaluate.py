@@ -18,17 +18,17 @@ from typing import Any, Optional, Sequence
 import torch
 
 from attnbench.accuracy import bounds as acc
+from attnbench.accuracy.dropout_probe import RngState, judge_dropout
+from attnbench.accuracy.fp8_split import quantization_split
+from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
+from attnbench.accuracy.invariants import identity_residuals
 from attnbench.backends import Capabilities, get_backend
 from attnbench.backends.masks import release_prepared
 from attnbench.errors import is_oom
 from attnbench.problem.dropout import hash_keep_mask
-from attnbench.accuracy.dropout_probe import RngState, judge_dropout
 from attnbench.problem.fp8 import FORMATS, dequantize_call, output_dtype
-from attnbench.accuracy.fp8_split import quantization_split
-from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
-from attnbench.accuracy.invariants import identity_residuals
-from attnbench.results.records import TENSORS
 from attnbench.problem.reference import reference_backward, reference_forward
+from attnbench.results.records import TENSORS
 
 DETERMINISM_CALLS = 3
 """Backward calls compared bit for bit (the checked one and two more): a dQ summed in a random
@@ -129,8 +129,8 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     """Errors against fp64 (when a reference applies), baseline errors and identities.
 
     ``rng``: the state of the generator a hidden-mask backend's dropout drew from, captured right
-    before the judged forward (:mod:`attnbench.accuracy.dropout_probe`); with it the mask is recovered
-    and the exact reference applies, without it statistics judge the forward's dropout.
+    before the judged forward (:mod:`attnbench.accuracy.dropout_probe`); with it the mask is
+    recovered and the exact reference applies, without it statistics judge the forward's dropout.
     fp8 cases (``spec.fp8_format``): q, k, v are the fp8 values; the reference is exact on
     their dequantized numbers, and ``originals`` (q, k, v before quantization) give the
     quantization / kernel split of :mod:`attnbench.accuracy.fp8_split`.

@@ -54,9 +54,9 @@ from typing import Optional
 
 import torch
 
+from attnbench.problem.attn_spec import AttnSpec, KeepMaskFn
 from attnbench.problem.fp8 import P_PRESCALE, Fp8Format, round_to_fp8
 from attnbench.problem.packing import backward_per_sequence, forward_per_sequence
-from attnbench.problem.attn_spec import AttnSpec, KeepMaskFn
 
 F32 = torch.float32
 

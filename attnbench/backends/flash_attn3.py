@@ -3,8 +3,8 @@ forward.
 
 fp8 cases hand FA3 exactly what it takes: e4m3 q, k, v in (B, S, H, D) and float32
 ``q_descale / k_descale / v_descale`` of shape (batch, num_heads_k) -- the layout of
-:func:`attnbench.problem.fp8.descale_tensors` -- and get bf16 back. FA3's fp8 path has no backward and
-no dropout; FA3 has no ALiBi. Its dropout is absent altogether, so nothing is hidden from the
+:func:`attnbench.problem.fp8.descale_tensors` -- and get bf16 back. FA3's fp8 path has no backward
+and no dropout; FA3 has no ALiBi. Its dropout is absent altogether, so nothing is hidden from the
 reference.
 
 Not run here (no GPU, package absent): written against ``hopper/flash_attn_interface.py``'s

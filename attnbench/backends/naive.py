@@ -14,8 +14,8 @@ from attnbench.backends.base import Forward
 from attnbench.backends.masks import PreparesOnce, call_key, dense_masks
 from attnbench.problem.dropout import hash_keep_mask
 from attnbench.problem.fp8 import dequantize_call, output_dtype
-from attnbench.problem.paged import build_paged_cache, gather_kv
 from attnbench.problem.packing import backward_per_sequence, per_sequence
+from attnbench.problem.paged import build_paged_cache, gather_kv
 from attnbench.results.records import TENSORS
 
 

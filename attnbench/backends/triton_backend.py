@@ -3,11 +3,11 @@
 Decode cases (``decode: true``) run the split-KV kernel of :mod:`attnbench.kernels.decode` instead,
 on a contiguous or paged cache (forward only).
 
-Everything of :mod:`attnbench.problem.attn_spec` is native: MHA/GQA/MQA without repeating K/V, causal
-(bottom-right) and sliding-window masks, ALiBi, softcap, dropout, any lengths, Sq != Sk, global
-offsets of a context/tensor-parallel slice, and packed variable-length batches (``cu_seqlens``:
-one launch per kernel for the whole pack, no padding). The backward is deterministic (no
-atomics).
+Everything of :mod:`attnbench.problem.attn_spec` is native: MHA/GQA/MQA without repeating K/V,
+causal (bottom-right) and sliding-window masks, ALiBi, softcap, dropout, any lengths, Sq != Sk,
+global offsets of a context/tensor-parallel slice, and packed variable-length batches
+(``cu_seqlens``: one launch per kernel for the whole pack, no padding). The backward is
+deterministic (no atomics).
 
 Dropout draws Philox numbers keyed by global (batch, query head, query, key) positions;
 :attr:`TritonBackend.keep_mask` materializes that exact mask (the same device function the
@@ -15,8 +15,9 @@ kernels call) so the fp64 reference reuses it.
 
 Without a CUDA device the kernels run under ``TRITON_INTERPRET=1`` (slow, exact fp32 math; fine
 for CI-sized cases). Triton reads that variable when ``@triton.jit`` decorates a kernel, so it
-must be set before the kernel modules are imported; importing the :mod:`attnbench.kernels` package (first
-thing below) sets it when ``torch.cuda.is_available()`` is False — see ``kernels/__init__.py``.
+must be set before the kernel modules are imported; importing the :mod:`attnbench.kernels` package
+(first thing below) sets it when ``torch.cuda.is_available()`` is False — see
+``kernels/__init__.py``.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from attnbench.kernels.params import FlashParams, dropout_threshold
 from attnbench.backends.base import Forward, Unsupported
 from attnbench.backends.masks import PreparesOnce, call_key
 from attnbench.dtypes import is_fp8
+from attnbench.problem.attn_spec import AttnSpec
 from attnbench.problem.fp8 import descale_tensors
 from attnbench.problem.paged import decode_cache, decode_queries, packed_like
-from attnbench.problem.attn_spec import AttnSpec
 from attnbench.results.records import TENSORS
 
 MAX_HEAD_DIM = 256  # tiles are (BLOCK, head_dim) in registers/shared memory; 256 is the largest

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from attnbench.cluster.task import CPU_RANKS_PER_SLOT
-from attnbench.sweep.case import Case
 from attnbench.errors import ClusterError, UsageError, short_repr
 from attnbench.resources import CPU_KIND, DEVICE, KIND_PREFIX, case_resources
+from attnbench.sweep.case import Case
 
 log = logging.getLogger("attnbench")
 

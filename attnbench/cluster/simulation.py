@@ -4,10 +4,10 @@
 Dask worker advertising 64 devices of that kind; its cases lease devices from the same lease
 table as on real GPUs (:class:`attnbench.cluster.worker.DeviceLeases`, held by the worker's
 plugin), then sleep for the chosen time instead of computing, and return a plausible record
-(verdict ``pass``, reason ``simulated``, timing from the FLOP model at half the kind's peak). A sleeping case costs a thread, not a
-core, so one process holds many GPUs. The record also says when its lease began and ended
-(``env.lease_start``, ``env.lease_end``, wall-clock seconds), from which a benchmark checks that
-no device was ever leased twice at once and how much device time stayed idle.
+(verdict ``pass``, reason ``simulated``, timing from the FLOP model at half the kind's peak). A
+sleeping case costs a thread, not a core, so one process holds many GPUs. The record also says when
+its lease began and ended (``env.lease_start``, ``env.lease_end``, wall-clock seconds), from which a
+benchmark checks that no device was ever leased twice at once and how much device time stayed idle.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import os
 import socket
 import time
 
-from attnbench.sweep.flops import case_flops
-from attnbench.results.records import make_record
 from attnbench.resources import ENV_SIMULATE
+from attnbench.results.records import make_record
 from attnbench.sweep.case import Case
+from attnbench.sweep.flops import case_flops
 
 SIMULATED_TFLOPS = 400.0
 """Throughput the simulated records report: about half an H100's dense bf16 peak."""

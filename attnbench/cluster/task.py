@@ -3,9 +3,9 @@ happened to it.
 
 It never touches torch: it leases devices from the worker's lease table, then a warm rank pool
 bound to them (child processes started with Popen, see :mod:`attnbench.execution.pool`), both
-held by the worker's plugin (:mod:`attnbench.cluster.plugin`), and hands the case over. A segfault or hang therefore kills a rank process, never the Dask worker, so
-Dask's KilledWorker logic only sees workers that really died (killed, node lost); their cases are
-rescheduled elsewhere.
+held by the worker's plugin (:mod:`attnbench.cluster.plugin`), and hands the case over. A segfault
+or hang therefore kills a rank process, never the Dask worker, so Dask's KilledWorker logic only
+sees workers that really died (killed, node lost); their cases are rescheduled elsewhere.
 """
 
 from __future__ import annotations

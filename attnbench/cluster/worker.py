@@ -386,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls-key", metavar="PEM", help="this worker's TLS private key")
     parser.add_argument("--simulate-gpus", type=positive_int_argument, metavar="N",
                         help="offer N simulated GPUs of --kind whose cases sleep instead of "
-                             "running (scale tests of the orchestration; attnbench/cluster/simulation.py)")
+                             "running (scale tests of the orchestration; "
+                             "attnbench/cluster/simulation.py)")
     parser.add_argument("--case-seconds", type=float, default=1.0, metavar="SECONDS",
                         help="with --simulate-gpus: how long each case takes (default 1)")
     parser.add_argument("--dry-run", action="store_true",
@@ -416,7 +417,8 @@ def worker_main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     address = None
-    if argv and not argv[0].startswith("-"):  # dask-jobqueue: `python -m attnbench.cluster.worker ADDR`
+    # dask-jobqueue: `python -m attnbench.cluster.worker ADDR`
+    if argv and not argv[0].startswith("-"):
         address = argv.pop(0)
     args, passthrough = build_parser().parse_known_args(argv)
     if passthrough[:1] == ["--"]:

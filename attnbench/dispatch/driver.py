@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from attnbench.dispatch.driver_state import FINAL, LOG, cancel_requested, write_state
-from attnbench.errors import UserError, printable
 from attnbench.dispatch.lanes import make_run
 from attnbench.dispatch.loop import Progress, RunLoop, Stop
+from attnbench.errors import UserError, printable
 
 log = logging.getLogger("attnbench")
 

@@ -36,10 +36,10 @@ from typing import Optional
 
 from attnbench.cluster.connect import plan_case
 from attnbench.cluster.task import run_case_task_text
-from attnbench.results.records import make_record
-from attnbench.resources import DEVICE
 from attnbench.dispatch.loop import Progress, RunLoop, _Flight
 from attnbench.dispatch.run import SweepRun
+from attnbench.resources import DEVICE
+from attnbench.results.records import make_record
 from attnbench.sweep.case import Case
 
 log = logging.getLogger("attnbench")

@@ -31,9 +31,9 @@ from typing import Callable, Optional, TextIO
 from attnbench.cluster.connect import Connection, plan_case
 from attnbench.cluster.task import run_case_task_text
 from attnbench.dispatch.loop import Progress, RunLoop, RunSummary, _Flight
+from attnbench.resources import DEVICE
 from attnbench.results.records import make_record
 from attnbench.results.store import RunStore
-from attnbench.resources import DEVICE
 from attnbench.sweep.case import Case
 
 _NOT_GATHERED = object()

@@ -19,8 +19,8 @@ from typing import Optional
 import torch
 
 from attnbench.hardware.device import device_env, pick_device
-from attnbench.results.records import RecordMaker
 from attnbench.resources import ENV_FAMILY, ENV_KIND
+from attnbench.results.records import RecordMaker
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions
 

@@ -37,22 +37,22 @@ from typing import Any, Optional
 import torch
 
 from attnbench.accuracy import bounds as acc
+from attnbench.accuracy.evaluate import Judgement, evaluate, timed_only
 from attnbench.backends import Capabilities, Unsupported, World, get_backend, refusal
 from attnbench.backends.masks import release_prepared
-from attnbench.timing.case import time_case
 from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
                                        pick_device, release_memory, sync)
-from attnbench.accuracy.evaluate import Judgement, evaluate, timed_only
-from attnbench.problem.inputs import make_inputs
 from attnbench.parallel import allgather, layout, ring, tp
 from attnbench.parallel.group import Comm, PeerFailed, get_world, rank_layout
 from attnbench.parallel.layout import Shard
 from attnbench.parallel.parity import parity, reference_roundings, summed_partials
 from attnbench.problem.attn_spec import AttnSpec
-from attnbench.results.records import TENSORS, RecordMaker
+from attnbench.problem.inputs import make_inputs
 from attnbench.problem.reference import reference_backward, reference_forward
+from attnbench.results.records import TENSORS, RecordMaker
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions
+from attnbench.timing.case import time_case
 
 def algorithm(case: Case, backend: Any = None) -> ModuleType:
     """The module (``forward``, ``backward``) that runs this case's split: the backend's own

@@ -13,20 +13,20 @@ from typing import Optional
 import torch
 
 from attnbench.accuracy import evaluate as evaluation
+from attnbench.accuracy.dropout_probe import RngState
 from attnbench.backends import Capabilities, Unsupported, get_backend, refusal
 from attnbench.backends.masks import release_prepared
+from attnbench.dtypes import is_fp8
 from attnbench.errors import is_oom
-from attnbench.timing.case import time_case
 from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
                                        pick_device, release_memory, sync)
-from attnbench.accuracy.dropout_probe import RngState
-from attnbench.problem.fp8 import with_descales
-from attnbench.dtypes import is_fp8
-from attnbench.problem.inputs import make_fp8_inputs, make_inputs
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.fp8 import with_descales
+from attnbench.problem.inputs import make_fp8_inputs, make_inputs
 from attnbench.results.records import RecordMaker
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions
+from attnbench.timing.case import time_case
 
 
 def run_single_case(case: Case, options: RunOptions,

@@ -8,9 +8,9 @@ bugs of forward-only cases: only the fp64 reference (and NaN counts) can see the
 
 from __future__ import annotations
 
-from attnbench.problem import paged
 from attnbench.backends.naive import NaiveBackend
 from attnbench.mutants.patch import mutated, rebound
+from attnbench.problem import paged
 
 
 def _reads_with(gather):

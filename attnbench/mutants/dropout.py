@@ -5,9 +5,9 @@ All three are ``naive`` with one change: every forward draws a fresh keep mask f
 ``bernoulli_``) and does not expose it (``keep_mask = None``), like flash-attn, cuDNN, SDPA and
 TransformerEngine. The mask is then a function of the RNG state and the shapes (B, Hq, Sq, Sk)
 only. Backward is autograd through the forward's own mask, consistent with forward, so the
-gradient identities of :mod:`attnbench.accuracy.invariants` hold: only :mod:`attnbench.accuracy.dropout_probe`
-(the recovered mask under the fp64 reference, or the keep rate / scale / row-sum / bias
-statistics) can see the two bugs.
+gradient identities of :mod:`attnbench.accuracy.invariants` hold: only
+:mod:`attnbench.accuracy.dropout_probe` (the recovered mask under the fp64 reference, or the keep
+rate / scale / row-sum / bias statistics) can see the two bugs.
 
 Legend: B = batch, Hq = query heads, Sq / Sk = lengths.
 """

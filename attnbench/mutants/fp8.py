@@ -1,9 +1,9 @@
 """fp8 bugs: descales applied wrongly. Each edits the fp8 path of the correct fused model
 (:class:`attnbench.mutants.fused.FusedModel`, FA3's roundings), where the descales turn the fp8
-values a kernel multiplies back into the real numbers (:func:`attnbench.problem.fp8.dequantize_call`).
-Both are forward bugs of forward-only cases: the fp64 reference on the dequantized inputs sees
-them; the quantization error alone (what TransformerEngine's RMSE-against-fp16 test measures)
-would hide a small one.
+values a kernel multiplies back into the real numbers
+(:func:`attnbench.problem.fp8.dequantize_call`). Both are forward bugs of forward-only cases: the
+fp64 reference on the dequantized inputs sees them; the quantization error alone (what
+TransformerEngine's RMSE-against-fp16 test measures) would hide a small one.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import dataclasses
 
 import torch
 
-from attnbench.problem.fp8 import dequantize_call, descale_tensors
 from attnbench.mutants.fused import FusedModel
 from attnbench.mutants.patch import mutated
+from attnbench.problem.fp8 import dequantize_call, descale_tensors
 
 
 class Fp8DescaleVTwice(FusedModel):

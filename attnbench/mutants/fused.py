@@ -1,7 +1,7 @@
 """Accumulation bugs of fused kernels: one edit each of the fused-precision model.
 
-:class:`FusedModel` is :mod:`attnbench.accuracy.fused_baseline` as a backend (its dropout mask is the
-hash mask, exposed): a correct fused kernel, registered as ``mutant.fused_base`` and run by
+:class:`FusedModel` is :mod:`attnbench.accuracy.fused_baseline` as a backend (its dropout mask is
+the hash mask, exposed): a correct fused kernel, registered as ``mutant.fused_base`` and run by
 ``attnbench selftest`` among the controls. The mutants keep one accumulator in the input dtype
 where a correct kernel keeps it in fp32. Their error is small at short lengths -- every case of
 a 128-token sweep passes -- and grows with the number of key blocks summed, the shape of seed
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.accuracy.fused_baseline import FusedBaseline
 from attnbench.backends.base import Forward
 from attnbench.problem.dropout import hash_keep_mask
 from attnbench.problem.fp8 import FORMATS, dequantize_call, output_dtype
-from attnbench.accuracy.fused_baseline import FusedBaseline
 
 
 class FusedModel:

@@ -1,8 +1,8 @@
 """Bugs of packed (variable-length) attention: the layout's offsets and its boundaries.
 
 Both edit ``naive``'s packed path (:meth:`NaiveBackend.forward` runs each sequence of the pack
-with :func:`attnbench.problem.packing.per_sequence`): the correct backend is ``naive`` itself, which the
-selftest runs on the same packed cases as a control. On dense cases both are plain ``naive``.
+with :func:`attnbench.problem.packing.per_sequence`): the correct backend is ``naive`` itself, which
+the selftest runs on the same packed cases as a control. On dense cases both are plain ``naive``.
 """
 
 from __future__ import annotations

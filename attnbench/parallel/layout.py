@@ -22,9 +22,9 @@ whose spec places each sequence's chunk in its sequence (:func:`block_spec`). Ra
 different numbers of tokens: what travels is padded to the longest (:func:`padded`).
 
 Heads (``tp`` ranks): query heads are split in equal contiguous slices; K/V heads follow their
-GQA groups (group = Hq / Hkv is contiguous, see :mod:`attnbench.problem.attn_spec`), so a rank's query heads
-only ever read its own K/V heads. MQA's single K/V head is replicated on every TP rank and its
-gradient summed over them.
+GQA groups (group = Hq / Hkv is contiguous, see :mod:`attnbench.problem.attn_spec`), so a rank's
+query heads only ever read its own K/V heads. MQA's single K/V head is replicated on every TP rank
+and its gradient summed over them.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from attnbench.problem.packing import cu_seqlens
 from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.packing import cu_seqlens
 from attnbench.sweep.case import Case
 
 

@@ -5,8 +5,8 @@ both with the reference by 1.1). Splitting a problem changes only the order of s
 partial results are rounded, so a correct parallel result differs from the single-device one by
 about as much as either differs from the exact answer.
 
-The bound is the baseline-ratio rule of :mod:`attnbench.accuracy.bounds`, with the single-device run of
-the same backend as the baseline:
+The bound is the baseline-ratio rule of :mod:`attnbench.accuracy.bounds`, with the single-device run
+of the same backend as the baseline:
 
     rel_l2(parallel, single) <= PARITY_FACTOR * rel_l2(single, fp64) + PARITY_FLOOR[dtype]
 
@@ -30,8 +30,8 @@ import torch
 from attnbench.accuracy.bounds import (RATIO_FACTOR, RATIO_FLOOR, Check, split_sum_roundings,
                                        tensor_errors)
 from attnbench.parallel.layout import Shard
-from attnbench.results.records import TENSORS
 from attnbench.problem.reference import reference_backward
+from attnbench.results.records import TENSORS
 
 PARITY_FACTOR = RATIO_FACTOR
 """Same as the baseline ratio (flash-attn's 2): the split may lose at most twice the single run's
@@ -76,8 +76,8 @@ def summed_partials(case, summed_over_cp: bool) -> int:
 def reference_roundings(case, q, k, v, dout, out64, lse64, spec, keep_mask, ref: dict,
                         parts: int) -> dict:
     """tensor -> (factor, note) for the ``reference`` backend's dK/dV under a split that sums
-    ``parts`` rounded partials (:func:`attnbench.accuracy.bounds.split_sum_roundings`). Rank r's exact
-    partial is the fp64 backward with dout zero outside r's queries (its heads and positions):
+    ``parts`` rounded partials (:func:`attnbench.accuracy.bounds.split_sum_roundings`). Rank r's
+    exact partial is the fp64 backward with dout zero outside r's queries (its heads and positions):
     dK and dV are sums over queries, and a query with dout = 0 adds nothing to either."""
     if parts <= 1:
         return {}

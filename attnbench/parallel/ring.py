@@ -6,9 +6,9 @@ Legend: B = batch, Hq / Hkv = this rank's query / K/V heads, Sq / Sk = this rank
 Forward. CP rank c holds its queries and, at ring step s, the K/V segments of rank c - s (mod
 cp); while it computes, the next K/V block is already on its way (point-to-point send to c + 1,
 receive from c - 1). Every (query segment, K/V segment) pair that has a visible position is one
-backend call whose :class:`~attnbench.problem.attn_spec.AttnSpec` carries the pair's *global* offsets, so
-masks, ALiBi and dropout come out as in the single-device problem. Partial results merge by
-log-sum-exp in float32:
+backend call whose :class:`~attnbench.problem.attn_spec.AttnSpec` carries the pair's *global*
+offsets, so masks, ALiBi and dropout come out as in the single-device problem. Partial results merge
+by log-sum-exp in float32:
 
     lse = logaddexp(lse_a, lse_b),  out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
 

@@ -80,8 +80,8 @@ class AttnSpec:
     """Global index of this call's first query head (tensor parallelism)."""
     batch_start: int = 0
     cu_seqlens_q: tuple[int, ...] = ()
-    """Packed case (:mod:`attnbench.problem.packing`): where each sequence's queries start in the one
-    buffer of Sq tokens, and Sq at the end; empty for a dense call. Every rule above then
+    """Packed case (:mod:`attnbench.problem.packing`): where each sequence's queries start in the
+    one buffer of Sq tokens, and Sq at the end; empty for a dense call. Every rule above then
     applies per sequence, with its own lengths as the totals and its number as batch index."""
     cu_seqlens_kv: tuple[int, ...] = ()
     seq_q_start: tuple[int, ...] = ()
@@ -95,7 +95,8 @@ class AttnSpec:
     decode: bool = False
     """A decode call: forward only (no autograd state is kept), K/V are a cache."""
     page_size: int = 0
-    """Decode: the cache a backend reads is paged (:mod:`attnbench.problem.paged`); 0 = contiguous."""
+    """Decode: the cache a backend reads is paged (:mod:`attnbench.problem.paged`); 0 =
+    contiguous."""
     fp8_format: str = ""
     """fp8 case: the format of q, k, v (a key of :data:`attnbench.problem.fp8.FORMATS`); their real
     values are the fp8 values times :attr:`descales`. Empty: not fp8."""

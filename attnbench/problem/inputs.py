@@ -2,8 +2,8 @@
 
 Drawn in fp32 on the CPU from a generator seeded by the case seed, rounded to the case's dtype,
 then moved to the device; the fp64 reference starts from those same rounded values. fp8 cases
-quantize q, k and v with a power-of-two scale (:mod:`attnbench.problem.fp8`) and keep the fp32 draws for
-the end-to-end error.
+quantize q, k and v with a power-of-two scale (:mod:`attnbench.problem.fp8`) and keep the fp32 draws
+for the end-to-end error.
 
 Distributions:
   normal        q, k, v, dout ~ N(0, 1)

@@ -5,12 +5,12 @@ Sq / Sk = lengths, D / Dv = head dims, bq / bk = block lengths.
 
 Chunked over query and key blocks with an online softmax, so memory is O(S * D) plus one block of
 scores: at S = 16384, 1 head, D = 64 the full S x S fp64 matrix alone would be 2 GiB; here a block
-is at most ``_BLOCK_ELEMS`` doubles. The backward is the explicit flash-attention backward (recompute
-P from the saved log-sum-exp), also in blocks. GQA/MQA never repeats K/V: queries are viewed as
-(B, Hkv, G, Sq, D) and broadcast against (B, Hkv, 1, Sk, D).
+is at most ``_BLOCK_ELEMS`` doubles. The backward is the explicit flash-attention backward
+(recompute P from the saved log-sum-exp), also in blocks. GQA/MQA never repeats K/V: queries are
+viewed as (B, Hkv, G, Sq, D) and broadcast against (B, Hkv, 1, Sk, D).
 
-Dropout uses an explicit keep-mask provider (see :mod:`attnbench.problem.attn_spec`), so the reference
-applies exactly the mask a backend used, block by block.
+Dropout uses an explicit keep-mask provider (see :mod:`attnbench.problem.attn_spec`), so the
+reference applies exactly the mask a backend used, block by block.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Optional
 
 import torch
 
-from attnbench.problem.packing import backward_per_sequence, forward_per_sequence
 from attnbench.problem.attn_spec import AttnSpec, KeepMaskFn
+from attnbench.problem.packing import backward_per_sequence, forward_per_sequence
 
 # Scores in one block: 2^22 doubles = 32 MiB; with a handful of same-sized temporaries the
 # reference stays far under 1 GiB whatever the sequence length.

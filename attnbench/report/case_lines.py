@@ -1,6 +1,7 @@
 """``attnbench show RUN --all``: one line per case, with what a reader compares kernels by.
 
-    pass  8d51d813c1  sdpa bf16 b1 s128/128 h8/2 d64 GQA causal seed0  fwd 0.212 ms 41.2 TFLOP/s 4.2% peak | bwd 0.655 ms 33.4 TFLOP/s 3.4% peak
+    pass  8d51d813c1  sdpa bf16 b1 s128/128 h8/2 d64 GQA causal seed0  fwd 0.212 ms 41.2 TFLOP/s
+    4.2% peak | bwd 0.655 ms 33.4 TFLOP/s 3.4% peak
 
 (one line per case, so ``grep`` and ``sort`` work on it; an fp8 case adds its error split:
 kernel vs quantization, :mod:`attnbench.accuracy.fp8_split`)

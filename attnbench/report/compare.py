@@ -36,13 +36,13 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from attnbench.results.records import (BAD_VERDICTS, DIED_VERDICTS, JUDGED_VERDICTS,
-                                       NOT_JUDGED_VERDICTS, RAN_VERDICTS, TENSORS)
 from attnbench.report.data import DIRECTIONS, Run, case_key
 from attnbench.report.doubt import why_ambiguous
 from attnbench.report.environment import (kind_text, mixed_kinds, representative, run_warnings,
                                           software_text, warned_labels)
 from attnbench.report.style import verdict_label
+from attnbench.results.records import (BAD_VERDICTS, DIED_VERDICTS, JUDGED_VERDICTS,
+                                       NOT_JUDGED_VERDICTS, RAN_VERDICTS, TENSORS)
 
 FAIL_ON = ("speed", "accuracy", "both")
 """What makes ``attnbench compare`` exit 1: SLOW cases, verdict regressions, or either."""

@@ -17,16 +17,16 @@ import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from attnbench.results.records import TENSORS
 from attnbench.report.compare import (NOISY_WHY, Comparison, ambiguous_reasons, describe,
                                       run_facts)
 from attnbench.report.data import DIRECTIONS
+from attnbench.report.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
+                                      new_figure, page_colors, save_figure, setup_x)
 from attnbench.report.html import (claim_output_dir, class_badge, esc, filter_controls,
                                    finish_output_dir, fmt, noisy_badge, page, repro_command,
                                    sort_key, verdict_badge)
-from attnbench.report.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
-                                      new_figure, page_colors, save_figure, setup_x)
 from attnbench.report.style import CLASS_COLORS, RC, VERDICT_COLORS, verdict_label
+from attnbench.results.records import TENSORS
 
 
 def build_compare(comps: Sequence[Comparison], out_dir: Path, command: Sequence[str]) -> Path:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from attnbench.errors import short_repr, shown_key
-from attnbench.results.records import TENSORS
-from attnbench.report.data import CHECK_COLUMNS, DIRECTIONS, FILTER_COLUMNS
 from attnbench.errors import ReportError
+from attnbench.errors import short_repr, shown_key
+from attnbench.report.data import CHECK_COLUMNS, DIRECTIONS, FILTER_COLUMNS
+from attnbench.results.records import TENSORS
 from attnbench.validation import load_yaml, read_input_file
 
 # kind -> {option: default}. The type of the default is the type an option must have

@@ -17,9 +17,9 @@ from typing import Any, Iterable, Sequence
 
 from attnbench.errors import ReportError
 from attnbench.report.figures import PanelOutput
-from attnbench.results.records import SEVERITY
 from attnbench.report.style import (CLASS_COLORS, NOISY_TITLE, VERDICT_COLORS, VERDICT_TITLES,
                                     text_color_on, verdict_label)
+from attnbench.results.records import SEVERITY
 
 
 def esc(value: Any) -> str:

@@ -28,11 +28,11 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.results.records import RAN_VERDICTS, TENSORS
 from attnbench.report.dashboard import Dashboard, Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import DIRECTION_LABELS, TENSOR_LABELS, facet_groups, facet_title
 from attnbench.report.html import esc, page
+from attnbench.results.records import RAN_VERDICTS, TENSORS
 
 PAGE = "interactive.html"
 KINDS = ("throughput", "error_vs_seqlen")

@@ -13,19 +13,19 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.results.records import BAD_VERDICTS, SEVERITY
 from attnbench.report.dashboard import Dashboard
 from attnbench.report.data import Run
 from attnbench.report.environment import environments, hardware_text, software_text
+from attnbench.report.figures import Context, PanelOutput, page_colors
 from attnbench.report.html import (claim_output_dir, esc, filter_controls, finish_output_dir, fmt,
                                    noisy_badge, page, panel_section, repro_command, sort_key,
                                    totals_html, verdict_badge)
-from attnbench.report.figures import Context, PanelOutput, page_colors
 from attnbench.report.interactive import KINDS as INTERACTIVE
 from attnbench.report.interactive import PAGE as INTERACTIVE_PAGE
 from attnbench.report.interactive import write_interactive
 from attnbench.report.panels import draw_panel
 from attnbench.report.style import fmt_bytes, verdict_label
+from attnbench.results.records import BAD_VERDICTS, SEVERITY
 
 TABLE_ID = "records"
 MAX_FAILURES_LISTED = 300

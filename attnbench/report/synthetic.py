@@ -1,8 +1,8 @@
 """Synthetic run directories that follow the record schema, for tests and dashboard previews.
 
 Cases come from a real sweep text through :func:`attnbench.sweep.load.parse_sweep` and records from
-:func:`attnbench.results.records.make_record`, so ids, labels and features are the real ones; only the
-numbers are made up (a plausible roofline for timings, dtype-sized errors for accuracy). The
+:func:`attnbench.results.records.make_record`, so ids, labels and features are the real ones; only
+the numbers are made up (a plausible roofline for timings, dtype-sized errors for accuracy). The
 three seed bugs of ``/work/shared/seeds`` are planted so the accuracy heatmap can be checked for
 them:
 
@@ -31,10 +31,10 @@ import random
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnbench.sweep.flops import case_bytes, case_flops
 from attnbench.hardware import kind_from_name, peak_tflops
 from attnbench.results.records import TENSORS, make_record
 from attnbench.sweep.case import Case
+from attnbench.sweep.flops import case_bytes, case_flops
 from attnbench.sweep.load import parse_sweep
 
 PEAK_TFLOPS = {  # dense tensor-core peaks (bf16/fp16) from the vendor data sheets

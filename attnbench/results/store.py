@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from attnbench.errors import RunDirError, printable, short_repr
-from attnbench.results.schema import ENV_KEYS, check_manifest, check_record
 from attnbench.results.lock import LOCK, RunLock, utc_now as _now
+from attnbench.results.schema import ENV_KEYS, check_manifest, check_record
 from attnbench.sweep.case import Case
 from attnbench.sweep.load import Sweep
 from attnbench.sweep.options import check_options_dict

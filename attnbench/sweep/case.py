@@ -18,8 +18,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from attnbench.dtypes import NAMES, is_fp8
-from attnbench.sweep.decode_rules import MAX_PAGE_SIZE, check_capacity, check_decode
 from attnbench.errors import SweepError
+from attnbench.sweep.decode_rules import MAX_PAGE_SIZE, check_capacity, check_decode
 from attnbench.sweep.fp8_rules import FP8_SCALINGS, check_fp8, default_backward
 from attnbench.sweep.packed_rules import MAX_SEQUENCES, check_stored_lengths, resolve_packing
 from attnbench.validation import Choice, Flag, Int, Lengths, Name, PowerOfTwo, Real

@@ -2,8 +2,8 @@
 
 A decode case is what inference runs once per generated token: 1..MAX_DECODE_Q new query tokens
 attend to a KV cache that already holds them as its last positions (bottom-right alignment,
-the convention of :mod:`attnbench.problem.attn_spec`), forward only, on one device, without dropout. The
-cache may be paged: ``page_size`` tokens per page, pages found through a block table.
+the convention of :mod:`attnbench.problem.attn_spec`), forward only, on one device, without dropout.
+The cache may be paged: ``page_size`` tokens per page, pages found through a block table.
 """
 
 from __future__ import annotations

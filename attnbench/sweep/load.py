@@ -30,12 +30,12 @@ import attnbench.sweep.axes as axes
 from attnbench.dtypes import ALIASES
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
+from attnbench.sweep.case import (CASE_RULES, MAX_CASES, MAX_NAME, MAX_SIZE, PUBLIC_FIELDS,
+                                  _PACKED_FIELDS, Case, make_case)
 from attnbench.sweep.length_mix import expand as expand_lengths
 from attnbench.sweep.options import RunOptions
 from attnbench.sweep.options import parse_options as _parse_options
 from attnbench.sweep.packed_rules import MAX_SEQUENCES
-from attnbench.sweep.case import (CASE_RULES, MAX_CASES, MAX_NAME, MAX_SIZE, PUBLIC_FIELDS,
-                                  _PACKED_FIELDS, Case, make_case)
 from attnbench.validation import Name, Problems, unknown_name
 from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int

@@ -1,8 +1,8 @@
 """The fields of a packed (variable-length) case and how they fit together.
 
 ``seqlens_q`` / ``seqlens_kv`` list each sequence's length; ``varlen`` (a sweep-only field,
-:mod:`attnbench.sweep.length_mix`) generates ``seqlens_q``. :func:`resolve_packing` derives ``batch``,
-``seqlen_q`` and ``seqlen_kv`` from the lists when a case is made, refusing values that
+:mod:`attnbench.sweep.length_mix`) generates ``seqlens_q``. :func:`resolve_packing` derives
+``batch``, ``seqlen_q`` and ``seqlen_kv`` from the lists when a case is made, refusing values that
 disagree. Pure Python: reading a sweep imports no torch.
 """
 

@@ -6,8 +6,8 @@ YAML extension, Neovim's yamlls and JetBrains IDEs complete field names, offer t
 field and flag a misspelt key while you type.
 
 Nothing here names a case field except where a sweep spells a field differently from how it is
-stored (``mask``, ``dtype`` aliases): every rule of :data:`attnbench.sweep.case.CASE_RULES` and of the
-option dataclasses becomes a schema by its kind (:func:`rule_schema`), and each field's
+stored (``mask``, ``dtype`` aliases): every rule of :data:`attnbench.sweep.case.CASE_RULES` and of
+the option dataclasses becomes a schema by its kind (:func:`rule_schema`), and each field's
 docstring becomes its description. attnbench's own validation stays the judge (it also checks
 relations between fields); the schema is what an editor can know.
 """
@@ -25,10 +25,10 @@ from typing import Any, Callable, Sequence
 
 from attnbench.dtypes import ALIASES
 from attnbench.sweep import length_mix
+from attnbench.sweep.axes import ZIP
 from attnbench.sweep.case import CASE_RULES, MAX_SIZE, PUBLIC_FIELDS, Case
 from attnbench.sweep.load import _NAME
 from attnbench.sweep.options import RunOptions, TimingOptions
-from attnbench.sweep.axes import ZIP
 from attnbench.validation import Choice, Flag, Int, Lengths, Name, PowerOfTwo, Real
 
 SCHEMA_ID = "https://attnbench.invalid/sweep.schema.json"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from attnbench.hardware.device import peak_memory
-from attnbench.sweep.flops import case_bytes, case_flops
 from attnbench.sweep.case import Case
+from attnbench.sweep.flops import case_bytes, case_flops
 from attnbench.sweep.options import TimingOptions
 from attnbench.timing.loop import (L2_FLUSH_BYTES, Coordinator, TimingStats, graph_replay,
                                    make_clock, measure)

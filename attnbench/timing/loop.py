@@ -218,7 +218,7 @@ def calls_per_sample(estimate_ms: Optional[float], min_sample_ms: float) -> int:
     return max(1, min(1000, math.ceil(min_sample_ms / estimate_ms)))
 
 
-# -- CUDA graph mode ---------------------------------------------------------------------------------
+# -- CUDA graph mode -------------------------------------------------------------------------------
 
 
 def graph_replay(fn: Callable[[], object], device) -> tuple[Callable[[], object], str]:

@@ -18,12 +18,12 @@ from matplotlib.colors import ListedColormap, LogNorm, to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from attnbench.results.records import DIED_VERDICTS, RAN_VERDICTS, SEVERITY, TENSORS
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (TENSOR_LABELS, Context, PanelOutput, legend_below, mpl_text,
                                       new_figure, save_figure)
 from attnbench.report.style import VERDICT_COLORS, text_color_on, verdict_label
+from attnbench.results.records import DIED_VERDICTS, RAN_VERDICTS, SEVERITY, TENSORS
 
 
 def over_cmap(steps: int = 128) -> ListedColormap:

@@ -16,9 +16,9 @@ import pandas as pd
 
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
-from attnbench.results.records import RAN_VERDICTS
 from attnbench.report.figures import (Context, FigureFile, PanelOutput, facet_groups, facet_title,
                                       finish_figure, new_figure, setup_x, slug)
+from attnbench.results.records import RAN_VERDICTS
 
 LINE_STYLES = ("-", "--", ":", "-.")
 
@@ -27,7 +27,8 @@ def _decode_frame(panel: Panel, run: Run) -> pd.DataFrame:
     df = apply_filter(run.frame, panel.include, panel.exclude)
     if "decode" not in df or df.empty:
         return df.iloc[0:0]
-    return df[(df.decode == True) & df.verdict.isin(RAN_VERDICTS) & df.fwd_gbps.notna()]  # noqa: E712
+    ran = df.verdict.isin(RAN_VERDICTS)
+    return df[(df.decode == True) & ran & df.fwd_gbps.notna()]  # noqa: E712
 
 
 def draw_decode(panel: Panel, run: Run, ctx: Context) -> PanelOutput:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from attnbench.results.records import RAN_VERDICTS, TENSORS
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (TENSOR_LABELS, Context, PanelOutput, facet_groups,
                                       facet_title, finish_figure, new_figure, setup_x, slug)
 from attnbench.report.style import VERDICT_COLORS
+from attnbench.results.records import RAN_VERDICTS, TENSORS
 
 
 def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:

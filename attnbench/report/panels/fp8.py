@@ -18,9 +18,9 @@ import pandas as pd
 from attnbench.dtypes import FP8_DTYPES
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
-from attnbench.results.records import RAN_VERDICTS
 from attnbench.report.figures import (Context, FigureFile, PanelOutput, facet_groups, facet_title,
                                       finish_figure, mpl_text, new_figure, slug)
+from attnbench.results.records import RAN_VERDICTS
 
 PAIR_KEYS = ("backend", "batch", "seqlen_q", "seqlen_kv", "seqlens_q", "seqlens_kv", "heads_q",
              "heads_kv", "head_dim", "head_dim_v", "mask", "window_left", "window_right", "bias",
@@ -51,7 +51,8 @@ def draw_fp8(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
 def speedups(sub: pd.DataFrame) -> pd.DataFrame:
     """One row per (fp8 case, bf16 case) pair of the same backend and problem, timed both:
     backend, dtype (the fp8 one) and speedup = bf16 median ms / fp8 median ms."""
-    timed = sub[sub.verdict.isin(RAN_VERDICTS) & sub.fwd_median_ms.notna() & (sub.fwd_median_ms > 0)]
+    timed = sub[sub.verdict.isin(RAN_VERDICTS) & sub.fwd_median_ms.notna()
+                & (sub.fwd_median_ms > 0)]
     keys = [k for k in PAIR_KEYS if k in timed]
     # one string per problem: the cells mix None, numbers and tuples (packed lengths)
     timed = timed.assign(_pair=timed[keys].apply(lambda row: "|".join(map(str, row)), axis=1))

@@ -12,12 +12,12 @@ from typing import Any
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from attnbench.results.records import RAN_VERDICTS, TENSORS
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter, case_key, parity_checks
 from attnbench.report.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
                                       PanelOutput, finish_figure, new_figure, setup_x)
 from attnbench.report.style import VERDICT_COLORS
+from attnbench.results.records import RAN_VERDICTS, TENSORS
 
 
 def _parallel_kind(r) -> str:

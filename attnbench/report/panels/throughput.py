@@ -18,7 +18,6 @@ from matplotlib.lines import Line2D
 
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
-from attnbench.results.records import RAN_VERDICTS
 from attnbench.report.figures import (DIRECTION_LABELS, Context, FigureFile, PanelOutput,
                                       facet_groups, facet_title, finish_figure, new_figure, setup_x,
                                       slug)
@@ -26,6 +25,7 @@ from attnbench.report.panels.throughput_bars import draw_bars
 from attnbench.report.panels.throughput_common import (bar_rows, facet_key, peak_axis,
                                                        throughput_stats)
 from attnbench.report.style import fmt_bytes
+from attnbench.results.records import RAN_VERDICTS
 
 
 def _throughput_frame(panel: Panel, run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -16,12 +16,12 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from attnbench.report.dashboard import Panel
-from attnbench.results.records import RAN_VERDICTS
 from attnbench.report.figures import (DIRECTION_LABELS, Context, FigureFile, facet_title, fmt_len,
                                       legend_below, mpl_text, natural_key, new_figure, save_figure,
                                       slug)
 from attnbench.report.panels.throughput_common import (bar_rows, facet_key, peak_axis,
                                                        throughput_stats)
+from attnbench.results.records import RAN_VERDICTS
 
 BAR_MAX_ROWS = 40  # rows of one bar chart; more rows are split into parts
 BAR_LOG_SPAN = 30.0  # a bar axis spanning more than this factor is drawn on a log scale

@@ -12,8 +12,8 @@ from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (Context, PanelOutput, legend_below, mpl_text,
                                       natural_key, new_figure, save_figure)
-from attnbench.results.records import SEVERITY
 from attnbench.report.style import VERDICT_COLORS, text_color_on, verdict_label, worst
+from attnbench.results.records import SEVERITY
 
 
 def draw_verdict_matrix(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
