@@ -67,8 +67,9 @@ def _complete_journal(config: StepConfig, sweeps: CheckSweeps, steps: dict[str, 
                                       "plan": plan.to_dict()})
         for role in ROLES:
             step = steps.get(role)
-            why = (f"its step {step.status}" + (f" ({step.note})" if step.note else "")
-                   if step is not None else "its step did not run")
+            why = ("its step did not run" if step is None else
+                   "its step ended without it" if step.status == "ok" else
+                   f"its step {step.status}" + (f" ({step.note})" if step.note else ""))
             for case in sweeps.role(role).cases:
                 if case.id not in store.done:
                     store.append(make_record(case, verdict="skipped", reason=(
