@@ -45,6 +45,7 @@ def collect_folder(config: StepConfig, sweeps: CheckSweeps, plan: Plan, steps: l
         "failing": [{"label": r["label"], "verdict": r["verdict"], "reason": r["reason"][:300]}
                     for r in records if r["verdict"] in BAD_VERDICTS],
         "figures": [_figure(r) for r in records if r.get("timing")],
+        "model": _model(records, plan),
         "compile": _compile(_read(folder / CONFIGS), plan),
         "timer": (_read(folder / TIMER) or {}).get("cases", []),
         "smi": smi,
@@ -126,6 +127,23 @@ def _figure(record: dict) -> dict[str, Any]:
     return out
 
 
+MODEL_OFF = 2.0
+"""A case whose wall time is this far from the cost model's (either way) is listed."""
+
+
+def _model(records: list[dict], plan: Plan) -> dict[str, Any]:
+    """The cost model against the cases' wall times: totals, and the cases it missed by more
+    than :data:`MODEL_OFF` x (what to recalibrate first)."""
+    pairs = [(r, plan.case_s[r["id"]]) for r in records
+             if r["id"] in plan.case_s and r["verdict"] != "skipped"]
+    missed = sorted(({"label": r["label"], "wall_s": round(r.get("wall_s") or 0, 2),
+                      "estimate_s": est} for r, est in pairs
+                     if not est / MODEL_OFF <= (r.get("wall_s") or 0) <= est * MODEL_OFF),
+                    key=lambda m: -abs(m["wall_s"] - m["estimate_s"]))
+    return {"cases": len(pairs), "wall_s": round(sum(r.get("wall_s") or 0 for r, _ in pairs), 1),
+            "estimate_s": round(sum(est for _, est in pairs), 1), "missed": missed[:10]}
+
+
 def _compile(configs: Optional[dict], plan: Plan) -> dict[str, Any]:
     planned = {"variants": len(plan.variants),
                "kernels": sum(len(v.kernels) for v in plan.variants),
@@ -181,6 +199,11 @@ def summary_lines(summary: dict[str, Any], folder: Path) -> list[str]:
         lines.append(f"  {bad['verdict'].upper():<8} {bad['label']}: {bad['reason'][:160]}")
     for fig in summary["figures"][:40]:
         lines.append(f"  {fig['label']}: {_figure_text(fig)}")
+    model = summary["model"]
+    lines.append(f"  cost model: {model['cases']} cases took {model['wall_s']} s, "
+                 f"estimated {model['estimate_s']} s; {len(model['missed'])} off by over "
+                 f"{MODEL_OFF:g}x" + "".join(f"\n    {m['label']}: {m['wall_s']} s vs "
+                                            f"{m['estimate_s']} s" for m in model["missed"][:5]))
     comp = summary["compile"]
     lines.append(f"  compile: {comp.get('status')}; {comp.get('variants', 0)} variants, "
                  f"{comp.get('kernels')} kernels ({comp['plan']['kernels']} planned), "

@@ -88,8 +88,15 @@ DRAW_VALUES_PER_S = 1.4e8
 numbers): 50 M values in 0.36 s measured on this machine."""
 HOST_TO_DEVICE_GBS = 10.0
 """Pageable host-to-device copies (PCIe 5: 64 GB/s raw, pageable memory a fraction)."""
+CUDNN_PLAN_S = 1.0
+"""cuDNN's SDPA builds an execution plan for each new shape at its first call (forward and
+backward): about a second, not measured here -- the GPU run's records will say."""
 FIRST_TIMED_CASE_S = 1.5
 """A rank's first timed GPU case measures the matmul peak (3 dtypes x 0.3 s, allocations)."""
+INTERPRETED_ACCURACY_CALLS = 8
+"""CPU only: judging a case costs about this many interpreted calls (the fp64 reference and the
+fused baseline are cheap at these sizes; the determinism re-run and the identities are not):
+5-15 s per triton case measured here."""
 CHILD_START_S = 0.5
 """A step's process that does not import torch (the sweep steps drive a rank pool)."""
 
@@ -153,8 +160,11 @@ def case_seconds(case: Case, options: RunOptions, machine: Machine) -> float:
     inputs = (case_values(case) / DRAW_VALUES_PER_S
               + case_values(case) * itemsize / (HOST_TO_DEVICE_GBS * 1e9) * machine.gpu)
     seconds = CASE_OVERHEAD_S + inputs + fwd + bwd
+    if case.backend == "sdpa_cudnn" and machine.gpu:
+        seconds += CUDNN_PLAN_S
     if options.accuracy:
-        seconds += accuracy_seconds(case, machine) if machine.gpu else 4 * (fwd + bwd)
+        seconds += (accuracy_seconds(case, machine) if machine.gpu
+                    else INTERPRETED_ACCURACY_CALLS * (fwd + bwd))
     if options.timing.enabled:
         seconds += fwd + bwd  # the peak-memory pass
         seconds += timing_seconds(fwd, options.timing) + timing_seconds(bwd, options.timing)

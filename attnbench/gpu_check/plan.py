@@ -74,6 +74,8 @@ class Plan:
     budget_s: float
     steps: list[Step]
     variants: list[Variant] = field(default_factory=list)
+    case_s: dict[str, float] = field(default_factory=dict)
+    """Case id -> the model's seconds for it (its record's ``wall_s`` is the measurement)."""
 
     @property
     def total_s(self) -> float:
@@ -188,13 +190,15 @@ def make_plan(sweeps: CheckSweeps, machine: Machine, budget_s: float = BUDGET_S)
                                f"{sum(v.compiles for v in variants)} compilations"),
         ("timer", timer_s, f"{len(timer_cases)} cases timed eagerly and from a CUDA graph"),
         ("speed", _sweep_step_s(speed, sweeps.options("speed"), machine, timed=True),
-         f"{len(speed)} cases timed ({Path(sweeps.speed.path).name}); timing at its caps"),
+         f"{len(speed)} cases timed ({Path(sweeps.speed.path).name}), timing loops at their caps"),
         ("accuracy", _sweep_step_s(accuracy, sweeps.options("accuracy"), machine, timed=False),
          f"{len(accuracy)} cases vs fp64 ({Path(sweeps.accuracy.path).name})"),
         ("collect", COLLECT_S, "summary.json: verdicts, figures, steps vs this plan"),
     ]
     steps = [Step(name, what, round(est, 1), _timeout(est) if name != "collect" else
                   COLLECT_RESERVE_S) for name, est, what in estimates]
+    case_s = {c.id: round(case_seconds(c, sweeps.options(role), machine), 2)
+              for role in ("speed", "accuracy") for c in sweeps.role(role).cases}
     return Plan(machine=machine.name, mode="gpu" if machine.gpu else "cpu",
                 kernel_configs=sweeps.kernel_configs, budget_s=budget_s, steps=steps,
-                variants=variants)
+                variants=variants, case_s=case_s)

@@ -29,6 +29,9 @@ FIELDS = ("timestamp", "index", "clocks.sm", "clocks.mem", "clocks.max.sm", "pow
           "clocks_event_reasons.active")
 """``clocks_event_reasons`` is the throttle-reason bitmask's name since driver 535 (before:
 ``clocks_throttle_reasons``); a driver that knows neither gets the list without it."""
+NOT_THROTTLING = 0x1 | 0x2
+"""Reasons that do not slow a busy GPU: idle (0x1), the applications-clocks setting (0x2); the
+rest (power cap 0x4, hardware and thermal slowdowns 0x8, 0x20, 0x40, ...) count as throttled."""
 START_CHECK_S = 1.0
 """An unknown field makes nvidia-smi exit at once: alive after this long, it is logging."""
 
@@ -94,7 +97,7 @@ def _number(text: str) -> Optional[float]:
 
 def summarize(path: Path) -> dict[str, Any]:
     """Samples, and min / median / max of the SM clock, power and temperature; how many
-    samples had a throttle reason other than idle (bit 0x1, GPU idle)."""
+    samples had a throttle reason (:data:`NOT_THROTTLING` aside)."""
     with open(path, newline="", errors="replace") as fh:
         rows = list(csv.reader(fh, skipinitialspace=True))
     if not rows:
@@ -108,10 +111,15 @@ def summarize(path: Path) -> dict[str, Any]:
         if values:
             out[name] = {"min": min(values), "median": statistics.median(values),
                          "max": max(values)}
-    reasons = [row.get("clocks_event_reasons.active") or row.get(
-        "clocks_throttle_reasons.active") for row in body]
-    flagged = [r for r in reasons if r and r.strip() not in ("0x0000000000000000",
-                                                             "0x0000000000000001")]
-    if any(reasons):
-        out["throttled_samples"] = len(flagged)
+    reasons = [_bits(row.get("clocks_event_reasons.active")
+                     or row.get("clocks_throttle_reasons.active")) for row in body]
+    if any(r is not None for r in reasons):
+        out["throttled_samples"] = sum(1 for r in reasons if r and r & ~NOT_THROTTLING)
     return out
+
+
+def _bits(text: Optional[str]) -> Optional[int]:
+    try:
+        return int(text.strip(), 16) if text else None
+    except ValueError:
+        return None
