@@ -45,8 +45,10 @@ def compile_variant(variant):
     json.dumps(variant)
     if variant["name"] == os.environ.get(HANG):
         time.sleep(3600)
+    began = time.time()
     time.sleep(COMPILE_S)
     return {"variant": variant, "seconds": COMPILE_S, "kernels": len(variant["kernels"]),
+            "began": began, "ended": time.time(),
             "configs": {k: {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
                         for k in variant["kernels"]}}
 

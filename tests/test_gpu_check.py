@@ -145,9 +145,9 @@ def test_a_hanging_step_is_killed_and_the_collection_still_runs(tmp_path, monkey
     started = time.monotonic()
     status, summary = run_check(out, sweeps, plan, echo=lines.append,
                                 funcs={"probe": "gpu_check_standins:hang"})
-    assert time.monotonic() - started < 25
+    assert time.monotonic() - started < 45  # 6 s of probe, then the collection; loaded CI
     steps = {s["name"]: s for s in summary["steps"]}
-    assert steps["probe"]["status"] == "timeout" and 6 <= steps["probe"]["seconds"] < 15
+    assert steps["probe"]["status"] == "timeout" and 6 <= steps["probe"]["seconds"] < 20
     assert "hanging" in steps["probe"]["output_tail"]
     assert all(steps[n]["status"] == "skipped" for n in ("prewarm", "timer", "speed", "accuracy"))
     assert steps["collect"]["status"] == "ok" and status == 1
@@ -193,23 +193,26 @@ def _prewarm(tmp_path, monkeypatch, **config):
 
 
 def test_the_prewarm_compiles_variants_in_parallel(tmp_path, monkeypatch):
-    """6 stand-in variants of 1 s on 3 cores: 2 rounds, ~2.5 s with the process starts.
-    Mutant: one at a time takes 6 s or more, past the 4.5 s bound."""
-    report, wall = _prewarm(tmp_path, monkeypatch, cores=3, timeout_s=60)
+    """6 stand-in variants of 1 s on 3 cores: 3 at a time, never more (read from when each
+    compile ran, not from the wall time, which a loaded machine stretches). Mutant: one at a
+    time never overlaps."""
+    report, _ = _prewarm(tmp_path, monkeypatch, cores=3, timeout_s=120)
     variants = report["variants"]
     assert report["status"] == "ok" and len(variants) >= 5
     assert all(v["status"] == "ok" and v["variant"]["config_mode"] == "pinned" for v in variants)
     assert report["kernels"] == sum(len(v["variant"]["kernels"]) for v in variants)
-    assert wall < 0.75 * len(variants) * standins.COMPILE_S, wall
+    edges = sorted([(v["began"], 1) for v in variants] + [(v["ended"], -1) for v in variants])
+    running = [sum(step for _, step in edges[:i + 1]) for i in range(len(edges))]
+    assert max(running) == 3, running
     assert report["plan_variants"], "the plan's own count is kept beside"
 
 
 def test_a_hanging_compile_is_killed_and_the_others_kept(tmp_path, monkeypatch):
     monkeypatch.setenv(standins.HANG, "bf16 none")
-    report, wall = _prewarm(tmp_path, monkeypatch, cores=8, timeout_s=9)  # 4 s of work
+    report, wall = _prewarm(tmp_path, monkeypatch, cores=8, timeout_s=15)  # 10 s of work
     statuses = {v["variant"]["name"]: v["status"] for v in report["variants"]}
     assert statuses.pop("bf16 none") == "timeout" and set(statuses.values()) == {"ok"}
-    assert report["status"] == "incomplete" and wall < 8
+    assert report["status"] == "incomplete" and wall < 14
 
 
 def test_the_prewarm_without_the_warm_module_says_so(tmp_path, monkeypatch):
