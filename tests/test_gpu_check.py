@@ -15,7 +15,7 @@ import time
 import pytest
 
 from attnbench.gpu_check.collect import collect_folder
-from attnbench.gpu_check.command import run_check
+from attnbench.gpu_check.command import gpu_visible, run_check
 from attnbench.gpu_check.costs import CPU, H200
 from attnbench.gpu_check.folder import FILES, MAX_FILES, folder_files
 from attnbench.gpu_check.plan import TARGET_S, make_plan
@@ -179,6 +179,13 @@ def test_a_step_that_fails_is_said_in_a_line_and_the_next_step_runs(tmp_path, mo
     assert steps["speed"]["status"] == "ok" and "noop step" in steps["speed"]["output_tail"]
     assert "its step ended without it" in json.loads(
         (tmp_path / "c" / "records.jsonl").read_text().splitlines()[0])["reason"]
+
+
+def test_without_a_usable_gpu_the_check_chooses_the_cpu_variant(monkeypatch):
+    """Here: no GPU at all. Anywhere: CUDA_VISIBLE_DEVICES hiding every GPU."""
+    assert gpu_visible() is False
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu_visible() is False
 
 
 # -- the pre-warm --------------------------------------------------------------------------------

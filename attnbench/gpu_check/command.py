@@ -13,6 +13,8 @@ import argparse
 import datetime as _dt
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -20,7 +22,7 @@ from typing import Callable, Optional
 from attnbench.errors import EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_OK, UserError, short_repr
 from attnbench.gpu_check.collect import collect_folder, summary_lines, utc_now
 from attnbench.gpu_check.costs import CPU, H200
-from attnbench.gpu_check.folder import MANIFEST, PLAN, PROBE, RECORDS, open_store
+from attnbench.gpu_check.folder import PLAN, open_store
 from attnbench.gpu_check.plan import BUDGET_S, COLLECT_RESERVE_S, STEPS, Plan, make_plan
 from attnbench.gpu_check.smi_log import SmiLog
 from attnbench.gpu_check.step_main import STEP_FUNCS, StepConfig
@@ -69,12 +71,25 @@ def cmd_gpu_check(args: argparse.Namespace) -> int:
 
 
 def gpu_visible() -> bool:
-    """Whether an NVIDIA GPU is there to use, asked of the kernel driver (no CUDA started):
-    ``CUDA_VISIBLE_DEVICES`` may hide them all."""
+    """Whether a GPU is there for the check: the kernel driver has one (``CUDA_VISIBLE_DEVICES``
+    may hide them all) and this Python's torch can use it (a CPU build of torch cannot). Asked
+    of a child process: the driver never imports torch, and no CUDA context is made."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", "unset").strip() in ("", "-1"):
         return False
     gpus = Path("/proc/driver/nvidia/gpus")
-    return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()
+    if not ((gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()):
+        return False
+    try:
+        answer = subprocess.run([sys.executable, "-c", _ASK_CUDA], capture_output=True,
+                                text=True, timeout=CUDA_QUESTION_S)
+    except subprocess.TimeoutExpired:
+        return True  # a driver that slow is a GPU's: the probe step will say more
+    return answer.stdout.strip() == "True"
+
+
+_ASK_CUDA = "import torch; print(torch.cuda.is_available())"
+CUDA_QUESTION_S = 60.0
+"""Importing torch from a cold page cache, and the driver's first answer."""
 
 
 def default_folder() -> Path:
@@ -131,14 +146,6 @@ def run_check(folder: Path, sweeps: CheckSweeps, plan: Plan, *, sweeps_dir: Opti
             results.append(run_step(name, funcs[name], config.to_dict(), timeout_s=timeout,
                                     estimate_s=step.estimate_s, echo=echo,
                                     env=sweeps.pool_env()))
-            if name == "probe" and not config.cpu and _probe_says_no_cuda(folder):
-                echo("gpu-check: the probe found no CUDA device (a CPU build of torch?): the "
-                     "remaining steps run the CPU variant")
-                config.cpu = True
-                sweeps = load_check_sweeps(True, sweeps.kernel_configs, sweeps_dir)
-                plan = make_plan(sweeps, CPU, plan.budget_s)
-                restart_run_directory(folder, sweeps)
-                (folder / PLAN).write_text(json.dumps(plan.to_dict(), indent=1))
     finally:
         smi_summary = smi.stop() if note == "" else {"note": note}
     summary = collect_folder(config, sweeps, plan, results, smi_summary, started, t0)
@@ -148,18 +155,3 @@ def run_check(folder: Path, sweeps: CheckSweeps, plan: Plan, *, sweeps_dir: Opti
         return EXIT_INTERRUPTED, summary
     bad = any(s["status"] != "ok" for s in summary["steps"]) or summary["failing"]
     return (EXIT_FAILURES if bad else EXIT_OK), summary
-
-
-def restart_run_directory(folder: Path, sweeps: CheckSweeps) -> None:
-    """The run directory again for other sweeps (no record was written yet: only the probe
-    and the pre-warm ran)."""
-    for name in (MANIFEST, RECORDS):
-        (folder / name).unlink(missing_ok=True)
-    open_store(folder, sweeps).close()
-
-
-def _probe_says_no_cuda(folder: Path) -> bool:
-    try:
-        return json.loads((folder / PROBE).read_text()).get("cuda") is False
-    except (OSError, ValueError):
-        return False

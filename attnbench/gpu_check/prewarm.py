@@ -33,7 +33,8 @@ POLL_S = 0.05
 """How often the running compiles are looked at (each takes seconds)."""
 _ROOT = str(Path(__file__).resolve().parents[2])
 _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-         "from attnbench.gpu_check.prewarm import compile_child; sys.exit(compile_child(sys.argv[1:]))")
+         "from attnbench.gpu_check.prewarm import compile_child; "
+         "sys.exit(compile_child(sys.argv[1:]))")
 
 
 def run_prewarm(config: StepConfig) -> None:
@@ -137,8 +138,9 @@ def _say(result: dict) -> None:
     name = variant.get("name") or variant.get("label") if isinstance(variant, dict) else None
     what = name or json.dumps(variant, default=str)[:120]
     if result["status"] == "ok":
-        print(f"prewarm: {what}: {result.get('kernels')} kernels, {float(result.get('seconds') or 0):.1f} s "
-              f"compiling ({result['process_s']:.1f} s with the process start)"
+        seconds = float(result.get("seconds") or 0)
+        print(f"prewarm: {what}: {result.get('kernels')} kernels, {seconds:.1f} s compiling "
+              f"({result['process_s']:.1f} s with the process start)"
               + (f"; {result['note']}" if result.get("note") else ""), flush=True)
     else:
         print(f"prewarm: {what}: {result['status']}: {result.get('note', '')}", flush=True)

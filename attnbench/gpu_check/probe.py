@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from attnbench.backends.sdpa import attention_mask
+from attnbench.errors import exception_summary
 from attnbench.gpu_check.folder import PROBE
 from attnbench.gpu_check.plan import PROBE_MATMUL, PROBE_MATMUL_S
 from attnbench.gpu_check.step_main import StepConfig
@@ -65,7 +66,7 @@ def _part(read: Callable[[], Any]) -> Any:
     try:
         return read()
     except Exception as exc:  # noqa: BLE001 - one unreadable part must not lose the others
-        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+        return {"error": exception_summary(exc)}
 
 
 def precision_flags() -> dict[str, Any]:

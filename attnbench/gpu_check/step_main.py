@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from attnbench.errors import exception_summary
+
 STEP_FUNCS = {
     "probe": "attnbench.gpu_check.probe:run_probe",
     "prewarm": "attnbench.gpu_check.prewarm:run_prewarm",
@@ -67,6 +69,6 @@ def main(argv: list[str]) -> int:
         func(config)
     except Exception as exc:  # noqa: BLE001 - a step's failure is its status, said in a line
         traceback.print_exc(limit=-3, file=sys.stdout)  # the last frames: where it failed
-        print(f"{name}: failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
+        print(f"{name}: failed: {exception_summary(exc)}")
         return 1
     return 0
