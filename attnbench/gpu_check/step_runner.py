@@ -90,10 +90,15 @@ def run_step(name: str, func: str, config: dict, *, timeout_s: float, estimate_s
 
 def _pump(proc: subprocess.Popen, name: str, tail: collections.deque,
           echo: Callable[[str], None]) -> None:
-    for raw in proc.stdout:
+    quiet = False
+    for raw in proc.stdout:  # drained to the end, or the step would block on a full pipe
         line = raw.decode("utf-8", errors="replace").rstrip()
         tail.append(line)
-        echo(f"  [{name}] {line}")
+        if not quiet:
+            try:
+                echo(f"  [{name}] {line}")
+            except OSError:  # our reader left (`| head`): the step goes on, unechoed
+                quiet = True
     proc.stdout.close()
 
 
