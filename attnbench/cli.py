@@ -307,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.set_defaults(func=cmd_backends)
 
     from attnbench.dispatch.detach import add_detach_commands
+    from attnbench.gpu_check.command import add_gpu_check_command
     from attnbench.report.commands import add_report_commands
     from attnbench.report.export import add_export_command
     from attnbench.selftest import add_selftest_command
@@ -317,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_schema_command(sub, public_names)
     add_selftest_command(sub)
     add_detach_commands(sub, _seconds, _verdicts)
+    add_gpu_check_command(sub)
     return parser
 
 

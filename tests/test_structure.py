@@ -35,7 +35,8 @@ TOP = "top"
 TOP_MODULES = {"attnbench.cli", "attnbench.selftest", "attnbench.__main__"}
 
 ORDER = ("base", "sweep", "hardware", "results", "problem", "kernels", "backends", "accuracy",
-         "timing", "parallel", "execution", "mutants", "cluster", "dispatch", "report", "top")
+         "timing", "parallel", "execution", "mutants", "cluster", "dispatch", "report", "gpu_check",
+         "top")
 """Lowest first: a package imports only packages before it."""
 
 MAY_IMPORT: dict[str, set[str]] = {
@@ -55,13 +56,16 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cluster": {"base", "sweep", "hardware", "results", "execution"},
     "dispatch": {"base", "sweep", "results", "cluster", "backends"},
     "report": {"base", "sweep", "hardware", "results"},
+    "gpu_check": {"base", "sweep", "hardware", "results", "problem", "kernels", "backends",
+                  "execution", "cluster"},  # cluster: a pool outcome -> a record, as tasks do
     "top": set(ORDER) - {"top"},
 }
 
 SIDE = {"base": "shared", "sweep": "client", "hardware": "shared", "results": "client",
         "problem": "rank", "kernels": "rank", "backends": "rank", "accuracy": "rank",
         "timing": "rank", "parallel": "rank", "execution": "worker + rank", "mutants": "rank",
-        "cluster": "client + worker", "dispatch": "client", "report": "client", "top": "top"}
+        "cluster": "client + worker", "dispatch": "client", "report": "client",
+        "gpu_check": "driver + steps", "top": "top"}
 """Where a package runs: the client (no torch: a laptop reads results without it), a Dask
 worker (no torch: ranks are separate processes), a rank process (torch), or shared."""
 CLIENT = [p for p, side in SIDE.items() if side.startswith("client")]
@@ -452,7 +456,8 @@ def layout() -> str:
 
 SIDE_WORDS = {"client": "client, no torch", "client + worker": "client and Dask worker, no torch",
               "worker + rank": "Dask worker (no torch) and rank side", "rank": "rank side",
-              "shared": "shared (torch only in device)", "top": "top"}
+              "shared": "shared (torch only in device)", "top": "top",
+              "driver + steps": "driver (no torch, no Dask) and its steps' processes"}
 
 
 def _readme_layout(text: str) -> str:
