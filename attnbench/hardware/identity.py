@@ -39,7 +39,7 @@ class DeviceIdentity:
     sm_count: Optional[int] = None
     """Multiprocessors, from torch (NVML does not give it): a rank's records have it
     (:func:`attnbench.hardware.device.device_env` passes torch's properties); None where no
-    properties were given and CUDA was not started (the Dask worker, which reads NVML alone)."""
+    properties were given and CUDA was not started (a process that only reads NVML)."""
     compute_capability: Optional[str] = None
     """``9.0`` for Hopper, ``8.9`` for Ada."""
     sm_clock_mhz: Optional[int] = None
