@@ -17,10 +17,11 @@ Packed (variable-length) cases go through PyTorch's jagged nested tensors
 whole pack. The offsets are a device tensor built once per case (:class:`JaggedLayout`), handed
 over with the shortest and longest lengths: without them every call copied the offsets from the
 host and SDPA read the lengths back with ``.item()`` (a device sync inside the timed call;
-torch/nested/_internal/nested_tensor.py ``_get_max_seqlen``). PyTorch supports there neither ``is_causal`` nor an ``attn_mask`` (so no causal,
-window or ALiBi: torch/nested/_internal/sdpa.py) nor K/V heads shared by GQA groups, and a
-packed case's hidden dropout mask cannot be read back by the probe
-(:mod:`attnbench.accuracy.dropout_probe` is dense): those cases are ``unsupported``.
+torch/nested/_internal/nested_tensor.py ``_get_max_seqlen``). PyTorch supports there neither
+``is_causal`` nor an ``attn_mask`` (so no causal, window or ALiBi:
+torch/nested/_internal/sdpa.py) nor K/V heads shared by GQA groups, and a packed case's hidden
+dropout mask cannot be read back by the probe (:mod:`attnbench.accuracy.dropout_probe` is
+dense): those cases are ``unsupported``.
 """
 
 from __future__ import annotations
