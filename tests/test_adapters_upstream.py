@@ -62,6 +62,32 @@ def _error(out, q, k, v, spec) -> float:
     return tensor_errors(out, exact)["rel_l2"]
 
 
+# -- what the installed package takes ------------------------------------------------------------
+
+
+def test_upstream_names_the_release_and_the_missing_keywords(monkeypatch):
+    """Mutants: ``lacking`` that ignores the signature -> None; one that lists every name
+    -> "softmax_scale" in the reason; ``version_of`` without the module's ``__version__``
+    fallback -> "(version unknown)"."""
+    from attnbench.backends.upstream import keywords, lacking, older_than, version_of
+    from upstream_standins import install
+
+    def old(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1)):
+        pass
+
+    def anything(q, **kwargs):
+        pass
+
+    install(monkeypatch, "somelib", __version__="2.5.9+cu12", old=old)
+    assert version_of("somelib") == "somelib 2.5.9+cu12" and older_than("somelib", "2.6")
+    assert not older_than("somelib", "2.5.9") and version_of("absentlib").endswith("unknown)")
+    assert keywords(anything) is None and lacking("somelib", anything, ["softcap"]) is None
+    assert lacking("somelib", old, ["softmax_scale", "causal"]) is None
+    assert lacking("somelib", old, ["softmax_scale", "softcap", "alibi_slopes"],
+                   since={"softcap": "2.6", "window_size": "2.3"}) == (
+        "somelib 2.5.9+cu12: old takes no softcap, alibi_slopes (softcap since 2.6)")
+
+
 # -- the call's window -----------------------------------------------------------------------------
 
 

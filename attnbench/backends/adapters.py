@@ -122,15 +122,10 @@ def plan_call(module: str, fn, spec, q: torch.Tensor, window: CallWindow,
         kwargs["softcap"] = spec.softcap
     if slopes is not None:
         kwargs["alibi_slopes"] = slopes
-    reason = lacking(module, fn, kwargs, why=_since(kwargs, since))
+    reason = lacking(module, fn, kwargs, since=since)
     if reason:
         raise Unsupported(reason)
     return CallPlan(window, kwargs)
-
-
-def _since(names, since: Optional[dict]) -> str:
-    known = [f"{name} since {since[name]}" for name in names if since and name in since]
-    return ", ".join(known)
 
 
 class FlashAttnBackend(PreparesOnce):
@@ -272,7 +267,7 @@ def fa2_release(case) -> Optional[str]:
         names.append("alibi_slopes")
     if case.decode:
         names += ["return_softmax_lse"] + (["block_table"] if case.page_size else [])
-    return lacking("flash_attn", fn, names, why=_since(names, FA2_SINCE))
+    return lacking("flash_attn", fn, names, since=FA2_SINCE)
 
 
 class XformersBackend(PreparesOnce):

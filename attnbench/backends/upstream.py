@@ -16,7 +16,7 @@ import importlib
 import inspect
 import re
 from importlib import metadata
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 
 def unavailable(module: str) -> Optional[str]:
@@ -59,20 +59,23 @@ def keywords(fn: Callable) -> Optional[frozenset[str]]:
                                    inspect.Parameter.KEYWORD_ONLY))
 
 
-def lacking(module: str, fn: Callable, names: Iterable[str], *, why: str = "") -> Optional[str]:
+def lacking(module: str, fn: Callable, names: Iterable[str], *,
+            since: Optional[Mapping[str, str]] = None, why: str = "") -> Optional[str]:
     """Why the installed ``module``'s ``fn`` cannot be called with ``names``: the names it does
-    not take, with the package's version (``flash_attn 2.5.9: flash_attn_func takes no
-    softcap``); None when it takes them all. ``why`` is added to the reason (what the names
-    are for, which release has them)."""
+    not take, with the package's version (``flash_attn 2.5.9: flash_attn_func takes no softcap
+    (softcap since 2.6)``); None when it takes them all. ``since``: the release that brought
+    each name, said for the missing ones; ``why``: what the names are for."""
     taken = keywords(fn)
     if taken is None:
         return None
     missing = [name for name in names if name not in taken]
     if not missing:
         return None
+    notes = [f"{name} since {since[name]}" for name in missing if since and name in since]
+    notes += [why] if why else []
     what = getattr(fn, "__name__", "the function")
     return (f"{version_of(module)}: {what} takes no {', '.join(missing)}"
-            + (f" ({why})" if why else ""))
+            + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def first_taken(fn: Callable, *spellings: tuple[str, ...]) -> Optional[tuple[str, ...]]:
