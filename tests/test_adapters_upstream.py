@@ -249,14 +249,20 @@ def test_flash_attn_before_2_6_is_refused_softcap_with_its_version(monkeypatch):
     (dict(dtype="fp8_e4m3", head_dim=40), "head_dim that is a multiple of 16 in fp8, not 40"),
     (dict(head_dim=20), "head_dim that is a multiple of 8, not 20"),
     (dict(head_dim=128, head_dim_v=64), "not 128/64"),
-    (dict(head_dim=320), "head_dim of at most 256"),
+    (dict(head_dim=320), "head dims of at most 256 (Q/K), not 320/320"),
+    (dict(head_dim=64, head_dim_v=384), "head dims of at most 256 (backward), not 64/384"),
+    (dict(head_dim=64, head_dim_v=384, backward=False, dtype="fp8_e4m3"),
+     "head_dim_v > 256 in fp16 and bf16 only"),
 ])
 def test_flash_attn3_refuses_what_its_mha_fwd_rejects(monkeypatch, fields, reason):
-    """Mutant: drop :func:`fa3_limits` -> None, and FA3 fails on the GPU mid-sweep."""
+    """Mutant: drop :func:`fa3_limits` -> None, and FA3 fails on the GPU mid-sweep. A forward
+    of V head dim 384 on Q/K 64 in bf16 is FA3's to run (mutant: refuse every dim > 256)."""
     from attnbench.backends.flash_attn3 import FlashAttn3Backend
 
     fake_flash_attn3(monkeypatch)
     assert reason in FlashAttn3Backend().supports(_case("flash_attn3", **fields), CUDA)
+    wide = _case("flash_attn3", head_dim=64, head_dim_v=384, backward=False, dtype="bf16")
+    assert FlashAttn3Backend().supports(wide, CUDA) is None
 
 
 def test_flash_attn3_refuses_the_old_descale_names_with_its_version(monkeypatch):

@@ -40,20 +40,25 @@ DESCALES = ("q_descale", "k_descale", "v_descale")
 OLD_DESCALES = ("descale_q", "descale_k", "descale_v")
 """Before it: one value per tensor, CHECK_SHAPE(descale_q, 1)."""
 FA3_MAX_HEAD_DIM = 256
-"""``get_max_headdim()`` of a full build (hopper/flash_api.cpp)."""
+"""``get_max_headdim()`` of a full build (hopper/flash_api.cpp): Q/K forward, both in backward;
+V up to 512 forward in fp16/bf16 with Q/K <= 64."""
 
 
 def fa3_limits(case) -> Optional[str]:
-    """What FA3's ``mha_fwd`` rejects whatever its release (hopper/flash_api.cpp)."""
+    """What FA3 rejects whatever its release (hopper/flash_api.cpp): ``mha_fwd`` for every
+    case, ``mha_bwd`` (both head dims at most 256) for one with a backward."""
+    d, dv = case.head_dim, case.head_dim_v
     alignment = 16 if is_fp8(case.dtype) else 8  # "head_size should be a multiple of 16|8"
     in_fp8 = " in fp8" if is_fp8(case.dtype) else ""
-    for name, dim in {"head_dim": case.head_dim, "head_dim_v": case.head_dim_v}.items():
+    for name, dim in {"head_dim": d, "head_dim_v": dv}.items():
         if dim % alignment:
             return (f"flash_attn3 takes a {name} that is a multiple of {alignment}{in_fp8}, "
                     f"not {dim}")
-        if dim > FA3_MAX_HEAD_DIM:
-            return f"flash_attn3 takes a {name} of at most {FA3_MAX_HEAD_DIM}, not {dim}"
-    d, dv = case.head_dim, case.head_dim_v
+    if d > FA3_MAX_HEAD_DIM or (dv > FA3_MAX_HEAD_DIM and case.backward):
+        return (f"flash_attn3 takes head dims of at most {FA3_MAX_HEAD_DIM} "
+                f"({'backward' if d <= FA3_MAX_HEAD_DIM else 'Q/K'}), not {d}/{dv}")
+    if dv > FA3_MAX_HEAD_DIM and is_fp8(case.dtype):
+        return f"flash_attn3 takes head_dim_v > {FA3_MAX_HEAD_DIM} in fp16 and bf16 only"
     if dv != d and not (128 < d <= 192 and 96 < dv <= 128 or d <= 64 and dv <= 512):
         return (f"flash_attn3 has kernels for a V head dim other than Q/K's only with Q/K in "
                 f"(128, 192] and V in (96, 128], or Q/K <= 64 and V <= 512 (Hopper only), "
