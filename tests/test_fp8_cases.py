@@ -201,3 +201,29 @@ def test_show_lines_give_fp8_throughput_in_tflops_and_the_error_split():
     line = next(case_lines([record]))
     assert "TFLOP/s" in line and "GB/s" not in line
     assert "fp8 error: kernel" in line and "quantization" in line
+
+
+def test_fp8_gpu_sweep_runs_forwards_only_and_pairs_every_fp8_case_with_bf16():
+    """fp8_gpu.yaml timed a bf16 backward beside every bf16 forward that no panel plots (the
+    fp8 panel pairs forwards): its bf16 cases are forward only now (mutant: drop ``backward:
+    false`` from its defaults -> 40 bf16 cases with a backward). The pairing the panel makes
+    (:data:`attnbench.report.panels.fp8.PAIR_KEYS`, all but the GPU kind) still finds a bf16
+    forward for every fp8 case."""
+    from attnbench.backends import check_backend_name
+    from attnbench.report.panels.fp8 import PAIR_KEYS
+    from attnbench.sweep.load import load_sweep
+    from helpers import ROOT
+
+    cases = load_sweep(ROOT / "sweeps" / "fp8_gpu.yaml", check_backend_name).cases
+    assert [c.label for c in cases if c.backward] == []
+    keys = [k for k in PAIR_KEYS if k != "gpu_kind"]  # the worker's, not the case's
+
+    def pair(case):
+        return tuple(getattr(case, k) for k in keys)
+
+    bf16 = {pair(c) for c in cases if c.dtype == "bf16"}
+    fp8 = [c for c in cases if c.dtype.startswith("fp8")]
+    assert len(fp8) > 40 and len(bf16) > 20
+    # per-head scaling with loud heads has no bf16 twin (quantization scales are fp8's alone)
+    unpaired = [c.label for c in fp8 if pair(c) not in bf16 and c.inputs == "normal"]
+    assert unpaired == []

@@ -271,3 +271,31 @@ def test_matmul_peak_on_a_gpu():
         datasheet = peak_tflops(kind, dtype)
         if datasheet:
             assert measured < 1.25 * datasheet, (kind, dtype, measured, datasheet)  # boost margin
+
+
+def test_a_rank_records_the_sm_count_of_its_gpu(monkeypatch):
+    """The rank's first record is written before any tensor exists, when CUDA is not started
+    yet: ``read_identity`` alone found no torch properties there and every record said
+    ``sm_count: null``. ``device_env`` now hands torch's properties over (mutant: drop them ->
+    None). NVML from the H200 recording; torch's properties a stand-in with the recorded SM
+    count (132) and the recording's UUID, so the handle is found by UUID as on a real rank."""
+    from attnbench.hardware import device as device_module
+    from attnbench.hardware import nvml as nvml_module
+
+    torch = pytest.importorskip("torch")
+    recording = load("h200_sxm_141gb")
+    nvml = ReplayNvml(recording)
+    fake = SimpleNamespace(**recording["torch"][0], total_memory=141 * 2**30,
+                           uuid=recording["devices"][0]["nvmlDeviceGetUUID"].removeprefix("GPU-"))
+    asked = []
+    monkeypatch.setattr(nvml_module, "load_nvml", lambda given=None: nvml)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: asked.append(index) or fake)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # a rank's first record
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: fake.name)
+    monkeypatch.setattr(device_module, "_identity", {})
+    env = device_module.device_env(torch.device("cuda", 0))
+    assert asked == [0]
+    assert env["identity"]["sm_count"] == 132 and env["gpu_kind"] == "H200-SXM-141GB"
+    assert env["identity"]["uuid"] == recording["devices"][0]["nvmlDeviceGetUUID"]
+    assert nvml.open == 0

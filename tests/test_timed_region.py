@@ -134,6 +134,40 @@ def test_sdpa_never_builds_a_dropout_keep_mask(monkeypatch):
     assert counter.calls.count("dense_masks") <= 3
 
 
+def test_packed_sdpa_builds_its_offsets_once_and_passes_the_lengths(monkeypatch):
+    """Packed sdpa copied ``cu_seqlens`` from the host in every timed call, and its jagged
+    tensors knew no lengths, so SDPA read them back with ``.item()`` (a device sync) on a GPU.
+    Now: the offsets are built once per case (no ``torch.tensor`` in later calls; mutant: build
+    them in the call -> 3 per call) and every jagged tensor gets its side's shortest and longest
+    sequence (mutant: drop them -> None), K and V sharing one offsets tensor."""
+    case = _case("sdpa", seqlens_q=[37, 1, 70], batch=3, seqlen_q=108, heads_kv=4)
+    spec = AttnSpec.from_case(case)
+    q, k, v, dout = make_inputs(case)
+    backend = get_backend("sdpa")
+    backend.prepared.clear()
+    seen, made = [], []
+    jagged = torch.nested.nested_tensor_from_jagged
+
+    def recording(values, offsets=None, *args, min_seqlen=None, max_seqlen=None, **kwargs):
+        seen.append((offsets, min_seqlen, max_seqlen))
+        return jagged(values, offsets, *args, min_seqlen=min_seqlen, max_seqlen=max_seqlen,
+                      **kwargs)
+
+    monkeypatch.setattr(torch.nested, "nested_tensor_from_jagged", recording)
+    first = backend.forward(q, k, v, spec)
+    backend.backward(first.ctx, dout)
+    counting = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **kw: made.append(a) or counting(*a, **kw))
+    again = backend.forward(q, k, v, spec)  # a timed call
+    backend.backward(again.ctx, dout)
+    assert made == []
+    assert [(lo, hi) for _, lo, hi in seen] == [(1, 70)] * 6
+    offsets = [o for o, _, _ in seen]
+    assert offsets[:3] == offsets[3:] and offsets[0] is offsets[1] is offsets[2]
+    assert offsets[0].tolist() == [0, 37, 38, 108] and offsets[0].dtype == torch.int64
+    assert torch.allclose(first.out, again.out)
+
+
 # -- third-party adapters against stand-ins -------------------------------------------------------
 
 

@@ -22,13 +22,14 @@ __all__ = ["Backend", "Forward", "Unsupported", "Capabilities", "World", "refusa
 # The implementations, for backends built on ours (the mutants, a user's subclass): imported
 # when first asked for, so the registry itself never imports torch.
 _IMPLEMENTATIONS, __getattr__ = package_face(__name__, {
-    "adapters": ("FlashAttnBackend", "TransformerEngineBackend", "XformersBackend"),
+    "adapters": ("FlashAttnBackend", "XformersBackend"),
     "flash_attn3": ("FlashAttn3Backend",),
     "masks": ("PreparesOnce", "dense_masks", "release_prepared"),
     "naive": ("NaiveBackend",),
     "reference_backend": ("ReferenceBackend",),
     "sdpa": ("SdpaBase", "SdpaCudnn", "SdpaDefault", "SdpaEfficient", "SdpaFlash", "SdpaMath",
              "attention_mask"),
+    "transformer_engine": ("TransformerEngineBackend",),
     "triton_backend": ("TritonBackend", "flash_params", "triton_keep_mask"),
 })
 __all__ += _IMPLEMENTATIONS
@@ -45,7 +46,7 @@ BUILTIN: dict[str, str] = {
     "triton": "attnbench.backends.triton_entry:make_triton_backend",  # stand-in without triton
     "flash_attn": "attnbench.backends.adapters:FlashAttnBackend",
     "flash_attn3": "attnbench.backends.flash_attn3:FlashAttn3Backend",
-    "transformer_engine": "attnbench.backends.adapters:TransformerEngineBackend",
+    "transformer_engine": "attnbench.backends.transformer_engine:TransformerEngineBackend",
     "xformers": "attnbench.backends.adapters:XformersBackend",
 }
 # Test-only backends that misbehave on purpose (segfault, hang, ...): real code, never in

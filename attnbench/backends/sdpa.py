@@ -14,15 +14,20 @@ keep-mask is ever built: SDPA draws its own.
 
 Packed (variable-length) cases go through PyTorch's jagged nested tensors
 (``nested_tensor_from_jagged`` with the pack's ``cu_seqlens`` as offsets), one SDPA call for the
-whole pack. PyTorch supports there neither ``is_causal`` nor an ``attn_mask`` (so no causal,
-window or ALiBi: torch/nested/_internal/sdpa.py) nor K/V heads shared by GQA groups, and a
-packed case's hidden dropout mask cannot be read back by the probe
-(:mod:`attnbench.accuracy.dropout_probe` is dense): those cases are ``unsupported``.
+whole pack. The offsets are a device tensor built once per case (:class:`JaggedLayout`), handed
+over with the shortest and longest lengths: without them every call copied the offsets from the
+host and SDPA read the lengths back with ``.item()`` (a device sync inside the timed call;
+torch/nested/_internal/nested_tensor.py ``_get_max_seqlen``). PyTorch supports there neither
+``is_causal`` nor an ``attn_mask`` (so no causal, window or ALiBi:
+torch/nested/_internal/sdpa.py) nor K/V heads shared by GQA groups, and a packed case's hidden
+dropout mask cannot be read back by the probe (:mod:`attnbench.accuracy.dropout_probe` is
+dense): those cases are ``unsupported``.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -81,7 +86,9 @@ class SdpaBase(PreparesOnce):
 
     def _call(self, q, k, v, spec):
         if spec.is_packed:
-            return _jagged_call(q, k, v, spec)
+            layout = self.prepared.get(("jagged", spec.cu_seqlens_q, spec.cu_seqlens_kv,
+                                        str(q.device)), lambda: JaggedLayout.of(spec, q.device))
+            return _jagged_call(q, k, v, spec, layout)
         mask, is_causal = self.prepared.get(call_key(spec, q, k),
                                             lambda: attention_mask(spec, q, k))
         return F.scaled_dot_product_attention(
@@ -127,18 +134,44 @@ def packed_limits(case) -> Optional[str]:
     return None
 
 
-def _jagged_call(q, k, v, spec):
+@dataclass(frozen=True)
+class JaggedLayout:
+    """A pack's offsets as the jagged nested tensors take them, built once per case: int64 on
+    the device, one tensor for K and V (and for Q too when its lengths are the keys': nested
+    tensors with distinct offsets tensors have distinct ragged sizes), and each side's
+    shortest and longest sequence."""
+
+    offsets_q: torch.Tensor
+    offsets_kv: torch.Tensor
+    min_max_q: tuple[int, int]
+    min_max_kv: tuple[int, int]
+
+    @classmethod
+    def of(cls, spec, device) -> "JaggedLayout":
+        def lengths(cu):
+            sizes = [b - a for a, b in zip(cu, cu[1:])]
+            return min(sizes), max(sizes)
+
+        offsets_kv = torch.tensor(spec.cu_seqlens_kv, dtype=torch.int64, device=device)
+        offsets_q = offsets_kv if spec.cu_seqlens_q == spec.cu_seqlens_kv else \
+            torch.tensor(spec.cu_seqlens_q, dtype=torch.int64, device=device)
+        return cls(offsets_q, offsets_kv, lengths(spec.cu_seqlens_q),
+                   lengths(spec.cu_seqlens_kv))
+
+
+def _jagged_call(q, k, v, spec, layout: JaggedLayout):
     """One SDPA call on the whole pack: (1, H, T, D) -> jagged (N, H, j, D) by cu_seqlens, and
     the output back to (1, Hq, Tq, Dv). The (T, H, D) copies are part of the timed call, as
     they would not be for a user whose tensors are already (T, H, D)."""
-    def jagged(x, cu):
-        offsets = torch.tensor(cu, dtype=torch.int64, device=x.device)
-        return torch.nested.nested_tensor_from_jagged(to_thd(x), offsets).transpose(1, 2)
+    def jagged(x, offsets, min_max):
+        return torch.nested.nested_tensor_from_jagged(
+            to_thd(x), offsets, min_seqlen=min_max[0], max_seqlen=min_max[1]).transpose(1, 2)
 
     out = F.scaled_dot_product_attention(
-        jagged(q, spec.cu_seqlens_q), jagged(k, spec.cu_seqlens_kv),
-        jagged(v, spec.cu_seqlens_kv), dropout_p=spec.dropout_p, scale=spec.scale,
-        enable_gqa=k.shape[1] != q.shape[1])
+        jagged(q, layout.offsets_q, layout.min_max_q),
+        jagged(k, layout.offsets_kv, layout.min_max_kv),
+        jagged(v, layout.offsets_kv, layout.min_max_kv), dropout_p=spec.dropout_p,
+        scale=spec.scale, enable_gqa=k.shape[1] != q.shape[1])
     return from_thd(out.transpose(1, 2).values())
 
 

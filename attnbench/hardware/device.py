@@ -76,7 +76,14 @@ def device_env(device: torch.device) -> dict[str, Any]:
     global _software
     key = str(device)
     if key not in _identity:
-        identity = read_identity(device.index or 0) if device.type == "cuda" else cpu_identity()
+        if device.type == "cuda":
+            # The SM count is torch's alone (NVML has none) and read_identity takes it only
+            # where CUDA is started; a rank's first record comes before any tensor, so hand
+            # torch's properties over: the rank is where CUDA runs (never a Dask worker).
+            index = device.index or 0
+            identity = read_identity(index, properties=torch.cuda.get_device_properties(index))
+        else:
+            identity = cpu_identity()
         _identity[key] = {"identity": identity.to_dict(), "kind": gpu_kind(identity)}
     if _software is None:
         _software = software_environment()

@@ -37,7 +37,9 @@ class DeviceIdentity:
     """``SXM``, ``PCIe``, ``NVL``, ``superchip``, ``OAM``; from the kind table (NVML has none)."""
     memory_total_bytes: Optional[int] = None
     sm_count: Optional[int] = None
-    """Multiprocessors, from torch (NVML does not give it); None where CUDA was not started."""
+    """Multiprocessors, from torch (NVML does not give it): a rank's records have it
+    (:func:`attnbench.hardware.device.device_env` passes torch's properties); None where no
+    properties were given and CUDA was not started (a process that only reads NVML)."""
     compute_capability: Optional[str] = None
     """``9.0`` for Hopper, ``8.9`` for Ada."""
     sm_clock_mhz: Optional[int] = None
