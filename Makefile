@@ -1,10 +1,18 @@
 # attnbench: `make run` runs the smoke sweep, `make test` runs the tests. Both set up .venv.
+# Boxes with no index: `make wheelhouse` (here), `make gpu-install` (there), `make rehearsal` (CI).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow selftest setup clean
+.PHONY: run test test-slow selftest setup clean wheelhouse gpu-install rehearsal
+
+# The box's Python (major.minor; empty: the lent H200's 3.12), the wheelhouse, the box's prefix,
+# and distributions to leave out of the wheelhouse (WITHOUT=bokeh: no dashboards on the box).
+PYTHON_VERSION ?=
+WHEELHOUSE     ?= .whl
+PREFIX         ?= /tmp/attnbench
+WITHOUT        ?=
 
 $(STAMP): pyproject.toml
 	# A torch that the system Python already has (a GPU box's own build) is reused.
@@ -34,3 +42,18 @@ selftest: $(STAMP)
 
 clean:
 	rm -rf $(VENV) results
+
+# Wheels for a box without an index: attnbench's own and what such a box lacks (dask,
+# distributed, tornado, ...), for its Python; never torch, triton or CUDA's (attnbench/offline).
+wheelhouse:
+	$(PYTHON) -m attnbench.offline wheelhouse --out $(WHEELHOUSE) \
+	  $(if $(PYTHON_VERSION),--python-version $(PYTHON_VERSION)) $(foreach n,$(WITHOUT),--without $(n))
+
+# On the box, with its own python3: the wheelhouse into PREFIX with no index and no dependency
+# resolution (torch and triton untouched), then a check; afterwards `export PYTHONPATH=$(PREFIX)`.
+gpu-install:
+	$(PYTHON) -m attnbench.offline install --wheelhouse $(WHEELHOUSE) --prefix $(PREFIX)
+
+# CI, after `make test`: a fresh torch-only venv gets the wheelhouse offline and runs the check.
+rehearsal:
+	bash .ci/rehearsal

@@ -34,13 +34,14 @@ TOP = "top"
 """cli, selftest, __main__: the commands, which may import anything."""
 TOP_MODULES = {"attnbench.cli", "attnbench.selftest", "attnbench.__main__"}
 
-ORDER = ("base", "sweep", "hardware", "results", "problem", "kernels", "backends", "accuracy",
-         "timing", "parallel", "execution", "mutants", "cluster", "dispatch", "report", "gpu_check",
-         "top")
+ORDER = ("base", "offline", "sweep", "hardware", "results", "problem", "kernels", "backends",
+         "accuracy", "timing", "parallel", "execution", "mutants", "cluster", "dispatch", "report",
+         "gpu_check", "top")
 """Lowest first: a package imports only packages before it."""
 
 MAY_IMPORT: dict[str, set[str]] = {
     "base": set(),
+    "offline": {"base"},  # runs before anything is installed: the standard library
     "sweep": {"base"},
     "hardware": {"base"},
     "results": {"base", "sweep", "hardware"},
@@ -61,7 +62,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "top": set(ORDER) - {"top"},
 }
 
-SIDE = {"base": "shared", "sweep": "client", "hardware": "shared", "results": "client",
+SIDE = {"base": "shared", "offline": "client",
+        "sweep": "client", "hardware": "shared", "results": "client",
         "problem": "rank", "kernels": "rank", "backends": "rank", "accuracy": "rank",
         "timing": "rank", "parallel": "rank", "execution": "worker + rank", "mutants": "rank",
         "cluster": "client + worker", "dispatch": "client", "report": "client",
