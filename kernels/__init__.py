@@ -4,7 +4,8 @@ Modules: :mod:`attnbench.kernels.common` (device functions shared by every kerne
 :mod:`attnbench.kernels.flash_bwd`, :mod:`attnbench.kernels.dropout` (kernels plus their thin launchers),
 :mod:`attnbench.kernels.configs` (tuning spaces, pruning rules, the pinned configs),
 :mod:`attnbench.kernels.launch` (which config a launch runs), :mod:`attnbench.kernels.params` (launch
-parameters), :mod:`attnbench.kernels.compile_watch` (compile seconds, launched configs). The attnbench backend is
+parameters), :mod:`attnbench.kernels.compile_watch` (compile seconds, launched configs),
+:mod:`attnbench.kernels.warm` (compile variants and the cache pre-warm). The attnbench backend is
 :mod:`attnbench.backends.triton_backend`.
 
 Without a CUDA device the kernels run under Triton's interpreter. Triton decides between compiling
@@ -34,6 +35,7 @@ __all__, __getattr__ = package_face(__name__, {
     "flash_fwd": ("FP8_MIN_CAPABILITY", "flash_forward", "flash_forward_fp8",
                   "kernels_interpreted"),
     "params": ("FlashParams", "dropout_threshold", "is_interpreted"),
+    "warm": ("compile_variant", "label", "variant_of", "variants"),
 })
 
 
