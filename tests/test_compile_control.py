@@ -430,3 +430,41 @@ def test_warm_launches_every_kernel_of_its_variant(extra):
         launch_variant(variant, torch.device("cpu"))
     assert set(watch.configs) == set(variant["kernels"]) | (
         {"_bwd_preprocess"} if "_bwd_dkdv" in variant["kernels"] else set())
+
+
+# -- the dashboard -----------------------------------------------------------------------------
+def _compile_record(case_id, variant, seconds, kernels, mode="pinned", interpreted=False):
+    return {"id": case_id, "case": {"backend": "triton"}, "verdict": "pass",
+            "env": {"gpu_kind": "H200"},
+            "compile": {"mode": mode, "interpreted": interpreted, "seconds": seconds,
+                        "kernels": kernels, "autotune_s": 0.0, "variant": variant,
+                        "configs": {}}}
+
+
+def test_the_compile_panel_sums_each_variant_and_counts_who_paid(tmp_path):
+    """Per variant: the seconds of every record summed (the first case pays, later ones find
+    the kernels compiled), kernels summed, cases that compiled anything; drawn apart from the
+    timed figures, and a run of the interpreter says why its bars are 0."""
+    from attnbench.report.dashboard import parse_dashboard
+    from attnbench.report.data import Run, frame
+    from attnbench.report.figures import Context
+    from attnbench.report.panels.compile_time import compile_table, draw_compile
+
+    records = [_compile_record("a", "bf16 d128 gqa fwd+bwd pinned", 9.5, 4),
+               _compile_record("b", "bf16 d128 gqa fwd+bwd pinned", 0.0, 0),
+               _compile_record("c", "bf16 d64 mha fwd+bwd pinned", 7.0, 4),
+               {"id": "d", "case": {"backend": "sdpa"}, "verdict": "pass", "env": {}}]
+    table = compile_table(frame(records))
+    assert list(table.index.get_level_values(1)) == ["bf16 d128 gqa fwd+bwd pinned",
+                                                     "bf16 d64 mha fwd+bwd pinned"]
+    first = table.iloc[0]
+    assert (first.seconds, first.kernels, first.cases, first.records) == (9.5, 4, 1, 2)
+    panel = parse_dashboard({"panels": [{"kind": "compile"}]}, "d.yaml").panels[0]
+    ctx = Context(out_dir=tmp_path)
+    out = draw_compile(panel, Run(tmp_path, {}, records, frame(records)), ctx)
+    assert len(out.figures) == 1 and not out.notes
+    cpu = [_compile_record("e", "fp32 d16 mha pinned", 0.0, 0, interpreted=True)]
+    out = draw_compile(panel, Run(tmp_path, {}, cpu, frame(cpu)), ctx)
+    assert any("interpreter" in note for note in out.notes)
+    none = draw_compile(panel, Run(tmp_path, {}, records[3:], frame(records[3:])), ctx)
+    assert not none.figures and "No record" in none.notes[0]
