@@ -468,3 +468,20 @@ def test_the_compile_panel_sums_each_variant_and_counts_who_paid(tmp_path):
     assert any("interpreter" in note for note in out.notes)
     none = draw_compile(panel, Run(tmp_path, {}, records[3:], frame(records[3:])), ctx)
     assert not none.figures and "No record" in none.notes[0]
+
+
+def test_lengths_whose_tile_offsets_would_wrap_int32_are_refused():
+    """16M tokens at d128: position * head_dim reaches 2^31 inside one (batch, head); one token
+    less runs. Decode indexes its cache in int64 and is not refused."""
+    from attnbench.backends.triton_backend import TritonBackend
+    from attnbench.sweep.case import Case
+
+    def reason(**fields):
+        case = Case(backend="triton", heads_q=1, heads_kv=1, head_dim=128, head_dim_v=128,
+                    **fields)
+        return TritonBackend().supports(case, torch.device("cpu"))
+
+    n = 2**31 // 128
+    assert "int32" in reason(seqlen_q=n, seqlen_kv=n)
+    assert reason(seqlen_q=n - 1, seqlen_kv=n - 1) is None
+    assert reason(seqlen_q=1, seqlen_kv=n, decode=True, backward=False) is None
