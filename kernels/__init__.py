@@ -35,7 +35,7 @@ __all__, __getattr__ = package_face(__name__, {
     "flash_fwd": ("FP8_MIN_CAPABILITY", "flash_forward", "flash_forward_fp8",
                   "kernels_interpreted"),
     "params": ("FlashParams", "dropout_threshold", "is_interpreted"),
-    "warm": ("compile_variant", "label", "variant_of", "variants"),
+    "warm": ("compile_count", "compile_variant", "label", "variant_of", "variants"),
 })
 
 

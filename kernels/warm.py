@@ -107,6 +107,34 @@ def label(variant: dict) -> str:
     return " ".join(parts + [variant["kernel_configs"]])
 
 
+_TUNED = {"_attn_fwd": "fwd", "_bwd_dkdv": "bwd_dkdv", "_bwd_dq": "bwd_dq"}
+LONG = 1 << 20
+"""A length past every tile: the autotuner's length rule prunes nothing there."""
+
+
+def compile_count(variant: dict) -> dict[str, int]:
+    """Kernels each kernel of ``variant`` compiles: 1 in pinned mode and for the kernels that
+    are never autotuned (delta pass, decode, mask materializer); in autotune mode the configs
+    of its space that survive the pruning rules at long lengths on an H100/H200 (shared memory
+    ``DEFAULT_SHARED_MEMORY``): bf16 28 at d128, 45 at d64 over forward, dK/dV and dQ."""
+    from attnbench.kernels import configs
+
+    counts = {}
+    for kernel in variant["kernels"]:
+        kind = _TUNED.get(kernel)
+        if kind is None or variant["kernel_configs"] == "pinned":
+            counts[kernel] = 1
+            continue
+        fp8 = variant["dtype"].startswith("fp8")
+        args = dict(BLOCK_D=max(variant["block_d"], 32) if fp8 else variant["block_d"],
+                    BLOCK_DV=variant["block_dv"], seqlen_q=LONG, seqlen_k=LONG,
+                    DOT_PRECISION="ieee" if variant["dtype"] == "fp32" else "tf32")
+        prune = {"fwd": configs.prune_fwd, "bwd_dkdv": configs.prune_bwd_dkdv,
+                 "bwd_dq": configs.prune_bwd_dq}[kind]
+        counts[kernel] = len(prune(configs.SPACES[kind], {}, **args))
+    return counts
+
+
 def _decode_block_s(case: Any, heads_kv: int, rows: int) -> int:
     """BLOCK_S of the merge kernel: the split count rounded up to a power of two (the one
     decode constexpr that follows the call's size; kernels.decode.num_splits on a GPU)."""

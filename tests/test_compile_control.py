@@ -485,3 +485,20 @@ def test_lengths_whose_tile_offsets_would_wrap_int32_are_refused():
     assert "int32" in reason(seqlen_q=n, seqlen_kv=n)
     assert reason(seqlen_q=n - 1, seqlen_kv=n - 1) is None
     assert reason(seqlen_q=1, seqlen_kv=n, decode=True, backward=False) is None
+
+
+def test_compile_count_is_one_per_kernel_pinned_and_the_pruned_space_autotuned():
+    """The plan's figure: pinned, one kernel per kernel of a variant; autotuned, bf16 d128
+    compiles 10 + 6 + 12 = 28 configs and d64 15 + 12 + 18 = 45 (the issue's counts: a rule
+    that pruned differently would change the estimate silently)."""
+    def variant(head_dim, mode):
+        case = make_case("t", dict(backend="triton", seqlen_q=4096, head_dim=head_dim,
+                                   dtype="bf16"))
+        return warm.variant_of(case, mode)
+
+    assert warm.compile_count(variant(128, "pinned")) == {
+        "_attn_fwd": 1, "_bwd_preprocess": 1, "_bwd_dkdv": 1, "_bwd_dq": 1}
+    assert warm.compile_count(variant(128, "autotune")) == {
+        "_attn_fwd": 10, "_bwd_preprocess": 1, "_bwd_dkdv": 6, "_bwd_dq": 12}
+    d64 = warm.compile_count(variant(64, "autotune"))
+    assert d64["_attn_fwd"] + d64["_bwd_dkdv"] + d64["_bwd_dq"] == 45
