@@ -3,10 +3,10 @@
 Modules: :mod:`attnbench.kernels.common` (device functions shared by every kernel), :mod:`attnbench.kernels.flash_fwd`,
 :mod:`attnbench.kernels.flash_bwd`, :mod:`attnbench.kernels.dropout` (kernels plus their thin launchers),
 :mod:`attnbench.kernels.configs` (tuning spaces, pruning rules, the pinned configs),
-:mod:`attnbench.kernels.launch` (which config a launch runs), :mod:`attnbench.kernels.params` (launch
-parameters), :mod:`attnbench.kernels.compile_watch` (compile seconds, launched configs),
-:mod:`attnbench.kernels.warm` (compile variants and the cache pre-warm). The attnbench backend is
-:mod:`attnbench.backends.triton_backend`.
+:mod:`attnbench.kernels.launch` (which config a launch runs), :mod:`attnbench.kernels.params`
+(launch parameters), :mod:`attnbench.kernels.compile_watch` (compile seconds, launched configs),
+:mod:`attnbench.kernels.warm` (compile variants and the cache pre-warm). The attnbench backend
+is :mod:`attnbench.backends.triton_backend`.
 
 Without a CUDA device the kernels run under Triton's interpreter. Triton decides between compiling
 and interpreting when ``@triton.jit`` *decorates* a function, reading ``TRITON_INTERPRET`` at

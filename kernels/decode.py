@@ -267,8 +267,9 @@ def decode_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Fl
                                       **DECODE_LAUNCH))
     if merge is None:
         _merge_splits[launch["merge_grid"]](**launch["merge"], **DECODE_LAUNCH)
-        note_launch("_merge_splits", dict(BLOCK_M=launch["merge"]["BLOCK_M"],
-                                          BLOCK_N=launch["merge"]["BLOCK_S"], **DECODE_LAUNCH))
+        note_launch("_merge_splits", dict(BLOCK_M=launch["merge"]["BLOCK_M"],  # its "BLOCK_N":
+                                          BLOCK_N=launch["merge"]["BLOCK_S"],  # the splits tile
+                                          **DECODE_LAUNCH))
         return launch["out"], launch["lse"]
     batch, heads_q, seqlen_q, head_dim_v = launch["shape"]
     out_rows, lse_rows = merge(split["out_part_ptr"], split["lse_part_ptr"], q.dtype)

@@ -110,7 +110,7 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
               P_MIN_EXP: tl.constexpr, P_MAX: tl.constexpr, P_SCALE: tl.constexpr,
               OUT_ROUND_BITS: tl.constexpr, MAX_IMPRECISE_ACC: tl.constexpr):
     # fp8 promotion interval (0: Triton's default, none on sm_90) capped at each dot's K:
-    # BLOCK_D for Q·Kᵀ, BLOCK_N for P·V (at K: once per key block, as cheap as none: measured)
+    # BLOCK_D for Q·Kᵀ, BLOCK_N for P·V (at K: once per key block; docs/fp8.md has its PTX)
     QK_IMPRECISE: tl.constexpr = None if MAX_IMPRECISE_ACC == 0 else (
         MAX_IMPRECISE_ACC if MAX_IMPRECISE_ACC < BLOCK_D else BLOCK_D)
     PV_IMPRECISE: tl.constexpr = None if MAX_IMPRECISE_ACC == 0 else (

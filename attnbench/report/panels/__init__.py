@@ -6,8 +6,8 @@ the page (what was not drawn and why). A panel with nothing to show says so in a
 of drawing an empty axis. What the figures share (saving, axes, legends, colours) lives in
 :mod:`attnbench.report.figures`; the kinds and their options are declared in
 :mod:`attnbench.report.dashboard`. The throughput panel draws two kinds of figure: line plots
-(``throughput``) and bar charts (``throughput_bars``), which share ``throughput_common``. The ``compile`` kind is drawn by
-``compile_time``.
+(``throughput``) and bar charts (``throughput_bars``), which share ``throughput_common``.
+The ``compile`` kind is drawn by ``compile_time``.
 """
 
 from __future__ import annotations
