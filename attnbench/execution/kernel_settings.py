@@ -21,9 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 from attnbench.dtypes import is_fp8
-from attnbench.kernels.compile_watch import CompileWatch
-from attnbench.kernels.flash_fwd import kernels_interpreted
-from attnbench.kernels.warm import label, variant_of
+from attnbench.kernels.compile_watch import CompileWatch  # imports no triton: may be absent
 from attnbench.resources import ENV_FP8_MAX_IMPRECISE_ACC, ENV_KERNEL_CONFIGS
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions
@@ -55,6 +53,9 @@ def compile_section(case: Case, options: RunOptions, watch: CompileWatch
     summary = watch.summary()
     if not summary["configs"] and not summary["kernels"]:
         return None
+    from attnbench.kernels.flash_fwd import kernels_interpreted  # a kernel ran: triton is here
+    from attnbench.kernels.warm import label, variant_of
+
     section = {"mode": options.kernel_configs, "interpreted": kernels_interpreted(), **summary}
     variant = variant_of(case, options.kernel_configs, options.fp8_max_imprecise_acc)
     if variant is not None:
