@@ -206,17 +206,19 @@ _LENGTH_FREE_RULES = (prune_shared_memory, prune_register_spills, prune_idle_war
 _PINNED_PRUNE = {kind: _pruner(*_LENGTH_FREE_RULES, **shape) for kind, shape in _SHAPES.items()}
 
 
-def pick_tutorial_tile_else_largest(survivors: list[triton.Config],
-                                    reference: BlockConfig) -> BlockConfig:
+def pick_tutorial_tile_else_leanest(survivors: list[triton.Config], reference: BlockConfig,
+                                    live: Callable[[BlockConfig], float]) -> BlockConfig:
     """The pinned rule: ``reference`` when the length-free pruning rules keep it; else the
-    survivor with the largest tile (BLOCK_M x BLOCK_N: fewest passes over the streamed
-    operands), then the most warps, then the stage count nearest the reference's (fewer first:
-    each stage is one more buffer in shared memory)."""
+    survivor with the fewest live fp32 values per thread (``live``, the register rule's own
+    estimate: where the reference does not fit, registers are what spills next), then the
+    largest tile (fewest passes over the streamed operands), then the fewest stages (each is
+    one more buffer, and registers for its loads). Measured on sm_90 at d256 (bf16), where
+    the reference tiles fall: forward 64 x 64 / 8 warps spills 0 B with 2 stages, 160 B with
+    3; dK/dV 32 x 64 spills 344 B where the larger 64 x 64 spills 568 B (triton 3.9)."""
     picks = [BlockConfig.of(c) for c in survivors]
     if reference in picks:
         return reference
-    return max(picks, key=lambda c: (c.block_m * c.block_n, c.num_warps,
-                                     -abs(c.num_stages - reference.num_stages), -c.num_stages))
+    return min(picks, key=lambda c: (live(c), -c.block_m * c.block_n, c.num_stages))
 
 
 def pinned_config(kind: str, flags: dict[str, Any]) -> BlockConfig:
@@ -233,7 +235,10 @@ def _pinned(kind: str, block_d: int, block_dv: int, precision: str, budget: int)
     del budget  # a cache key only: the rules read the device's budget themselves
     survivors = _PINNED_PRUNE[kind](SPACES[kind], dict(BLOCK_D=block_d, BLOCK_DV=block_dv,
                                                        DOT_PRECISION=precision))
-    return pick_tutorial_tile_else_largest(survivors, PINNED_REFERENCE[kind])
+    shape = _SHAPES[kind]["live"]
+    return pick_tutorial_tile_else_leanest(
+        survivors, PINNED_REFERENCE[kind],
+        lambda c: shape(c.block_m, c.block_n, block_d, block_dv) / (32 * c.num_warps))
 
 
 def kernel_config_mode() -> str:

@@ -51,9 +51,11 @@ def test_pinned_configs_are_the_tutorial_tiles_where_they_fit(d):
         assert configs.pinned_config(kind, _flags(d)) == configs.PINNED_REFERENCE[kind]
 
 
-def test_pinned_configs_fall_back_to_the_largest_tile_that_survives():
+def test_pinned_configs_fall_back_to_the_leanest_tile_that_survives():
     """fp32 d128 forward: 3 stages of 4-byte K/V tiles overflow shared memory, so the same tile
-    with 2 stages; d256: the reference tiles spill, the largest surviving tile instead."""
+    with 2 stages; d256: the reference tiles fall, and the fallback keeps the fewest live values
+    and stages (compile_check at d256: forward 0 B of spills with 2 stages vs 160 B with 3,
+    dK/dV 344 B at 32 x 64 vs 568 B at 64 x 64: the largest-tile rule it replaced lost both)."""
     assert configs.pinned_config("fwd", _flags(128, "ieee")) == BlockConfig(
         block_m=128, block_n=64, num_warps=8, num_stages=2)
     for kind in configs.SPACES:  # every pick comes from the kernel's own tuning space
@@ -61,17 +63,22 @@ def test_pinned_configs_fall_back_to_the_largest_tile_that_survives():
             pick = configs.pinned_config(kind, _flags(d, precision))
             assert pick in [BlockConfig.of(c) for c in configs.SPACES[kind]], (kind, d, pick)
     assert configs.pinned_config("fwd", _flags(256)) == BlockConfig(
-        block_m=64, block_n=64, num_warps=8, num_stages=3)
+        block_m=64, block_n=64, num_warps=8, num_stages=2)
+    assert configs.pinned_config("bwd_dkdv", _flags(256)) == BlockConfig(
+        block_m=32, block_n=64, num_warps=8, num_stages=2)
 
 
-def test_pick_rule_orders_by_tile_then_warps_then_stages_near_the_reference():
+def test_pick_rule_orders_by_live_values_then_tile_then_stages():
     ref = BlockConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
     space = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-             for m, n, w, s in ((64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 4),
-                                (64, 128, 4, 3))]
-    assert configs.pick_tutorial_tile_else_largest(space, ref) == BlockConfig(
-        block_m=64, block_n=128, num_warps=4, num_stages=3)
-    assert configs.pick_tutorial_tile_else_largest(space[:3], ref).num_stages == 2
+             for m, n, w, s in ((64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 2),
+                                (128, 64, 8, 3))]
+    per_thread = lambda c: c.block_m * c.block_n / (32 * c.num_warps)  # noqa: E731
+    assert configs.pick_tutorial_tile_else_leanest(space, ref, per_thread) == ref
+    assert configs.pick_tutorial_tile_else_leanest(space[:3], ref, per_thread) == BlockConfig(
+        block_m=64, block_n=64, num_warps=4, num_stages=3)
+    assert configs.pick_tutorial_tile_else_leanest(space[1:3], ref, per_thread) == BlockConfig(
+        block_m=64, block_n=128, num_warps=4, num_stages=2)
 
 
 class _Kernel:
