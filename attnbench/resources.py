@@ -49,6 +49,17 @@ ENV_POOL_START = "ATTNBENCH_POOL_START"
 ENV_KERNEL_CONFIGS = "ATTNBENCH_KERNEL_CONFIGS"
 """``autotune`` (default) or ``pinned``: one tile config per Triton kernel, no autotuning."""
 
+# -- how our Triton kernels are launched (read at every launch, by attnbench.kernels) -----------
+ENV_KERNEL_CONFIGS = "ATTNBENCH_KERNEL_CONFIGS"
+"""``autotune`` (default): each launcher autotunes over its tuning space; ``pinned``: one tile
+config per kernel (attnbench.kernels.configs.pinned_config), nothing autotuned. Set by the case
+runners from the sweep option ``kernel_configs``."""
+ENV_FP8_MAX_IMPRECISE_ACC = "ATTNBENCH_FP8_MAX_IMPRECISE_ACC"
+"""fp8 forward on sm_90: promote the tensor cores' partial sums into the fp32 accumulator every
+N products (tl.dot's ``max_num_imprecise_acc``); 0 or unset: Triton's default (never). Set by
+the case runners from the sweep option ``fp8_max_imprecise_acc``."""
+KERNEL_CONFIG_MODES = ("autotune", "pinned")
+
 
 def kind_resource(kind: str) -> str:
     return KIND_PREFIX + kind

@@ -2,8 +2,11 @@
 
 Modules: :mod:`attnbench.kernels.common` (device functions shared by every kernel), :mod:`attnbench.kernels.flash_fwd`,
 :mod:`attnbench.kernels.flash_bwd`, :mod:`attnbench.kernels.dropout` (kernels plus their thin launchers),
-:mod:`attnbench.kernels.configs` (tuning spaces and pruning rules), :mod:`attnbench.kernels.params` (launch
-parameters). The attnbench backend is :mod:`attnbench.backends.triton_backend`.
+:mod:`attnbench.kernels.configs` (tuning spaces, pruning rules, the pinned configs),
+:mod:`attnbench.kernels.launch` (which config a launch runs), :mod:`attnbench.kernels.params`
+(launch parameters), :mod:`attnbench.kernels.compile_watch` (compile seconds, launched configs),
+:mod:`attnbench.kernels.warm` (compile variants and the cache pre-warm). The attnbench backend
+is :mod:`attnbench.backends.triton_backend`.
 
 Without a CUDA device the kernels run under Triton's interpreter. Triton decides between compiling
 and interpreting when ``@triton.jit`` *decorates* a function, reading ``TRITON_INTERPRET`` at
@@ -24,13 +27,15 @@ from attnbench import package_face
 # module (and triton) only then.
 __all__, __getattr__ = package_face(__name__, {
     "common": ("UNBOUNDED", "key_ranges", "query_ranges"),
-    "configs": ("BlockConfig",),
+    "compile_watch": ("CompileWatch",),
+    "configs": ("BlockConfig", "kernel_config_mode", "pinned_config"),
     "decode": ("decode_forward", "merge_splits_torch"),
     "dropout": ("keep_mask", "keep_mask_torch"),
     "flash_bwd": ("flash_backward",),
     "flash_fwd": ("FP8_MIN_CAPABILITY", "flash_forward", "flash_forward_fp8",
                   "kernels_interpreted"),
     "params": ("FlashParams", "dropout_threshold", "is_interpreted"),
+    "warm": ("compile_count", "compile_variant", "label", "variant_of", "variants"),
 })
 
 

@@ -26,6 +26,44 @@ UNBOUNDED = 1 << 30
 """Window bound standing in for "no bound": larger than any supported sequence (2^30 tokens),
 small enough that ``index + UNBOUNDED`` cannot overflow int32."""
 
+_SLICE = ("diag", "window_left", "window_right", "seed", "drop_threshold", "q_start", "kv_start",
+          "head_start", "batch_start")
+_FLASH = ("heads_q", "seqlen_q", "seqlen_k") + _SLICE
+# fp8 descales (rows, Hkv): per tensor a stride-0 broadcast, per head (Hkv, 1) -- one scalar
+# read per program, so their strides need no hint, and MQA's unit stride no kernel of its own
+_DESCALE_STRIDES = tuple(f"stride_d{x}{d}" for x in "qkv" for d in "bh")
+RUNTIME_INTS: dict[str, tuple[str, ...]] = {
+    "_attn_fwd": _FLASH + _DESCALE_STRIDES,
+    "_bwd_preprocess": ("heads_q", "seqlen_q"),
+    "_bwd_dkdv": ("heads_kv",) + _FLASH,
+    "_bwd_dq": _FLASH,
+    "_decode_split": ("heads_kv", "seqlen_q", "rows", "num_splits", "window_left",
+                      "window_right", "stride_tb"),
+    "_merge_splits": ("heads_kv", "seqlen_q", "rows", "num_splits"),
+    "_keep_mask_kernel": ("n_h", "n_i", "n_j", "seed", "threshold"),
+}
+"""Each kernel's ``do_not_specialize``: its integer arguments that are not strides -- lengths,
+offsets, seeds, window bounds, head counts. By default Triton compiles a new kernel for every
+integer argument that equals 1 or changes divisibility by 16, so lengths 8196 vs 8192 or 8 vs
+16 heads would each compile the whole variant anew. What specialisation bought here is small
+(the lse/delta row offsets lose a 16-divisibility hint: a vector of BLOCK_M floats per key
+block, next to tiles of BLOCK_M x head_dim); it stays on the strides, where a unit stride is
+what lets loads vectorise. ``stride_tb`` (decode) is the block table's row stride, which follows
+the longest cache: it only indexes int32 page ids, read one per key. Checked against the JIT's
+own binder in tests/test_compile_control.py."""
+ALIGNMENT_FREE_INTS: dict[str, tuple[str, ...]] = {
+    name: ("group_size",) for name in ("_attn_fwd", "_bwd_dkdv", "_bwd_dq")}
+"""``do_not_specialize_on_alignment``: still a constant when 1, never a divisibility hint. The
+GQA group: MHA (1) compiles apart from GQA, because dK/dV's loop over a group's query heads
+vanishes at 1 -- kept at run time it spills (sm_90, bf16 d128, 32 x 128 tile: 0 -> 200 B
+under triton 3.9, 8 -> 320 B packed; compile_check) -- but a group of 16 vs 4 compiles once."""
+
+
+def specialization(kernel: str) -> dict[str, tuple[str, ...]]:
+    """``@triton.jit`` keywords of ``kernel``: what it does not specialise on."""
+    return {"do_not_specialize": RUNTIME_INTS[kernel],
+            "do_not_specialize_on_alignment": ALIGNMENT_FREE_INTS.get(kernel, ())}
+
 
 @triton.jit
 def tanh(x):

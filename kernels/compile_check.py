@@ -14,8 +14,11 @@ memory.
     TRITON_INTERPRET=0 python -m attnbench.kernels.compile_check [--all | --variant TEXT] [--arch 90]
 
 It must run with ``TRITON_INTERPRET=0`` (set in the environment: ``kernels`` defaults it to 1 on
-a machine without a GPU). Arguments are specialised as a GPU run would specialise them: strides
-and lengths divisible by 16 get the divisibility hint, unit strides become constants.
+a machine without a GPU). Arguments are specialised by the JIT's own binder, as a GPU launch
+specialises them (:func:`specialize`): strides divisible by 16 get the divisibility hint, unit
+strides become constants, and the kernels' ``do_not_specialize`` integers stay plain. Tiles:
+the pinned configs (:func:`attnbench.kernels.configs.pinned_config`), what a first GPU hour
+runs, unless a variant names its own.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from pathlib import Path
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
 
 from attnbench.kernels import configs
 from attnbench.kernels.decode import _decode_split, _merge_splits, decode_args
@@ -62,10 +66,12 @@ class Variant:
     heads_kv: int = 8
     features: dict = field(default_factory=dict)
     """FlashParams fields switched on (window, softcap, alibi, dropout)."""
-    # Defaults: the spill-free picks of the tuning spaces for d128 (see attnbench.kernels.configs).
-    fwd: configs.BlockConfig = _tile(128, 64, 8, 3)
-    dkdv: configs.BlockConfig = _tile(32, 128, 8, 3)
-    dq: configs.BlockConfig = _tile(128, 32, 8, 3)
+    fp8_promote: int = 0
+    """fp8: MAX_IMPRECISE_ACC (ATTNBENCH_FP8_MAX_IMPRECISE_ACC; 0: Triton's default)."""
+    # None: the pinned config for the variant's head dims and dtype (configs.pinned_config).
+    fwd: configs.BlockConfig | None = None
+    dkdv: configs.BlockConfig | None = None
+    dq: configs.BlockConfig | None = None
 
 
 _ALL_FEATURES = dict(window_left=256, window_right=0, softcap=30.0,
@@ -82,14 +88,8 @@ QUICK = (
 )
 FULL = QUICK + (
     Variant("fp16 d64 causal", torch.float16, 64, features=dict(window_right=0)),
-    Variant("fp32 d64 every feature (ieee dots)", torch.float32, 64, features=_ALL_FEATURES,
-            fwd=_tile(64, 32, 4, 2),
-            dkdv=_tile(32, 64, 4, 2),
-            dq=_tile(64, 32, 4, 2)),
-    Variant("bf16 d256", torch.bfloat16, 256,
-            fwd=_tile(64, 64, 8, 2),
-            dkdv=_tile(32, 64, 8, 2),
-            dq=_tile(64, 32, 8, 2)),
+    Variant("fp32 d64 every feature (ieee dots)", torch.float32, 64, features=_ALL_FEATURES),
+    Variant("bf16 d256", torch.bfloat16, 256),
     Variant("bf16 d48 (padded head dim), odd length", torch.bfloat16, 48, seqlen=4099),
 )
 
@@ -98,6 +98,8 @@ FULL = QUICK + (
 FP8_QUICK = (
     Variant("fp8 e4m3 d128 causal, bf16 out", torch.float8_e4m3fn, 128,
             features=dict(window_right=0)),
+    Variant("fp8 e4m3 d128 causal, promoted once per key block", torch.float8_e4m3fn, 128,
+            features=dict(window_right=0), fp8_promote=256),
 )
 FP8_FULL = FP8_QUICK + (
     Variant("fp8 e5m2 d64 GQA every feature but dropout, per-head descales",
@@ -122,52 +124,49 @@ def check_fp8_variant(variant: Variant, target: GPUTarget) -> dict:
     params = FlashParams(sm_scale=variant.head_dim ** -0.5, **variant.features)
     _, _, args = forward_args(q, k, k, params, interpreted=False,
                               descales=(descale,) * 3, out_dtype=torch.bfloat16)
-    report = compile_kernel(_attn_fwd, args, variant.fwd, target)
+    args["MAX_IMPRECISE_ACC"] = variant.fp8_promote
+    report = compile_kernel(_attn_fwd, args, variant.fwd or configs.pinned_config("fwd", args),
+                            target)
     report["variant"] = variant.name
     return report
 
 
-def _signature(kernel, args: dict):
-    """(signature, constexprs, attrs) the way a JIT launch would specialise ``args``."""
-    signature, constexprs, attrs = {}, {}, {}
-    for index, param in enumerate(kernel.params):
-        name, value = param.name, args[param.name]
-        if param.is_constexpr:
-            signature[name], constexprs[name] = "constexpr", value
-        elif isinstance(value, torch.Tensor):
-            signature[name] = "*" + _TORCH_TO_TRITON[value.dtype]
-            attrs[(index,)] = [["tt.divisibility", 16]]  # torch allocations are 256-B aligned
-        elif isinstance(value, bool) or value is None:
-            signature[name], constexprs[name] = "constexpr", value
-        elif isinstance(value, int):
-            if value == 1:  # Triton specialises integer arguments equal to 1
-                signature[name], constexprs[name] = "constexpr", 1
-            else:
-                signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
-                if value % 16 == 0:
-                    attrs[(index,)] = [["tt.divisibility", 16]]
-        elif isinstance(value, float):
-            signature[name] = "fp32"
-        else:
-            raise TypeError(f"{kernel.__name__}: cannot specialise {name}={value!r}")
-    return signature, constexprs, attrs
+def specialization(kernel, args: dict, target: GPUTarget) -> list:
+    """What the JIT's binder makes of ``args`` (a kernel's keyword arguments, meta tensors
+    allowed: their address 0 is aligned, as torch's allocations are): one (type, hint) per
+    parameter, the key a launch compiles a kernel for. The binder is Triton's own
+    (``create_function_from_signature``, as ``JITFunction.create_binder`` builds it in triton 3.6
+    and 3.9), so ``do_not_specialize`` applies as it does on a GPU."""
+    return _bind(kernel, args, target)[2]
+
+
+def _bind(kernel, args: dict, target: GPUTarget):
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    return (backend, *binder(**args))
 
 
 def compile_kernel(kernel, args: dict, config: configs.BlockConfig | None, target: GPUTarget):
-    """Compile one kernel; return its report (dict)."""
+    """Compile one kernel as a launch would (the binder's specialisation, then triton.compile);
+    return its report (dict)."""
     args = dict(args)
-    options = {}
     if config is not None:
-        args.update(BLOCK_M=config.block_m, BLOCK_N=config.block_n)
-        options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+        args.update(BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                    num_warps=config.num_warps, num_stages=config.num_stages)
     start = time.perf_counter()
-    compiled = triton.compile(ASTSource(kernel, *_signature(kernel, args)), target=target,
-                              options=options)
+    backend, bound, spec, options = _bind(kernel, args, target)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, args, bound, spec, options)
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
     ptx = compiled.asm["ptx"]
     return {"kernel": kernel.__name__, "config": None if config is None else asdict(config),
             "shared_bytes": compiled.metadata.shared, **_resource_usage(compiled.asm["cubin"]),
             "wgmma": ptx.count("wgmma.mma_async"), "mma": ptx.count("mma.sync"),
-            "cp_async": ptx.count("cp.async.cg"), "seconds": round(time.perf_counter() - start, 1)}
+            "cp_async": ptx.count("cp.async.cg"),
+            # per wgmma dot: how many products before its sum is promoted to fp32 (fp8 only)
+            "imprecise_acc": sorted({int(n) for n in re.findall(
+                r"warp_group_dot .*maxNumImpreciseAcc = (\d+)", compiled.asm["ttgir"])}),
+            "seconds": round(time.perf_counter() - start, 1)}
 
 
 def _resource_usage(cubin: bytes) -> dict:
@@ -195,10 +194,11 @@ def check_variant(variant: Variant, target: GPUTarget) -> list[dict]:
     params = FlashParams(sm_scale=variant.head_dim ** -0.5, **variant.features)
     out, lse, fwd_args = forward_args(q, k, k, params, interpreted=False)
     _, bwd = backward_args(q, k, k, out, lse, out, params, interpreted=False)
-    reports = [compile_kernel(_attn_fwd, fwd_args, variant.fwd, target),
+    pinned = {kind: configs.pinned_config(kind, fwd_args) for kind in configs.SPACES}
+    reports = [compile_kernel(_attn_fwd, fwd_args, variant.fwd or pinned["fwd"], target),
                compile_kernel(_bwd_preprocess, bwd["preprocess"], None, target),
-               compile_kernel(_bwd_dkdv, bwd["dkdv"], variant.dkdv, target),
-               compile_kernel(_bwd_dq, bwd["dq"], variant.dq, target)]
+               compile_kernel(_bwd_dkdv, bwd["dkdv"], variant.dkdv or pinned["bwd_dkdv"], target),
+               compile_kernel(_bwd_dq, bwd["dq"], variant.dq or pinned["bwd_dq"], target)]
     for report in reports:
         report["variant"] = variant.name
     return reports

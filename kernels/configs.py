@@ -10,15 +10,23 @@ The spaces start from the Triton fused-attention tutorial's Hopper settings (BLO
 BLOCK_N 64/128 forward; 32 x 128 dK/dV and 128 x 32 dQ tiles backward), widened by one step each
 way. Not measured here (this machine has no GPU): the autotuner picks at run time, and keeps its
 choice on disk (``cache_results``), so only the first run of a shape pays for tuning.
+
+Pinned mode (``ATTNBENCH_KERNEL_CONFIGS=pinned``, :func:`pinned_config`): no autotuning, one
+config per kernel, head-dim class and dtype, picked from the same space by a named rule, so a
+fresh GPU compiles one kernel per variant instead of every config of the space.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
-from dataclasses import dataclass
+import os
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import triton
+
+from attnbench.resources import ENV_KERNEL_CONFIGS, KERNEL_CONFIG_MODES
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,14 +40,25 @@ class BlockConfig:
     num_warps: int = 4
     num_stages: int = 2
 
+    def to_dict(self) -> dict[str, int]:
+        """As records and the warm API name it: BLOCK_M, BLOCK_N, num_warps, num_stages."""
+        d = asdict(self)
+        return {"BLOCK_M": d["block_m"], "BLOCK_N": d["block_n"], "num_warps": d["num_warps"],
+                "num_stages": d["num_stages"]}
+
+    @classmethod
+    def of(cls, config: triton.Config) -> "BlockConfig":
+        return cls(block_m=config.kwargs["BLOCK_M"], block_n=config.kwargs["BLOCK_N"],
+                   num_warps=config.num_warps, num_stages=config.num_stages)
+
 
 INTERPRETER_FWD = BlockConfig(block_m=64, block_n=64)
 INTERPRETER_BWD_DKDV = BlockConfig(block_m=64, block_n=64)
 INTERPRETER_BWD_DQ = BlockConfig(block_m=64, block_n=64)
 # The keep-mask materializer (reference side only) runs this tile on the GPU and in the
 # interpreter alike: 128 x 128 keeps interpreter programs few (0.3 s vs 1 s at 64 x 64 for
-# 4 x 203 x 203).
-DROPOUT_MASK_TILE = BlockConfig(block_m=128, block_n=128)
+# 4 x 203 x 203). Warps and stages: Triton's CUDA defaults (no loop to pipeline).
+DROPOUT_MASK_TILE = BlockConfig(block_m=128, block_n=128, num_warps=4, num_stages=3)
 
 
 def _space(block_m, block_n, num_warps, num_stages) -> list[triton.Config]:
@@ -146,15 +165,87 @@ def _pruner(*rules: Callable, rows, streamed, resident, live) -> Callable:
 _RULES = (prune_tiles_longer_than_sequence, prune_shared_memory, prune_register_spills,
           prune_idle_warpgroups)
 # Tile shapes per kernel (m = BLOCK_M, n = BLOCK_N, d / dv = padded head dims):
-# forward streams K and V (n x d, n x dv), keeps Q (m x d); lives: scores m x n, acc m x dv.
-prune_fwd = _pruner(*_RULES, rows=lambda m, n: m,
-                    streamed=lambda m, n, d, dv: n * (d + dv), resident=lambda m, n, d, dv: m * d,
-                    live=lambda m, n, d, dv: m * n + m * dv)
-# dK/dV streams Q and dO, keeps K and V; lives: scores n x m, dK n x d, dV n x dv.
-prune_bwd_dkdv = _pruner(*_RULES, rows=lambda m, n: n, streamed=lambda m, n, d, dv: m * (d + dv),
-                         resident=lambda m, n, d, dv: n * (d + dv),
-                         live=lambda m, n, d, dv: n * m + n * (d + dv))
-# dQ streams K and V, keeps Q and dO; lives: scores m x n, dQ m x d.
-prune_bwd_dq = _pruner(*_RULES, rows=lambda m, n: m, streamed=lambda m, n, d, dv: n * (d + dv),
-                       resident=lambda m, n, d, dv: m * (d + dv),
-                       live=lambda m, n, d, dv: m * n + m * d)
+_SHAPES = {
+    # forward streams K and V (n x d, n x dv), keeps Q (m x d); lives: scores m x n, acc m x dv.
+    "fwd": dict(rows=lambda m, n: m, streamed=lambda m, n, d, dv: n * (d + dv),
+                resident=lambda m, n, d, dv: m * d, live=lambda m, n, d, dv: m * n + m * dv),
+    # dK/dV streams Q and dO, keeps K and V; lives: scores n x m, dK n x d, dV n x dv.
+    "bwd_dkdv": dict(rows=lambda m, n: n, streamed=lambda m, n, d, dv: m * (d + dv),
+                     resident=lambda m, n, d, dv: n * (d + dv),
+                     live=lambda m, n, d, dv: n * m + n * (d + dv)),
+    # dQ streams K and V, keeps Q and dO; lives: scores m x n, dQ m x d.
+    "bwd_dq": dict(rows=lambda m, n: m, streamed=lambda m, n, d, dv: n * (d + dv),
+                   resident=lambda m, n, d, dv: m * (d + dv),
+                   live=lambda m, n, d, dv: m * n + m * d),
+}
+prune_fwd = _pruner(*_RULES, **_SHAPES["fwd"])
+prune_bwd_dkdv = _pruner(*_RULES, **_SHAPES["bwd_dkdv"])
+prune_bwd_dq = _pruner(*_RULES, **_SHAPES["bwd_dq"])
+
+
+# -- pinned mode -------------------------------------------------------------------------------
+SPACES = {"fwd": FWD_CONFIGS, "bwd_dkdv": BWD_DKDV_CONFIGS, "bwd_dq": BWD_DQ_CONFIGS}
+"""Tuning space of each autotuned kernel (forward, fp8 forward included; dK/dV; dQ)."""
+
+PINNED_REFERENCE = {
+    "fwd": BlockConfig(block_m=128, block_n=64, num_warps=8, num_stages=3),
+    "bwd_dkdv": BlockConfig(block_m=32, block_n=128, num_warps=8, num_stages=3),
+    "bwd_dq": BlockConfig(block_m=128, block_n=32, num_warps=8, num_stages=3),
+}
+"""Pinned mode's first choice per kernel: the Triton fused-attention tutorial's Hopper tile
+shapes (128 x 64 forward, 32 x 128 dK/dV, 128 x 32 dQ) with two warpgroups (8 warps: the 128
+rows prune_idle_warpgroups asks of them) and a 3-deep pipeline -- compile_check's performance
+target, compiled for sm_90 without spills under triton 3.6 and 3.9 (bf16 d128; the evidence is
+beside MAX_SPILL_BYTES in tests/test_triton_kernels.py). 4 stages would spill 24 B in dK/dV
+under 3.6."""
+
+# The rules that do not depend on the call's lengths: a pinned config must serve every length.
+# (prune_tiles_longer_than_sequence is left out: a 128-row tile over a 77-token sequence only
+# computes masked padding.)
+_LENGTH_FREE_RULES = (prune_shared_memory, prune_register_spills, prune_idle_warpgroups)
+_PINNED_PRUNE = {kind: _pruner(*_LENGTH_FREE_RULES, **shape) for kind, shape in _SHAPES.items()}
+
+
+def pick_tutorial_tile_else_leanest(survivors: list[triton.Config], reference: BlockConfig,
+                                    live: Callable[[BlockConfig], float]) -> BlockConfig:
+    """The pinned rule: ``reference`` when the length-free pruning rules keep it; else the
+    survivor with the fewest live fp32 values per thread (``live``, the register rule's own
+    estimate: where the reference does not fit, registers are what spills next), then the
+    largest tile (fewest passes over the streamed operands), then the fewest stages (each is
+    one more buffer, and registers for its loads). Measured on sm_90 at d256 (bf16), where
+    the reference tiles fall: forward 64 x 64 / 8 warps spills 0 B with 2 stages, 160 B with
+    3; dK/dV 32 x 64 spills 344 B where the larger 64 x 64 spills 568 B (triton 3.9)."""
+    picks = [BlockConfig.of(c) for c in survivors]
+    if reference in picks:
+        return reference
+    return min(picks, key=lambda c: (live(c), -c.block_m * c.block_n, c.num_stages))
+
+
+def pinned_config(kind: str, flags: dict[str, Any]) -> BlockConfig:
+    """The one config pinned mode launches ``kind`` (fwd, bwd_dkdv, bwd_dq) with, for the
+    constexprs in ``flags`` that decide it: BLOCK_D, BLOCK_DV (padded head dims) and
+    DOT_PRECISION (fp32 inputs need twice the shared memory). Independent of lengths, heads
+    and features, so one variant compiles one kernel."""
+    return _pinned(kind, flags["BLOCK_D"], flags["BLOCK_DV"], flags.get("DOT_PRECISION", "tf32"),
+                   _shared_memory_budget())
+
+
+@functools.lru_cache(maxsize=64)
+def _pinned(kind: str, block_d: int, block_dv: int, precision: str, budget: int) -> BlockConfig:
+    del budget  # a cache key only: the rules read the device's budget themselves
+    survivors = _PINNED_PRUNE[kind](SPACES[kind], dict(BLOCK_D=block_d, BLOCK_DV=block_dv,
+                                                       DOT_PRECISION=precision))
+    shape = _SHAPES[kind]["live"]
+    return pick_tutorial_tile_else_leanest(
+        survivors, PINNED_REFERENCE[kind],
+        lambda c: shape(c.block_m, c.block_n, block_d, block_dv) / (32 * c.num_warps))
+
+
+def kernel_config_mode() -> str:
+    """``autotune`` or ``pinned``, from ATTNBENCH_KERNEL_CONFIGS (read at every launch, so a
+    case runner may set it per case); anything else is a ValueError naming the variable."""
+    mode = os.environ.get(ENV_KERNEL_CONFIGS) or "autotune"
+    if mode not in KERNEL_CONFIG_MODES:
+        raise ValueError(f"{ENV_KERNEL_CONFIGS}={mode!r}: expected one of "
+                         f"{', '.join(KERNEL_CONFIG_MODES)}")
+    return mode

@@ -20,19 +20,20 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.kernels.common import LN2, score_tile
+from attnbench.kernels.common import LN2, score_tile, specialization
+from attnbench.kernels.compile_watch import note_launch
 from attnbench.kernels.params import FlashParams, is_interpreted, padded_head_dim, triton_next_power_of_2
 
 
-@triton.jit
+@triton.jit(**specialization("_decode_split"))
 def _decode_split(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, slopes_ptr, out_part_ptr,
                   lse_part_ptr,
                   stride_qb, stride_qh, stride_qm, stride_qd,
                   stride_kb, stride_kh, stride_kn, stride_kd,
                   stride_vb, stride_vh, stride_vn, stride_vd,
-                  stride_tb, heads_kv, seqlen_q, rows, sm_scale, softcap, window_left,
-                  window_right,
-                  GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                  stride_tb, heads_kv, seqlen_q, rows, num_splits, sm_scale, softcap,
+                  window_left, window_right,
+                  GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_D: tl.constexpr,
                   BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
@@ -68,7 +69,7 @@ def _decode_split(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, slopes_ptr, out_p
     first = 0
     if WINDOW:
         first = tl.maximum(diag - window_left, 0)
-    chunk = tl.cdiv(tl.cdiv(tl.maximum(seqlen_k - first, 0), NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(tl.maximum(seqlen_k - first, 0), num_splits), BLOCK_N) * BLOCK_N
     lo = first + split * chunk
     hi = tl.minimum(lo + chunk, seqlen_k)
 
@@ -112,16 +113,16 @@ def _decode_split(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, slopes_ptr, out_p
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
     lse = tl.where(seen, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
-    part = (pid_bh * NUM_SPLITS + split).to(tl.int64) * rows
+    part = (pid_bh * num_splits + split).to(tl.int64) * rows
     tl.store(out_part_ptr + (part + row[:, None]) * HEAD_DIM_V + offs_dv[None, :], out,
              mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
     tl.store(lse_part_ptr + part + row, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(**specialization("_merge_splits"))
 def _merge_splits(out_part_ptr, lse_part_ptr, out_ptr, lse_ptr,
                   stride_ob, stride_oh, stride_om, stride_od, heads_kv, seqlen_q, rows,
-                  GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                  num_splits, GROUP: tl.constexpr, BLOCK_S: tl.constexpr,
                   HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr):
     """Combine the S partial results of one (batch, kv head, row block): weights
     exp(lse_s - max lse), so exp() never overflows; rows no split saw: out 0, lse -inf."""
@@ -132,17 +133,17 @@ def _merge_splits(out_part_ptr, lse_part_ptr, out_ptr, lse_ptr,
     row_ok = row < rows
     offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, BLOCK_DV)
-    part = (pid_bh * NUM_SPLITS + offs_s).to(tl.int64) * rows             # (BS,)
+    part = (pid_bh * num_splits + offs_s).to(tl.int64) * rows             # (BS,)
     lse_s = tl.load(lse_part_ptr + part[:, None] + row[None, :],
-                    mask=(offs_s[:, None] < NUM_SPLITS) & row_ok[None, :],
+                    mask=(offs_s[:, None] < num_splits) & row_ok[None, :],
                     other=float("-inf"))                                   # (BS, BM)
     m = tl.max(lse_s, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse_s - m_safe[None, :])                                    # (BS, BM)
     total = tl.sum(w, 0)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for s in range(NUM_SPLITS):
-        o = tl.load(out_part_ptr + ((pid_bh * NUM_SPLITS + s).to(tl.int64) * rows
+    for s in range(num_splits):
+        o = tl.load(out_part_ptr + ((pid_bh * num_splits + s).to(tl.int64) * rows
                                     + row[:, None]) * HEAD_DIM_V + offs_dv[None, :],
                     mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V), other=0.0)
         w_s = tl.sum(tl.where(offs_s[:, None] == s, w, 0.0), 0)            # (BM,)
@@ -159,6 +160,12 @@ def _merge_splits(out_part_ptr, lse_part_ptr, out_ptr, lse_ptr,
              mask=row_ok[:, None] & (offs_dv[None, :] < HEAD_DIM_V))
     tl.store(lse_ptr + (batch * heads_kv * GROUP + head).to(tl.int64) * seqlen_q + q_idx, lse,
              mask=row_ok)
+
+
+DECODE_LAUNCH = {"num_warps": 4, "num_stages": 3}
+"""Both decode kernels: one warpgroup (the row tile is at most 64 rows) and Triton's default
+pipeline depth on CUDA. Their tiles follow the call (decode_args), not a tuning space: decode
+is one config per kernel in every mode."""
 
 
 def merge_splits_torch(out_part: torch.Tensor, lse_part: torch.Tensor,
@@ -222,9 +229,9 @@ def decode_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Flash
         lse_part_ptr=lse_part, stride_qb=qb, stride_qh=qh, stride_qm=qm, stride_qd=qd,
         stride_kb=kb, stride_kh=kh, stride_kn=kn, stride_kd=kd, stride_vb=vb, stride_vh=vh,
         stride_vn=vn, stride_vd=vd, stride_tb=stride_tb, heads_kv=heads_kv, seqlen_q=seqlen_q,
-        rows=rows, sm_scale=scalars["sm_scale"], softcap=scalars["softcap"],
+        rows=rows, num_splits=splits, sm_scale=scalars["sm_scale"], softcap=scalars["softcap"],
         window_left=scalars["window_left"], window_right=scalars["window_right"],
-        GROUP=group, NUM_SPLITS=splits, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
+        GROUP=group, PAGE_SIZE=page_size, HEAD_DIM=head_dim,
         HEAD_DIM_V=head_dim_v, BLOCK_D=flags["BLOCK_D"], BLOCK_DV=flags["BLOCK_DV"],
         BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=flags["WINDOW"], SOFTCAP=flags["SOFTCAP"],
         ALIBI=flags["ALIBI"], UPCAST=flags["UPCAST"], DOT_PRECISION=flags["DOT_PRECISION"])
@@ -232,7 +239,7 @@ def decode_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Flash
     merge = dict(
         out_part_ptr=out_part, lse_part_ptr=lse_part, out_ptr=out, lse_ptr=lse, stride_ob=ob,
         stride_oh=oh, stride_om=om, stride_od=od, heads_kv=heads_kv, seqlen_q=seqlen_q,
-        rows=rows, GROUP=group, NUM_SPLITS=splits, BLOCK_S=triton_next_power_of_2(splits),
+        rows=rows, num_splits=splits, GROUP=group, BLOCK_S=triton_next_power_of_2(splits),
         HEAD_DIM_V=head_dim_v, BLOCK_DV=padded_head_dim(head_dim_v), BLOCK_M=block_m)
     return dict(split=split, split_grid=(splits, batch * heads_kv, row_blocks), merge=merge,
                 merge_grid=(batch * heads_kv, row_blocks), out=out, lse=lse,
@@ -255,9 +262,14 @@ def decode_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Fl
                          heads_kv=heads_kv, block_table=block_table, page_size=page_size,
                          splits=splits, interpreted=is_interpreted(_decode_split))
     split = launch["split"]
-    _decode_split[launch["split_grid"]](**split, num_warps=4)
+    _decode_split[launch["split_grid"]](**split, **DECODE_LAUNCH)
+    note_launch("_decode_split", dict(BLOCK_M=split["BLOCK_M"], BLOCK_N=split["BLOCK_N"],
+                                      **DECODE_LAUNCH))
     if merge is None:
-        _merge_splits[launch["merge_grid"]](**launch["merge"], num_warps=4)
+        _merge_splits[launch["merge_grid"]](**launch["merge"], **DECODE_LAUNCH)
+        note_launch("_merge_splits", dict(BLOCK_M=launch["merge"]["BLOCK_M"],  # its "BLOCK_N":
+                                          BLOCK_N=launch["merge"]["BLOCK_S"],  # the splits tile
+                                          **DECODE_LAUNCH))
         return launch["out"], launch["lse"]
     batch, heads_q, seqlen_q, head_dim_v = launch["shape"]
     out_rows, lse_rows = merge(split["out_part_ptr"], split["lse_part_ptr"], q.dtype)

@@ -17,11 +17,19 @@ import triton
 import triton.language as tl
 
 from attnbench.kernels import configs
-from attnbench.kernels.common import dropout_keep
+from attnbench.kernels.common import dropout_keep, specialization
+from attnbench.kernels.compile_watch import note_launch
 from attnbench.kernels.params import is_interpreted
 
 
 @triton.jit
+def mask_offsets(pid_bh, rows, cols, n_i, n_j):
+    """Element offsets of rows x cols in the (nb * nh, ni, nj) mask: int64 throughout -- a
+    (batch, head) slice alone has ni * nj elements, past 2^31 from 46341 x 46341 on."""
+    return (pid_bh.to(tl.int64) * n_i + rows[:, None].to(tl.int64)) * n_j + cols[None, :]
+
+
+@triton.jit(**specialization("_keep_mask_kernel"))
 def _keep_mask_kernel(b_ptr, h_ptr, i_ptr, j_ptr, out_ptr, n_h, n_i, n_j, seed, threshold,
                       BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
     pid_bh = tl.program_id(0)
@@ -32,7 +40,7 @@ def _keep_mask_kernel(b_ptr, h_ptr, i_ptr, j_ptr, out_ptr, n_h, n_i, n_j, seed, 
     i = tl.load(i_ptr + rows, mask=rows < n_i, other=0)
     j = tl.load(j_ptr + cols, mask=cols < n_j, other=0)
     keep = dropout_keep(seed, b, h, i[:, None], j[None, :], threshold)
-    ptrs = out_ptr + pid_bh.to(tl.int64) * n_i * n_j + rows[:, None] * n_j + cols[None, :]
+    ptrs = out_ptr + mask_offsets(pid_bh, rows, cols, n_i, n_j)
     tl.store(ptrs, keep.to(tl.int8), mask=(rows[:, None] < n_i) & (cols[None, :] < n_j))
 
 
@@ -60,7 +68,9 @@ def keep_mask(seed: int, threshold: int, b: torch.Tensor, h: torch.Tensor, i: to
         c = configs.DROPOUT_MASK_TILE
         grid = (len(b) * len(h), triton.cdiv(len(i), c.block_m), triton.cdiv(len(j), c.block_n))
         _keep_mask_kernel[grid](b, h, i, j, out, len(h), len(i), len(j), seed, threshold,
-                                BLOCK_I=c.block_m, BLOCK_J=c.block_n)
+                                BLOCK_I=c.block_m, BLOCK_J=c.block_n, num_warps=c.num_warps,
+                                num_stages=c.num_stages)
+        note_launch("_keep_mask_kernel", c.to_dict())
     return out.to(device=out_device, dtype=torch.bool)
 
 

@@ -30,11 +30,13 @@ import triton.language as tl
 
 from attnbench.kernels import configs
 from attnbench.kernels.common import LOG2E, dropout_keep, key_ranges, load_tile, query_ranges, \
-    score_tile, sequence_of
+    score_tile, sequence_of, specialization
+from attnbench.kernels.compile_watch import note_launch
+from attnbench.kernels.launch import launch_tiled
 from attnbench.kernels.params import FlashParams, is_interpreted, strides
 
 
-@triton.jit
+@triton.jit(**specialization("_bwd_preprocess"))
 def _bwd_preprocess(out_ptr, dout_ptr, delta_ptr,
                     stride_ob, stride_oh, stride_om, stride_od,
                     stride_dob, stride_doh, stride_dom, stride_dod,
@@ -106,7 +108,7 @@ def _dkdv_query_range(dk, dv, k, v, k_idx, q_base, do_base, lse_base, delta_base
     return dk, dv
 
 
-@triton.jit
+@triton.jit(**specialization("_bwd_dkdv"))
 def _bwd_dkdv(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, slopes_ptr,
               cu_q_ptr, cu_k_ptr, place_ptr,
               stride_qb, stride_qh, stride_qm, stride_qd,
@@ -233,7 +235,7 @@ def _dq_key_range(dq, q, do, lse2, delta, q_idx, k_base, v_base, stride_kn, stri
     return dq
 
 
-@triton.jit
+@triton.jit(**specialization("_bwd_dq"))
 def _bwd_dq(q_ptr, k_ptr, v_ptr, dout_ptr, lse_ptr, delta_ptr, dq_ptr, slopes_ptr, cu_q_ptr,
             cu_k_ptr, place_ptr,
             stride_qb, stride_qh, stride_qm, stride_qd,
@@ -331,6 +333,8 @@ _bwd_dq_tuned = triton.autotune(configs=configs.BWD_DQ_CONFIGS, key=_AUTOTUNE_KE
                                 cache_results=True)(_bwd_dq)
 
 PREPROCESS_BLOCK_M = 64  # rows per program of the delta pass: memory-bound, any size will do
+# Triton's defaults for the rest (4 warps; 3 stages on CUDA, nothing to pipeline here)
+PREPROCESS_CONFIG = {"BLOCK_M": PREPROCESS_BLOCK_M, "BLOCK_N": 0, "num_warps": 4, "num_stages": 3}
 
 
 def backward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -372,24 +376,18 @@ def flash_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     interpreted = is_interpreted(_bwd_dkdv)
     grads, args = backward_args(q, k, v, out, lse, dout, params, interpreted=interpreted)
     _bwd_preprocess[(triton.cdiv(seqlen_q, PREPROCESS_BLOCK_M), batch * heads_q)](
-        **args["preprocess"])  # row-wise: a pack is one buffer of rows like any other
+        **args["preprocess"], num_warps=PREPROCESS_CONFIG["num_warps"],
+        num_stages=PREPROCESS_CONFIG["num_stages"])  # row-wise: a pack is rows like any other
+    note_launch("_bwd_preprocess", PREPROCESS_CONFIG)
     # Packed: one program row per (sequence, head), blocks for the longest sequence.
     seqlen_q, q_rows = params.grid_rows(batch, seqlen_q, heads_q)
     seqlen_k, kv_rows = params.grid_rows(batch, seqlen_k, heads_kv, keys=True)
-    if dkdv_config is None and not interpreted:
-        _bwd_dkdv_tuned[lambda meta: (triton.cdiv(seqlen_k, meta["BLOCK_N"]), kv_rows)](
-            **args["dkdv"])
-    else:
-        c = dkdv_config or configs.INTERPRETER_BWD_DKDV
-        _bwd_dkdv[(triton.cdiv(seqlen_k, c.block_n), kv_rows)](
-            **args["dkdv"], BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
-            num_stages=c.num_stages)
-    if dq_config is None and not interpreted:
-        _bwd_dq_tuned[lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), q_rows)](
-            **args["dq"])
-    else:
-        c = dq_config or configs.INTERPRETER_BWD_DQ
-        _bwd_dq[(triton.cdiv(seqlen_q, c.block_m), q_rows)](
-            **args["dq"], BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,
-            num_stages=c.num_stages)
+    launch_tiled(_bwd_dkdv, _bwd_dkdv_tuned, "bwd_dkdv",
+                 lambda block_m, block_n: (triton.cdiv(seqlen_k, block_n), kv_rows), args["dkdv"],
+                 interpreted=interpreted, config=dkdv_config,
+                 interpreter_config=configs.INTERPRETER_BWD_DKDV)
+    launch_tiled(_bwd_dq, _bwd_dq_tuned, "bwd_dq",
+                 lambda block_m, block_n: (triton.cdiv(seqlen_q, block_m), q_rows), args["dq"],
+                 interpreted=interpreted, config=dq_config,
+                 interpreter_config=configs.INTERPRETER_BWD_DQ)
     return grads

@@ -29,8 +29,9 @@ import triton.language as tl
 
 from attnbench.kernels import configs
 from attnbench.kernels.common import LN2, dropout_keep, key_ranges, load_tile, score_tile, \
-    sequence_of
-from attnbench.kernels.fp8 import round_to_fp8_grid, round_to_grid
+    sequence_of, specialization
+from attnbench.kernels.fp8 import max_imprecise_acc, round_to_fp8_grid, round_to_grid
+from attnbench.kernels.launch import launch_tiled
 from attnbench.kernels.params import FlashParams, is_interpreted, strides
 from attnbench.problem.fp8 import FORMATS, P_PRESCALE
 
@@ -44,11 +45,13 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
                    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
                    DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    FP8: tl.constexpr, P_MANT: tl.constexpr, P_MIN_EXP: tl.constexpr,
-                   P_MAX: tl.constexpr, P_SCALE: tl.constexpr):
+                   P_MAX: tl.constexpr, P_SCALE: tl.constexpr, QK_IMPRECISE: tl.constexpr,
+                   PV_IMPRECISE: tl.constexpr):
     """Online-softmax update of (acc, l_i, m_i) over key blocks [start, end). FP8: q, k, v
     are fp8 (sm_scale has the descales of q and k folded in); P is scaled by P_SCALE (a power
     of two: P lands in (0, P_SCALE], clear of fp8's subnormals) and rounded to v's fp8 grid
-    (P_MANT, P_MIN_EXP, P_MAX) before P·V; the output divides P_SCALE out."""
+    (P_MANT, P_MIN_EXP, P_MAX) before P·V; the output divides P_SCALE out. QK_IMPRECISE /
+    PV_IMPRECISE: the two dots' ``max_num_imprecise_acc`` (None: Triton's default)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -56,7 +59,8 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
         k_idx = start_n + offs_n
         k = load_tile(k_base + k_idx[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                       k_idx, seqlen_k, offs_d, HEAD_DIM, MASK, BLOCK_D != HEAD_DIM, UPCAST)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BM, BN) fp32
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION,
+                    max_num_imprecise_acc=QK_IMPRECISE)  # (BM, BN) fp32
         s2, _ = score_tile(qk, q_idx[:, None], k_idx[None, :], diag, seqlen_k, sm_scale, softcap,
                            slope2, window_left, window_right, SOFTCAP, ALIBI, MASK, WINDOW)
         m_new = tl.maximum(m_i, tl.max(s2, 1))
@@ -78,12 +82,15 @@ def _fwd_key_range(acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd
         else:
             p_v = p.to(v.dtype)
         # Accumulate inside the dot (the accumulator operand of wgmma): no second fp32 tile.
-        acc = tl.dot(p_v, v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        # fp8 on sm_90 without promotion (PV_IMPRECISE None) that operand is summed at the
+        # tensor cores' reduced precision over the whole key loop (docs/fp8.md).
+        acc = tl.dot(p_v, v, acc * alpha[:, None], input_precision=DOT_PRECISION,
+                     max_num_imprecise_acc=PV_IMPRECISE)
         m_i = m_new
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(**specialization("_attn_fwd"))
 def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_ptr,
               place_ptr,
               descale_q_ptr, descale_k_ptr, descale_v_ptr,
@@ -101,7 +108,13 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
               DROPOUT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
               VARLEN: tl.constexpr, FP8: tl.constexpr, P_MANT: tl.constexpr,
               P_MIN_EXP: tl.constexpr, P_MAX: tl.constexpr, P_SCALE: tl.constexpr,
-              OUT_ROUND_BITS: tl.constexpr):
+              OUT_ROUND_BITS: tl.constexpr, MAX_IMPRECISE_ACC: tl.constexpr):
+    # fp8 promotion interval (0: Triton's default, none on sm_90) capped at each dot's K:
+    # BLOCK_D for Q·Kᵀ, BLOCK_N for P·V (at K: once per key block; docs/fp8.md has its PTX)
+    QK_IMPRECISE: tl.constexpr = None if MAX_IMPRECISE_ACC == 0 else (
+        MAX_IMPRECISE_ACC if MAX_IMPRECISE_ACC < BLOCK_D else BLOCK_D)
+    PV_IMPRECISE: tl.constexpr = None if MAX_IMPRECISE_ACC == 0 else (
+        MAX_IMPRECISE_ACC if MAX_IMPRECISE_ACC < BLOCK_N else BLOCK_N)
     # Heaviest query blocks first (causal: the last rows see the most keys) to shorten the tail.
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -157,19 +170,19 @@ def _attn_fwd(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, slopes_ptr, cu_q_ptr, cu_k_
         start, full_start, seqlen_k, diag, sm_scale, softcap, slope2, window_left, window_right,
         seed, batch_g, head_g, q_start, kv_start, drop_threshold,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX, P_SCALE)
+        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX, P_SCALE, QK_IMPRECISE, PV_IMPRECISE)
     acc, l_i, m_i = _fwd_key_range(
         acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         full_start, full_end, seqlen_k, diag, sm_scale, softcap, slope2, window_left,
         window_right, seed, batch_g, head_g, q_start, kv_start, drop_threshold,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX, P_SCALE)
+        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX, P_SCALE, QK_IMPRECISE, PV_IMPRECISE)
     acc, l_i, m_i = _fwd_key_range(
         acc, l_i, m_i, q, q_idx, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         full_end, end, seqlen_k, diag, sm_scale, softcap, slope2, window_left, window_right,
         seed, batch_g, head_g, q_start, kv_start, drop_threshold,
         HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, WINDOW, SOFTCAP, ALIBI, DROPOUT,
-        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX, P_SCALE)
+        UPCAST, DOT_PRECISION, FP8, P_MANT, P_MIN_EXP, P_MAX, P_SCALE, QK_IMPRECISE, PV_IMPRECISE)
 
     # Rows that saw no key: out = 0, lse = -inf (flash-attn's convention).
     seen = l_i > 0.0
@@ -227,7 +240,7 @@ def forward_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Flas
         args.update({f"descale_{x}_ptr": lse for x in "qkv"},
                     **{f"stride_d{x}{d}": 0 for x in "qkv" for d in "bh"},
                     FP8=False, P_MANT=0, P_MIN_EXP=0, P_MAX=0.0, P_SCALE=1.0,
-                    OUT_ROUND_BITS=0)
+                    OUT_ROUND_BITS=0, MAX_IMPRECISE_ACC=0)
     else:
         args.update(fp8_args(v.dtype, descales, params.grid_rows(batch, seqlen_q, 1)[1],
                              heads_kv, out.dtype, q.device, interpreted=interpreted))
@@ -242,7 +255,8 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: Fla
     float32 (natural log, -inf for rows that see no key).
 
     ``config`` pins the block sizes (tests use small blocks to exercise many-block paths); by
-    default the GPU autotunes over :data:`attnbench.kernels.configs.FWD_CONFIGS` and the interpreter uses
+    default the GPU autotunes over :data:`attnbench.kernels.configs.FWD_CONFIGS` (or runs the
+    pinned config: :mod:`attnbench.kernels.launch`) and the interpreter uses
     :data:`attnbench.kernels.configs.INTERPRETER_FWD`.
     """
     interpreted = is_interpreted(_attn_fwd)
@@ -255,13 +269,9 @@ def _launch(args: dict, params: FlashParams, q: torch.Tensor, interpreted: bool,
             config: "configs.BlockConfig | None") -> None:
     # Packed: one program row per (sequence, head), as many query blocks as the longest has.
     seqlen_q, rows = params.grid_rows(q.shape[0], q.shape[2], q.shape[1])
-    if config is None and not interpreted:
-        _attn_fwd_tuned[lambda meta: (triton.cdiv(seqlen_q, meta["BLOCK_M"]), rows)](**args)
-    else:
-        config = config or configs.INTERPRETER_FWD
-        _attn_fwd[(triton.cdiv(seqlen_q, config.block_m), rows)](
-            **args, BLOCK_M=config.block_m, BLOCK_N=config.block_n, num_warps=config.num_warps,
-            num_stages=config.num_stages)
+    launch_tiled(_attn_fwd, _attn_fwd_tuned, "fwd",
+                 lambda block_m, block_n: (triton.cdiv(seqlen_q, block_m), rows), args,
+                 interpreted=interpreted, config=config, interpreter_config=configs.INTERPRETER_FWD)
 
 
 # -- fp8 -------------------------------------------------------------------------------------
@@ -298,6 +308,7 @@ def fp8_args(v_dtype: torch.dtype, descales: tuple, rows: int, heads_kv: int,
                 # Triton 3.9's interpreter truncates fp32 -> bf16 (fp16 casts round correctly);
                 # a GPU's cvt.rn rounds, and rounding there first would change nothing.
                 OUT_ROUND_BITS=7 if interpreted and out_dtype == torch.bfloat16 else 0,
+                MAX_IMPRECISE_ACC=max_imprecise_acc(),
                 # fp8 loads, dots and casts of on-grid values are exact in the interpreter
                 # (docs/fp8.md): the operands stay fp8 everywhere.
                 UPCAST=False)

@@ -7,8 +7,15 @@ grid first, then casting a value that is already on the grid, is right on both, 
 numbers the GPU computes.
 """
 
+import os
+
 import triton
 import triton.language as tl
+
+from attnbench.resources import ENV_FP8_MAX_IMPRECISE_ACC
+
+FP8_WGMMA_K = 32
+"""Products one fp8 wgmma instruction sums (its K): the finest promotion there is."""
 
 # Adding then subtracting 1.5 * 2^23 rounds an fp32 |y| < 2^22 to an integer, ties to even
 # (IEEE round-to-nearest addition); the quotients below are at most 2^(mantissa_bits + 1).
@@ -47,3 +54,17 @@ def round_to_grid(x, MANTISSA_BITS: tl.constexpr):
     bits = bits + ((1 << (DROP - 1)) - 1) + ((bits >> DROP) & 1)
     bits = (bits >> DROP) << DROP
     return bits.to(tl.float32, bitcast=True)
+
+
+def max_imprecise_acc() -> int:
+    """The fp8 dots' promotion interval from ATTNBENCH_FP8_MAX_IMPRECISE_ACC: 0 (unset: Triton's
+    default, which on sm_90 never promotes: 2^30) or a power of two, raised to FP8_WGMMA_K --
+    every that many products the tensor cores' partial sum is added into the fp32 accumulator
+    by ordinary fp32 adds (tl.dot's ``max_num_imprecise_acc``; the kernel caps it at each dot's
+    K, so any value >= the key tile promotes the running accumulator once per key block)."""
+    raw = os.environ.get(ENV_FP8_MAX_IMPRECISE_ACC) or "0"
+    value = int(raw) if raw.isdigit() else -1
+    if value < 0 or value & (value - 1):
+        raise ValueError(f"{ENV_FP8_MAX_IMPRECISE_ACC}={raw!r}: expected 0 (Triton's default) or "
+                         "a power of two")
+    return max(value, FP8_WGMMA_K) if value else 0

@@ -207,6 +207,46 @@ def test_non_power_of_two_descales():
     assert_like_model(*errors(odd, make_spec(32, 32, 16, 4, mask="causal"), E4M3))
 
 
+# -- on a GPU: the tile the sweeps time ---------------------------------------------------------
+PRODUCTION_LENGTH = 8192
+"""Keys of the production-tile test: 128 key blocks of 64 per row at the end of a causal 8k
+(the accumulator operand of P·V is carried through all of them), fp64 reference on the GPU in
+well under a second."""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(),
+                    reason="needs a CUDA device and compiled kernels (TRITON_INTERPRET unset or 0)")
+@pytest.mark.parametrize("promote", [0, 256], ids=["triton-default", "promoted-per-key-block"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_gpu_production_tile_matches_model(monkeypatch, fmt, promote):
+    """The pinned tile the fp8 sweeps time (128 x 64, 8 warps: wgmma on sm_90, where the 16-row
+    tiles above run mma.sync) over 8k causal keys, held to the same model and bounds. Triton's
+    sm_90 default sums P·V into the running accumulator at the tensor cores' reduced precision
+    over the whole key loop (``triton-default``); ``promoted-per-key-block`` adds each key
+    block's P·V to it in fp32 (max_num_imprecise_acc). If only the first fails, that is the
+    finding: make promotion the default and time its cost (docs/fp8.md)."""
+    from attnbench.kernels.compile_watch import CompileWatch
+    from attnbench.kernels.configs import PINNED_REFERENCE
+    from attnbench.resources import ENV_FP8_MAX_IMPRECISE_ACC, ENV_KERNEL_CONFIGS
+
+    monkeypatch.setenv(ENV_KERNEL_CONFIGS, "pinned")
+    monkeypatch.setenv(ENV_FP8_MAX_IMPRECISE_ACC, str(promote))
+    n, d = PRODUCTION_LENGTH, 128
+    qkv = make_fp8(1, 4, 2, n, n, d, fmt, per_head=True)
+    spec = make_spec(n, n, d, 4, mask="causal")
+    deq = [dequantized(x).to(DEVICE) for x in qkv]
+    ref_out, _ = reference_forward(*deq, spec)
+    with CompileWatch() as watch:
+        out, _ = flash_forward_fp8(*(x.values.to(DEVICE) for x in qkv), flash_params(spec),
+                                   *(x.descale.to(DEVICE) for x in qkv))
+    tile = PINNED_REFERENCE["fwd"]
+    assert watch.configs["_attn_fwd"] == tile.to_dict()
+    model_out, _ = model_forward(*(x.float() for x in deq), spec, fmt, torch.bfloat16,
+                                 block_n=tile.block_n)
+    assert_like_model(rel_l2(out, ref_out), rel_l2(model_out, ref_out), rel_l2(out, model_out))
+
+
 def test_bf16_output_is_rounded_to_nearest():
     """out in bf16 equals the fp32 out of the same kernel rounded by torch, bit for bit: the
     interpreter's truncating cast is worked around (round_to_grid), a GPU rounds natively."""

@@ -43,6 +43,10 @@ from attnbench.results.records import TENSORS
 
 MAX_HEAD_DIM = 256  # tiles are (BLOCK, head_dim) in registers/shared memory; 256 is the largest
 MAX_SEQLEN = 1 << 30  # attnbench.kernels.common.UNBOUNDED stands for "no window bound"
+MAX_TILE_OFFSET = 1 << 31
+"""The flash kernels add int64 bases per (batch, head, sequence) but index inside one with int32
+``position * row stride`` (the row stride of a contiguous (B, H, S, D) tensor is D): a length
+times head dim of 2^31 (16M tokens at d128) would wrap. Decode indexes its cache in int64."""
 
 
 def flash_params(spec: AttnSpec) -> FlashParams:
@@ -113,6 +117,10 @@ class TritonBackend(PreparesOnce):
             return f"head_dim {max(case.head_dim, case.head_dim_v)} > {MAX_HEAD_DIM}"
         if max(case.seqlen_q, case.seqlen_kv) > MAX_SEQLEN:
             return f"sequence longer than {MAX_SEQLEN}"
+        span = max(case.seqlen_q, case.seqlen_kv) * max(case.head_dim, case.head_dim_v)
+        if not case.decode and span >= MAX_TILE_OFFSET:
+            return (f"sequence x head dim = {span} >= 2^31: the kernels' offsets inside one "
+                    "(batch, head) are int32")
         if is_fp8(case.dtype) and device.type == "cuda" \
                 and torch.cuda.get_device_capability(device) < FP8_MIN_CAPABILITY:
             return ("fp8 tl.dot needs fp8 tensor cores (compute capability >= 8.9); this GPU "

@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from attnbench.execution.kernel_settings import compile_section, kernel_settings
 from attnbench.hardware.device import device_env, pick_device
 from attnbench.resources import ENV_FAMILY, ENV_KIND
 from attnbench.results.records import RecordMaker
@@ -32,7 +33,19 @@ def run_payload(payload: dict) -> Optional[dict]:
 
 def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = None
              ) -> Optional[dict]:
-    """The case's record (None on ranks other than 0 of a multi-rank case)."""
+    """The case's record (None on ranks other than 0 of a multi-rank case), with its
+    ``compile`` section when Triton kernels ran (:mod:`attnbench.execution.kernel_settings`)."""
+    with kernel_settings(options) as watch:
+        record = _run_case(case, options, device)
+    if record is not None:
+        section = compile_section(case, options, watch)
+        if section is not None:
+            record["compile"] = section
+    return record
+
+
+def _run_case(case: Case, options: RunOptions, device: Optional[torch.device]
+              ) -> Optional[dict]:
     device = device or pick_device()
     if case.gpu != "any":
         env = device_env(device)

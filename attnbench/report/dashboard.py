@@ -50,6 +50,7 @@ PANEL_OPTIONS: dict[str, dict[str, Any]] = {
     "decode": {"x": "seqlen_kv", "facets": ["gpu_kind", "dtype", "attention_kind", "seqlen_q"],
                "max_figures": 12},
     "fp8": {"facets": ["gpu_kind"], "max_figures": 6},
+    "compile": {"facets": ["gpu_kind"], "max_rows": 24, "max_figures": 4},
 }
 PANEL_KINDS = tuple(PANEL_OPTIONS)
 COMMON_OPTIONS = ("kind", "title", "description", "filter", "exclude")
@@ -63,6 +64,7 @@ DEFAULT_TITLES = {
     "architecture": "Architecture comparison",
     "decode": "Decode: bandwidth and latency vs cache length",
     "fp8": "fp8: kernel vs quantization error, and speed-up over bf16",
+    "compile": "Triton compile time per kernel variant (apart from the timed figures)",
 }
 # Options whose values must be one of a fixed set (besides column names).
 _CHOICES: dict[str, tuple[str, ...]] = {

@@ -16,6 +16,9 @@ Columns of :func:`frame` (one row per record)::
     worst_over                                    # max over tensors of rel_l2 / bound
     fp8_kernel_rel_l2, fp8_quantization_rel_l2,   # fp8 cases' error split (accuracy.fp8,
     fp8_end_to_end_rel_l2                         # attnbench.accuracy.fp8_split); NaN otherwise
+    compile_mode, compile_variant, compile_s,     # record.compile: Triton compiles of the case,
+    compile_kernels, compile_autotune_s,          # apart from the timed figures; None / NaN
+    compile_interpreted                           # for records without it
     crash_signal, crash_exit_code
     run_id
 
@@ -47,7 +50,7 @@ from attnbench.sweep.case import CASE_FIELDS
 EXTRA_COLUMNS: tuple[str, ...] = (
     "id", "label", "features", "verdict", "reason", "world_size", "attention_kind", "gpu_kind",
     "gpu_family", "host", "device_name", "env_torch", "env_triton", "env_attnbench", "clock",
-    "timing_mode", "run_id", "packed", "sequences", "tokens",
+    "timing_mode", "run_id", "packed", "sequences", "tokens", "compile_mode", "compile_variant",
 )
 FILTER_COLUMNS: tuple[str, ...] = tuple(CASE_FIELDS) + EXTRA_COLUMNS
 TIMING_STATS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops", "pct_peak",
@@ -220,6 +223,13 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
     split = acc.get("fp8") if isinstance(acc.get("fp8"), dict) else {}
     for part in FP8_SPLIT:
         row[f"fp8_{part}_rel_l2"] = _num(split.get(f"{part}_rel_l2"))
+
+    compiled = rec.get("compile") if isinstance(rec.get("compile"), dict) else {}
+    row.update(compile_mode=compiled.get("mode"), compile_variant=compiled.get("variant"),
+               compile_s=_num(compiled.get("seconds")),
+               compile_kernels=_num(compiled.get("kernels")),
+               compile_autotune_s=_num(compiled.get("autotune_s")),
+               compile_interpreted=compiled.get("interpreted") is True)
 
     crash = rec.get("crash") or {}
     row["crash_signal"] = crash.get("signal")

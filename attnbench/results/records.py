@@ -36,6 +36,15 @@ Everything downstream (``attnbench show``, reports, compare, pandas) reads these
                 "peak_memory_bytes"},
         "bwd": {...same...} | null         # null for a forward-only case (flops/bytes_bwd too)
       },
+      "compile": {                         # absent when no Triton kernel of ours ran (older
+        "mode": "autotune" | "pinned",     # records too); attnbench.execution.kernel_settings
+        "interpreted": false,              # TRITON_INTERPRET=1: nothing compiles (0 s, 0 kernels)
+        "seconds": 2.41, "kernels": 4,     # Triton compiles during this case, apart from timing
+        "autotune_s": 0.0,                 # the autotuner's benchmarking during this case
+        "configs": {"_attn_fwd": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8,
+                                  "num_stages": 3}, ...},   # the tile each kernel launched with
+        "variant": "bf16 d128 gqa window fwd+bwd pinned",  # attnbench.kernels.warm.label
+        "fp8_max_imprecise_acc": 0},       # fp8 cases: the promotion option (0: Triton's)
       "crash": null | {"signal": "SIGSEGV", "exit_code": -11, "rank": 0,
                        "stderr_tail": "...", "traceback": "..."},
       "env": {"host", "device", "device_name", "gpu_kind" (exact: "H100-SXM5-80GB"),

@@ -61,6 +61,9 @@ _IDENTITY = {**{k: TEXT for k in ("name", "form_factor", "compute_capability", "
 _SOFTWARE = {**{k: TEXT for k in ("python", "torch", "triton", "cuda_runtime", "cudnn", "nccl",
                                   "driver_version", "cuda_driver_version", "commit",
                                   "attnbench")}, "dirty": SCALAR}
+_COMPILE = {"mode": TEXT, "interpreted": FLAG, "variant": TEXT, "note": TEXT,
+            **{k: NUMBER for k in ("seconds", "kernels", "autotune_s", "fp8_max_imprecise_acc")}}
+_TILE = {k: NUMBER for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
 _RECORD = {**{k: TEXT for k in ("label", "features", "reason", "started")},
            "duration_s": NUMBER, "wall_s": NUMBER}
 
@@ -124,6 +127,8 @@ def check_record(where: str, rec: Any) -> dict:
     timing = _obj(f"{at}timing", rec.get("timing"), _TIMING)
     for d in ("fwd", "bwd"):
         _obj(f"{at}timing.{d}", timing.get(d), _STATS)
+    compiled = _obj(f"{at}compile", rec.get("compile"), _COMPILE)  # optional: newer records
+    _objects(f"{at}compile.configs", compiled.get("configs"), _TILE)
     accuracy = _obj(f"{at}accuracy", rec.get("accuracy"), {"reference": TEXT})
     for section in ("tensors", "identities", "parity"):
         _objects(f"{at}accuracy.{section}", accuracy.get(section), _METRICS)

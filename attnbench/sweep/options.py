@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
 from attnbench.errors import shown_key as _key
-from attnbench.validation import Choice, Flag, Int, Problems, Real, unknown_name
+from attnbench.resources import KERNEL_CONFIG_MODES
+from attnbench.validation import Choice, Flag, Int, PowerOfTwo, Problems, Real, unknown_name
 from attnbench.validation import fail as _fail
 
 
@@ -52,6 +53,15 @@ class RunOptions:
         0.0, 7 * 86400.0, lo_open=True, expected=f"a positive number <= {7 * 86400} (a week)")})
     """A case that has not answered after this many seconds is recorded as ``timeout``."""
     accuracy: bool = field(default=True, metadata={"rule": Flag()})
+    kernel_configs: str = field(default="autotune", metadata={"rule": Choice(KERNEL_CONFIG_MODES)})
+    """Our Triton kernels' tiles: ``autotune`` over each kernel's space, or ``pinned``, one
+    config per kernel and head-dim class (compiles one kernel per variant: a fresh GPU's first
+    minutes). The case runner sets ATTNBENCH_KERNEL_CONFIGS from it; records say which ran."""
+    fp8_max_imprecise_acc: int = field(default=0, metadata={"rule": PowerOfTwo(256)})
+    """fp8 forward of our Triton kernel on sm_90: every this many products the tensor cores'
+    partial sum is added into the fp32 accumulator (tl.dot's max_num_imprecise_acc, capped at
+    each dot's K; below 32, one wgmma's K, it acts as 32). 0: Triton's default, which never
+    promotes on sm_90. Recorded in each fp8 record's ``compile`` section."""
     timing: TimingOptions = field(default_factory=TimingOptions)
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ of drawing an empty axis. What the figures share (saving, axes, legends, colours
 :mod:`attnbench.report.figures`; the kinds and their options are declared in
 :mod:`attnbench.report.dashboard`. The throughput panel draws two kinds of figure: line plots
 (``throughput``) and bar charts (``throughput_bars``), which share ``throughput_common``.
+The ``compile`` kind is drawn by ``compile_time``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import matplotlib
 from attnbench.report.dashboard import PANEL_KINDS, Panel
 from attnbench.report.data import Run
 from attnbench.report.figures import Context, PanelOutput
-from attnbench.report.panels import (accuracy_heatmap, architecture, decode, error_trend,
-                                     error_vs_seqlen, fp8, parallel, throughput, verdict_matrix)
+from attnbench.report.panels import (accuracy_heatmap, architecture, compile_time, decode,
+                                     error_trend, error_vs_seqlen, fp8, parallel, throughput,
+                                     verdict_matrix)
 from attnbench.report.style import RC
 
 __all__ = ["DRAW", "draw_panel"]
@@ -34,6 +36,7 @@ DRAW: dict[str, Callable[[Panel, Run, Context], PanelOutput]] = {
     "architecture": architecture.draw_architecture,
     "decode": decode.draw_decode,
     "fp8": fp8.draw_fp8,
+    "compile": compile_time.draw_compile,
 }
 assert set(DRAW) == set(PANEL_KINDS), "every panel kind of the dashboard needs a drawing"
 
