@@ -46,8 +46,6 @@ ENV_POOL_DIR = "ATTNBENCH_POOL_DIR"
 """The rank pool's scratch directory (rendezvous files, logs)."""
 ENV_POOL_START = "ATTNBENCH_POOL_START"
 """Start number of the pool's current ranks (a rebuilt pool gets a new one)."""
-ENV_KERNEL_CONFIGS = "ATTNBENCH_KERNEL_CONFIGS"
-"""``autotune`` (default) or ``pinned``: one tile config per Triton kernel, no autotuning."""
 
 # -- how our Triton kernels are launched (read at every launch, by attnbench.kernels) -----------
 ENV_KERNEL_CONFIGS = "ATTNBENCH_KERNEL_CONFIGS"

@@ -6,7 +6,7 @@ CPU variant (``--cpu``) their interpreter-sized twins ``gpu_check_cpu_*.yaml``. 
 its own options (speed: accuracy off; accuracy: timing off); the run directory's manifest holds
 the speed file's as ``options`` and both under ``gpu_check.roles``. The kernel-config mode
 (``pinned`` by default: one tile config per kernel, no autotuning) is applied here, to the
-options when they know it (``RunOptions.kernel_configs``) and to the rank pools' environment
+options (``RunOptions.kernel_configs``) and to the rank pools' environment
 (:data:`ENV_KERNEL_CONFIGS`) in every case.
 """
 
@@ -82,11 +82,8 @@ class CheckSweeps:
 
 
 def with_kernel_configs(options: RunOptions, mode: str) -> RunOptions:
-    """``options`` with ``kernel_configs=mode`` once RunOptions has that option (the compile
-    lane adds it); unchanged before -- the pools' environment carries the mode either way."""
-    if "kernel_configs" in {f.name for f in dataclasses.fields(RunOptions)}:
-        return dataclasses.replace(options, kernel_configs=mode)
-    return options
+    """``options`` with ``kernel_configs=mode`` (the check's ``--configs``, pinned by default)."""
+    return dataclasses.replace(options, kernel_configs=mode)
 
 
 def sweep_files(cpu: bool) -> dict[str, str]:
