@@ -62,7 +62,7 @@ def test_pinned_configs_compile_each_kernel_once():
     assert pinned.variants and all(v.compiles == len(v.kernels) for v in pinned.variants)
     assert sum(v.compiles for v in tuned.variants) > 3 * sum(v.compiles for v in pinned.variants)
     assert tuned.step("prewarm").estimate_s > pinned.step("prewarm").estimate_s
-    dense = next(v for v in pinned.variants if v.label == "flash bf16 d128 causal")
+    dense = next(v for v in pinned.variants if v.label == "flash bf16 d128 causal mha fwd+bwd")
     assert dense.kernels == ["forward", "bwd_preprocess", "bwd_dkdv", "bwd_dq"]
 
 
@@ -321,3 +321,19 @@ def test_collecting_an_untouched_folder_records_every_case(tmp_path):
     assert summary["compile"]["status"].startswith("no configs.json")
     records = (tmp_path / "records.jsonl").read_text().splitlines()
     assert len(records) == 26 and "its step did not run" in records[0]
+
+
+@pytest.mark.parametrize("cpu", [False, True])
+def test_the_plan_counts_the_variants_the_prewarm_compiles(cpu):
+    """The plan's torch-free model of Triton variants (it must print where torch is absent)
+    agrees with attnbench.kernels.warm, which the pre-warm compiles: same variants, same
+    kernels. A drift (a constexpr the plan does not know) shows here."""
+    from attnbench.gpu_check.plan import plan_variants
+    from attnbench.gpu_check.sweeps import load_check_sweeps
+    from attnbench.kernels.warm import variants
+
+    sweeps = load_check_sweeps(cpu)
+    cases = list(sweeps.speed.cases + sweeps.accuracy.cases)
+    planned, warmed = plan_variants(cases, "pinned"), variants(cases, kernel_configs="pinned")
+    assert len(planned) == len(warmed)
+    assert sum(len(v.kernels) for v in planned) == sum(len(v["kernels"]) for v in warmed)

@@ -119,7 +119,10 @@ def _variant_key(case: Case) -> tuple:
     if case.decode:  # GROUP, PAGE_SIZE and NUM_SPLITS (from batch x kv heads) are constexprs
         return ("decode", *dims, *flags, case.heads_q // case.heads_kv, case.seqlen_q,
                 case.page_size, case.batch * case.heads_kv)
-    return ("flash", *dims, *flags, case.is_packed)
+    # MHA compiles apart from GQA (the group size's "equals 1" specialisation is kept), and a
+    # forward-only case apart from a forward + backward one, as attnbench.kernels.warm keys them
+    group = "mha" if case.heads_q == case.heads_kv else "gqa"
+    return ("flash", *dims, *flags, case.is_packed, group, case.backward)
 
 
 def _label(key: tuple) -> str:
@@ -129,8 +132,9 @@ def _label(key: tuple) -> str:
     if kind == "decode":
         group, rows, page, lanes = rest
         words += [f"group{group}", f"q{rows}", f"page{page}", f"{lanes}bh"]
-    elif rest[0]:
-        words.append("packed")
+    else:
+        packed, group, backward = rest
+        words += [group, *(["packed"] if packed else []), "fwd+bwd" if backward else "fwd"]
     return " ".join(words)
 
 
