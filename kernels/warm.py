@@ -149,6 +149,14 @@ def _decode_block_s(case: Any, heads_kv: int, rows: int) -> int:
 
 
 # -- compiling ---------------------------------------------------------------------------------
+def compiles_here() -> bool:
+    """Whether :func:`compile_variant` would compile anything in this process (a CUDA device
+    torch can use); without one, the pre-warm starts no process per variant."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def compile_variant(variant: dict) -> dict:
     """Compile every kernel of ``variant`` on the current CUDA device (nothing timed):
     ``{"variant", "seconds", "kernels", "configs": {kernel: {BLOCK_M, BLOCK_N, num_warps,

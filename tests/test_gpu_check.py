@@ -230,6 +230,18 @@ def test_the_prewarm_without_the_warm_module_says_so(tmp_path, monkeypatch):
     assert report["status"] == "unavailable" and "cases compile as they run" in report["note"]
 
 
+def test_the_prewarm_starts_no_process_where_nothing_compiles(tmp_path, monkeypatch):
+    """Without a CUDA device (the CPU variant, the rehearsal) the real warm module compiles
+    nothing: the step says so at once instead of importing torch once per variant (on a loaded
+    box that ran the step out of time: "incomplete", 11 of 16 variants)."""
+    started = time.perf_counter()
+    run_prewarm(StepConfig(out=str(tmp_path), cpu=True, timeout_s=60))
+    report = json.loads((tmp_path / "configs.json").read_text())
+    assert report["status"] == "skipped" and "compiles nothing" in report["note"]
+    assert report["variants"] and report["kernels"] == 0
+    assert time.perf_counter() - started < 30  # one torch import, not one per variant
+
+
 # -- the clock log -------------------------------------------------------------------------------
 
 SMI = """#!{python}

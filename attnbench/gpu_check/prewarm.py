@@ -57,6 +57,15 @@ def run_prewarm(config: StepConfig) -> None:
         return
     started = time.perf_counter()
     variants = list(warm.variants(cases))
+    if not getattr(warm, "compiles_here", lambda: True)():
+        # Triton's interpreter compiles nothing: a process per variant would only import torch
+        # (seconds each on a loaded box) to report that, and run the step out of time.
+        report.update(status="skipped", variants=[{"variant": v} for v in variants], kernels=0,
+                      seconds=0.0, compile_seconds=0.0, note="no CUDA device: Triton's "
+                      "interpreter compiles nothing (the parallel pre-warm runs on a GPU)")
+        path.write_text(json.dumps(report, indent=1, default=str))
+        print(f"prewarm: {len(variants)} variants; {report['note']}")
+        return
     print(f"prewarm: {len(variants)} variants of {len(cases)} triton cases, up to "
           f"{max(1, min(config.cores, len(variants)))} compiling at once", flush=True)
     results = compile_parallel(variants, config)
