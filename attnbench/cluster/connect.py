@@ -116,6 +116,9 @@ class Connection:
     """Devices (GPUs or CPU slots) over all workers when connected."""
     where: str = ""
     """One line for the user: the scheduler's address or the embedded cluster."""
+    keeper: Optional[object] = None
+    """The embedded cluster's :class:`~attnbench.cluster.keeper.WorkerKeeper` (None elsewhere:
+    other workers can run the cases, or come back)."""
 
     def workers(self) -> list[WorkerInfo]:
         info = self.client.scheduler_info(n_workers=-1)
@@ -258,6 +261,7 @@ def _connect_local(slots: Optional[int]) -> Connection:
     import dask
     from distributed import Client, LocalCluster
 
+    from attnbench.cluster.keeper import WorkerKeeper
     from attnbench.cluster.plugin import register
     from attnbench.cluster.worker import detect_gpus, detect_node
 
@@ -276,7 +280,7 @@ def _connect_local(slots: Optional[int]) -> Connection:
     register(client)
     return Connection(client, cluster, len(node.ids),
                       where=f"embedded LocalCluster ({len(node.ids)} concurrent cases, "
-                            f"{node.describe()})")
+                            f"{node.describe()})", keeper=WorkerKeeper(cluster, client))
 
 
 def _wait_for_workers(conn: Connection, count: int, wait_s: float, hint: str) -> None:

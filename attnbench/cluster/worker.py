@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional, Sequence
 
+from attnbench.cluster.closed_http import ROUTES_ENV
 from attnbench.resources import (CPU_KIND, DEVICE, ENV_DEVICE_KIND, ENV_FAMILY, ENV_IDS, ENV_KIND,
                                  ENV_SIMULATE, ENV_THREADS, ENV_TYPE, KIND_PREFIX, node_resources)
 from attnbench.validation import positive_int_argument
@@ -51,6 +52,7 @@ log = logging.getLogger("attnbench.cluster.worker")
 
 _KIND_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 PLUGIN_MODULE = "attnbench.cluster.plugin"
+CLOSED_HTTP_MODULE = "attnbench.cluster.closed_http"
 """Preloaded by every ``attnbench worker``: it registers the worker plugin as the worker starts."""
 _NVIDIA_SMI_TIMEOUT_S = 30.0
 _TORCH_PROBE_TIMEOUT_S = 120.0  # importing torch and creating a CUDA context on a busy node
@@ -378,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the worker's HTTP dashboard (status, /metrics); default: a random "
                              "port on every interface; 127.0.0.1:0 keeps it on this node")
     parser.add_argument("--no-dashboard", action="store_true",
-                        help="serve no worker dashboard at all")
+                        help="open no HTTP port at all (no dashboard, /health or /metrics; "
+                             "Dask's own --no-dashboard leaves /health and /metrics open)")
     parser.add_argument("--nanny", action=argparse.BooleanOptionalAction, default=True,
                         help="run the worker under a nanny that restarts it if it dies")
     parser.add_argument("--tls-ca-file", metavar="PEM", help="CA certificate(s) for TLS")
@@ -404,13 +407,22 @@ def dask_worker_argv(address: str, node: NodeDevices, args: argparse.Namespace,
     if args.name:
         argv += ["--name", args.name]
     if args.no_dashboard:
-        argv += ["--no-dashboard"]
+        # Dask's flag drops the Bokeh pages only; the preload closes the port itself, and until
+        # it runs the server listens on loopback (attnbench.cluster.closed_http).
+        argv += ["--no-dashboard", "--preload", CLOSED_HTTP_MODULE]
+        if not args.dashboard_address:
+            argv += ["--dashboard-address", "127.0.0.1:0"]
     for flag in ("host", "listen_address", "dashboard_address", "tls_ca_file", "tls_cert",
                  "tls_key"):
         value = getattr(args, flag)
         if value:
             argv += ["--" + flag.replace("_", "-"), value]
     return argv + list(passthrough)
+
+
+def _http_environ(args: argparse.Namespace) -> dict[str, str]:
+    """--no-dashboard: no HTTP handlers either, for the moment the port is open."""
+    return {ROUTES_ENV: "[]"} if args.no_dashboard else {}
 
 
 def worker_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -445,10 +457,11 @@ def worker_main(argv: Optional[Sequence[str]] = None) -> int:
     if args.dry_run:
         print(shlex.join(command))
         extra = {ENV_SIMULATE: repr(args.case_seconds)} if args.simulate_gpus else {}
+        extra.update(_http_environ(args))
         for key, value in {**node.environ(), **extra}.items():
             print(f"{key}={value}")
         return 0
-    env = dict(os.environ, **node.environ())
+    env = dict(os.environ, **node.environ(), **_http_environ(args))
     if args.simulate_gpus:
         env[ENV_SIMULATE] = repr(max(args.case_seconds, 1e-6))
         # Dask's statistical profiler walks every thread's stack 100 times a second: with 32

@@ -351,7 +351,15 @@ class RunLoop:
         try:
             if self.conn.client.status not in ("running", "newly-created"):
                 raise OSError(f"client status {self.conn.client.status}")
-            self.workers = self.conn.workers()
+            workers = self.conn.workers()
         except OSError:  # CommClosedError and timeouts included
             raise self.scheduler_lost(len(self.in_flight)) from None
+        keeper = getattr(self.conn, "keeper", None)
+        if keeper is not None:  # the embedded cluster: its worker that left is replaced
+            note = keeper.check(workers, self.summary.written)
+            if note:
+                self.progress.note(note)
+            if keeper.restarting:
+                return  # its cases wait for the new one, not for the worker that left
+        self.workers = workers
         self.seen.update((w.address, w) for w in self.workers)
