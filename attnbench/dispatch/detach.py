@@ -2,8 +2,8 @@
 
 ``submit`` checks everything a run would check (the sweep, the run directory, the scheduler
 and its workers), then hands the sweep to a driver task on the cluster
-(:func:`attnbench.dispatch.driver.drive`, ``fire_and_forget``) and returns once the driver holds the
-run directory. ``status`` and ``attach`` read what the driver leaves in the run directory
+(:func:`attnbench.dispatch.driver.drive`, ``fire_and_forget``) and returns once the driver's run
+loop runs (or says why it failed). ``status`` and ``attach`` read what the driver leaves in the run directory
 (:mod:`attnbench.dispatch.driver_state`) and the journal; ``cancel`` asks the lock holder to stop (a
 driver or a plain ``attnbench run``), which it does within a second, leaving the journal valid.
 All four need only the run directory, on the filesystem the cluster shares.
@@ -75,7 +75,10 @@ def _hand_over(conn, sweep, run_dir: Path, args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.start_wait
     while time.monotonic() < deadline:
         state = read_state(run_dir) or {}
-        if state.get("submission") == submission and state.get("state") != "submitted":
+        # "starting" is not enough: a driver that fails as its run loop starts (its lanes'
+        # listener, say) must not have been reported as submitted (issue #25, item 3).
+        if state.get("submission") == submission and state.get("state") not in (
+                "submitted", "starting"):
             if state.get("state") == "failed":
                 print(f"attnbench: error: the driver failed: {printable(state.get('message'), 2000)}",
                       file=sys.stderr)
