@@ -30,9 +30,10 @@ from types import SimpleNamespace
 import pytest
 
 from attnbench.dispatch.lane_server import MAX_UNPROVEN
-from attnbench.dispatch.lane_wire import (MAX_FRAME, MAX_HANDSHAKE_FRAME, NONCE_BYTES,
-                                          LaneChannel, LaneProtocolError, LaneRefused, Session,
-                                          decode, encode, frame, lane_key, lane_proof)
+from attnbench.dispatch.lane_wire import (MAX_FRAME, MAX_HANDSHAKE_FRAME, MAX_RECORD,
+                                          NONCE_BYTES, LaneChannel, LaneProtocolError,
+                                          LaneRefused, Session, decode, encode, frame, lane_key,
+                                          lane_proof)
 from attnbench.dispatch.lanes import LaneRun, _Lane
 from attnbench.dispatch.loop import Progress
 from attnbench.results.records import make_record
@@ -324,6 +325,36 @@ def test_a_case_refused_allowed_failures_times_is_lost_with_the_reason(run):
     journal = _finish(run)
     assert [(r["id"], r["verdict"]) for r in journal] == [(first, "lost")]
     assert journal[0]["reason"].startswith("the driver refused what its lanes handed in 3 times")
+
+
+def test_the_largest_genuine_record_passes_with_room_to_spare(run):
+    """The margin of MAX_FRAME: a record as large as the options allow (~0.5 MB: a 64 KiB
+    stderr tail, a long traceback) is journaled whole, at under a quarter of MAX_RECORD."""
+    lane0 = _genuine(run, 0)
+    answer = lane0.ask({"done": None}, 10)
+    record = make_record(Case.from_dict(answer["case"]), verdict="crash", reason="big",
+                         crash={"stderr_tail": "e" * 64 * 1024, "traceback": "t" * 440_000,
+                                "signal": "SIGSEGV", "exit_code": -11, "rank": 0})
+    text = json.dumps(record)
+    assert 500_000 < len(text) < MAX_RECORD / 4
+    assert lane0.ask({"done": {"lease": answer["lease"], "record": text}}, 10)["case"]
+    lane0.close()
+    journal = _finish(run)
+    assert [len(r["crash"]["traceback"]) for r in journal] == [440_000]
+
+
+def test_a_lane_sends_an_error_record_for_a_record_over_the_limit(run, monkeypatch):
+    """The lane's side of MAX_RECORD: its own oversized record becomes an ``error`` record
+    saying why, which the driver takes, instead of a frame the driver refuses."""
+    from attnbench.dispatch import lanes
+
+    case = run.queues[next(iter(run.queues))][0]
+    huge = json.dumps(make_record(case, verdict="pass", reason="r" * MAX_RECORD))
+    monkeypatch.setattr(lanes, "run_case_task_text", lambda *args: huge)
+    text = lanes._run_one({"case": case.to_dict(), "attempt": 1}, {}, 1)
+    record = json.loads(text)
+    assert record["id"] == case.id and record["verdict"] == "error"
+    assert f"over the {MAX_RECORD} a lane may hand in" in record["reason"]
 
 
 # -- oversized and malformed frames: refused, one log line each, no traceback -------------------

@@ -2,8 +2,8 @@
 
 ``submit`` checks everything a run would check (the sweep, the run directory, the scheduler
 and its workers), then hands the sweep to a driver task on the cluster
-(:func:`attnbench.dispatch.driver.drive`, ``fire_and_forget``) and returns once the driver's run
-loop runs (or says why it failed). ``status`` and ``attach`` read what the driver leaves in the run directory
+(:func:`attnbench.dispatch.driver.drive`, ``fire_and_forget``) and returns once the driver holds the
+run directory. ``status`` and ``attach`` read what the driver leaves in the run directory
 (:mod:`attnbench.dispatch.driver_state`) and the journal; ``cancel`` asks the lock holder to stop (a
 driver or a plain ``attnbench run``), which it does within a second, leaving the journal valid.
 All four need only the run directory, on the filesystem the cluster shares.
