@@ -357,6 +357,31 @@ def test_a_lane_sends_an_error_record_for_a_record_over_the_limit(run, monkeypat
     assert f"over the {MAX_RECORD} a lane may hand in" in record["reason"]
 
 
+def test_a_lane_the_driver_refuses_ends_with_one_line_not_a_failed_task(run, caplog,
+                                                                          monkeypatch):
+    """The worker's side of a refusal: the lane task logs one line and ends (the driver has
+    the case back and counts the refusal), instead of failing with a traceback in the log."""
+    import distributed
+    from distributed.security import Security
+
+    from attnbench.cluster import plugin
+    from attnbench.dispatch import lanes
+
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setattr(distributed, "get_worker",
+                        lambda: SimpleNamespace(address="tcp://w0:1", security=Security()))
+    monkeypatch.setattr(plugin, "worker_state", lambda: SimpleNamespace(closed=False))
+    monkeypatch.setattr(lanes, "_run_one", lambda answer, *args: "[]")  # not a record
+    lanes._deposit_keys({_lane_id(run, 0): _key(run, 0).hex()})
+    assert lanes.lane_task(run.address, _lane_id(run, 0), {}, 1, run.tag) == 1  # it ran one
+    lines = [r.getMessage() for r in caplog.records if "attnbench lane " in r.getMessage()]
+    assert len(lines) == 1 and "refused by the driver" in lines[0], lines
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    _wait_for(lambda: not run.in_flight, 10, "the case to go back")
+    assert run.queued() == SEEDS and sum(run.refusals.values()) == 1
+    assert _finish(run) == []
+
+
 # -- oversized and malformed frames: refused, one log line each, no traceback -------------------
 
 def _before_auth(kind: str) -> bytes:

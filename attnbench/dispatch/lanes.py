@@ -125,6 +125,11 @@ def lane_task(address: str, lane: str, options_dict: dict, devices: int, run: st
                 answer = channel.ask({"done": done}, ANSWER_WAIT_S)
             except OSError:
                 return ran  # the driver stopped: what this lane held stays pending
+            except LaneProtocolError as exc:
+                # The driver refused what it handed in (and counts it against the case): one
+                # line in the worker's log, not a failed task's traceback (issue #25, item 12).
+                log.warning("attnbench lane %s on %s: %s", lane, worker.address, exc)
+                return ran
             if answer is None:
                 return ran
             text = _run_one(answer, options_dict, devices)
