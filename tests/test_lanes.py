@@ -11,7 +11,8 @@ import subprocess
 import time
 
 from attnbench.cluster.simulation import lease_overlaps
-from attnbench.dispatch.lanes import LaneRun, _Held, _Lane
+from attnbench.dispatch.lane_server import LaneConn
+from attnbench.dispatch.lanes import LaneRun, _Lane
 from attnbench.dispatch.loop import Progress
 from attnbench.results.records import make_record
 from attnbench.sweep.case import Case
@@ -30,34 +31,41 @@ def _lane_run(tmp_path, seeds: int) -> LaneRun:
     return run
 
 
-def _record_text(case_dict) -> str:
-    return json.dumps(make_record(Case.from_dict(case_dict), verdict="pass", reason="ok"))
+def _conn(run: LaneRun, lane: str) -> LaneConn:
+    """A connection that proved to be ``lane`` (the handshake is tested in
+    test_hostile_lanes.py); a lane connects once, so the bookkeeping tests reopen it."""
+    run.lanes[lane].connected = False
+    conn = LaneConn(peer="test")
+    run.lane_connected(conn, lane)
+    return conn
+
+
+def _done(answer: dict, verdict: str = "pass") -> dict:
+    record = make_record(Case.from_dict(answer["case"]), verdict=verdict, reason="ok")
+    return {"lease": answer["lease"], "record": json.dumps(record)}
 
 
 def test_a_case_whose_lanes_die_goes_back_then_is_lost_and_nothing_is_written_twice(tmp_path):
     run = _lane_run(tmp_path, seeds=3)
     first = run.queues[next(iter(run.queues))][0]
     for death in range(run.allowed_failures):  # the lane holding `first` dies each time
-        held = _Held()
+        conn = _conn(run, "L1")
         run.lanes["L1"].worker = f"w{death}"  # once per worker: Dask's count
-        case_dict, _ = run._answer({"lane": "L1", "done": []}, held, None)["cases"][0]
-        assert case_dict["seed"] == first.seed  # it went back to the front of the queue
-        assert "L1" in run.in_flight
-        run._release(held)
+        answer = run.lane_request(conn, None)
+        assert answer["case"]["seed"] == first.seed  # it went back to the front of the queue
+        assert answer["id"] == first.id and "L1" in run.in_flight
+        run.lane_closed(conn)
         assert "L1" not in run.in_flight
         if death == 0:  # another lane of the same dying worker: not a second death
-            again = _Held()
-            run._answer({"lane": "L1", "done": []}, again, None)
-            run._release(again)
+            again = _conn(run, "L1")
+            run.lane_request(again, None)
+            run.lane_closed(again)
             assert run.deaths[first.id] == {"w0"}
-    # Another lane runs the rest; it reports each record with its next request.
-    held, done = _Held(), []
-    while (cases := run._answer({"lane": "L2", "done": done}, held, None)["cases"]):
-        done = [_record_text(cases[0][0])]
-    run._release(held)  # closed after its empty answer: holds nothing, changes nothing
-    # A lane that died holding a case reports nothing more: a late record has no case to match.
-    assert run._answer({"lane": "L1", "done": [_record_text(first.to_dict())]}, _Held(),
-                       None) == {"cases": []}
+    # Another lane runs the rest; it hands in each record with its next request.
+    conn, done = _conn(run, "L2"), None
+    while (answer := run.lane_request(conn, done))["case"] is not None:
+        done = _done(answer)
+    run.lane_closed(conn)  # closed after its empty answer: holds nothing, changes nothing
     while not run.done.empty():
         run.step(0)
     run.store.close()
@@ -70,12 +78,12 @@ def test_a_case_whose_lanes_die_goes_back_then_is_lost_and_nothing_is_written_tw
 
 def test_a_stopping_run_leaves_what_lanes_hold_pending(tmp_path):
     run = _lane_run(tmp_path, seeds=2)
-    held = _Held()
-    run._answer({"lane": "L1", "done": []}, held, None)
+    conn = _conn(run, "L1")
+    run.lane_request(conn, None)
     run.stopping = True
-    run._release(held)  # the driver closed the connection: not a death, nothing re-queued
+    run.lane_closed(conn)  # the driver closed the connection: not a death, nothing re-queued
     assert run.queued() == 1 and not run.deaths and run.done.empty()
-    assert run._answer({"lane": "L2", "done": []}, _Held(), None) == {"cases": []}
+    assert run.lane_request(_conn(run, "L2"), None) == {"case": None}
     run.store.close()
 
 

@@ -75,7 +75,10 @@ def _hand_over(conn, sweep, run_dir: Path, args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.start_wait
     while time.monotonic() < deadline:
         state = read_state(run_dir) or {}
-        if state.get("submission") == submission and state.get("state") != "submitted":
+        # "starting" is not enough: a driver that fails as its run loop starts (its lanes'
+        # listener, say) must not have been reported as submitted (issue #25, item 3).
+        if state.get("submission") == submission and state.get("state") not in (
+                "submitted", "starting"):
             if state.get("state") == "failed":
                 print(f"attnbench: error: the driver failed: {printable(state.get('message'), 2000)}",
                       file=sys.stderr)

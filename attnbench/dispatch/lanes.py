@@ -6,18 +6,26 @@ scheduler to hand it its next case: at 256 simulated GPUs with 1 s cases that he
 to ~130 cases/s with ~40 % of GPU time idle (benchmarks/scale_simulation.py). Here the driver
 submits one long-lived Dask task per device and kind of case (a *lane*, pinned to one worker
 and holding the case's Dask resources, so Dask still accounts for the devices), and each lane
-asks the driver over one connection for a case at a time: ``{"lane", "done": [records]}`` ->
-``{"cases": [[case, attempt]]}``; an empty answer ends the lane. The case itself runs exactly as
-a task would (:func:`attnbench.cluster.task.run_case_task`: device lease, warm rank pool, crash
-isolation), so only the dispatch changes.
+asks the driver over one connection for a case at a time, handing in the record of the last
+one (:mod:`~.lane_wire`: plain JSON, authenticated per run); no case ends the lane. The case
+itself runs exactly as a task would (:func:`attnbench.cluster.task.run_case_task`: device
+lease, warm rank pool, crash isolation), so only the dispatch changes.
 
-Rules that keep the journal exact: the driver knows which case each lane connection holds (at
-most one); a record is taken only from the connection holding its case. When a connection
-closes while holding a case (its worker was killed or left), the case goes back to the front
-of its queue, and after ``allowed-failures`` such deaths (Dask's setting, default 3) it is
-recorded ``lost``, as a task would be with KilledWorker. A lane whose worker left is
-cancelled; one whose worker is gone but whose connection stays open is cut after
-``worker_wait_s``. Ctrl-C: lanes are told to stop; the cases they hold stay pending.
+Who may talk to the driver: the lanes it launched, each once. A lane's key is derived from a
+secret this driver drew for this run and holds in memory only; it reaches the lane's worker
+through the driver's own Dask client (``client.run`` to that worker, just before the lane is
+submitted), never as a task argument, and is taken from the worker's memory by the lane as it
+starts. The key itself never crosses the lane connection (challenge and response, both ways).
+
+Rules that keep the journal exact: a lane connection holds at most one case, under a lease id;
+a record is taken only from the connection holding that lease, only for its case, and only if
+the journal can hold it (:func:`_check_lane_record`); anything else is refused and closes the
+connection. When a connection closes while holding a case (its worker was killed or left, or
+it was refused), the case goes back to the front of its queue, and after ``allowed-failures``
+such deaths or refusals (Dask's setting, default 3) it is recorded ``lost``, as a task would
+be with KilledWorker. A lane whose worker left is cancelled; one whose worker is gone but whose
+connection stays open is cut after ``worker_wait_s``. Ctrl-C: lanes are told to stop; the
+cases they hold stay pending.
 """
 
 from __future__ import annotations
@@ -27,19 +35,24 @@ import contextlib
 import itertools
 import json
 import logging
-import os
 import queue as queue_mod
+import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from attnbench.cluster.connect import plan_case
 from attnbench.cluster.task import run_case_task_text
-from attnbench.dispatch.loop import Progress, RunLoop, _Flight
+from attnbench.dispatch.lane_server import LaneConn, LaneServer
+from attnbench.dispatch.lane_wire import (LEASE_HEX, MAX_RECORD, LaneChannel, LaneProtocolError,
+                                          lane_key, new_secret)
+from attnbench.dispatch.loop import Progress, RunLoop, _Flight, checked_record
 from attnbench.dispatch.run import SweepRun
+from attnbench.errors import ClusterError, printable
 from attnbench.resources import DEVICE
 from attnbench.results.records import make_record
+from attnbench.results.schema import check_record
 from attnbench.sweep.case import Case
 
 log = logging.getLogger("attnbench")
@@ -52,57 +65,98 @@ attnbench) before the driver puts no more lanes there."""
 
 # -- the worker side -----------------------------------------------------------------------------
 
+CONNECT_WAIT_S = 30.0
+"""A lane's connection and handshake to its driver (what :data:`~.lane_server.HANDSHAKE_S`
+allows on the driver's side)."""
+ANSWER_WAIT_S = 300.0
+"""The driver answers a request at once (a queue pop under a lock); 300 s is far beyond a
+loaded driver's pauses, and frees the worker thread of a lane whose driver vanished without
+closing its connection (a partition)."""
+KEYS_KEPT = 4096
+"""Lane keys a worker keeps for lanes that have not started (one per device each hand-out; a
+lane cancelled before it ran leaves its key behind): the oldest go first."""
 
-async def _ask(comm, message: dict) -> dict:
-    await comm.write(message)
-    return await comm.read()
+_keys: collections.OrderedDict = collections.OrderedDict()
+_keys_lock = threading.Lock()
 
 
-def lane_task(address: str, lane: str, options_dict: dict, devices: int) -> int:
+def _deposit_keys(keys: dict[str, str]) -> None:
+    """Run by the driver's client on a lane's worker (``client.run``) just before it submits
+    the lanes: their keys, kept in this worker process until each lane takes its own."""
+    with _keys_lock:
+        for lane, key in keys.items():
+            _keys[lane] = bytes.fromhex(key)
+        while len(_keys) > KEYS_KEPT:
+            _keys.popitem(last=False)
+
+
+def _take_key(lane: str) -> Optional[bytes]:
+    with _keys_lock:
+        return _keys.pop(lane, None)
+
+
+def lane_task(address: str, lane: str, options_dict: dict, devices: int, run: str) -> int:
     """Dask task: ask the driver at ``address`` for cases until it has none, run each one as
-    :func:`run_case_task` would, send back its record with the next request. Returns how many
-    cases it ran. A worker that closes under a case (its plugin's teardown kills the rank pools)
-    sends nothing for it: the connection closes and the driver puts the case back."""
+    :func:`run_case_task` would, hand its record in with the next request (:mod:`~.lane_wire`).
+    Returns how many cases it ran. A worker that closes under a case (its plugin's teardown
+    kills the rank pools) sends nothing for it: the connection closes and the driver puts the
+    case back."""
     from distributed import get_worker
-    from distributed.comm import CommClosedError, connect
-    from distributed.utils import sync
 
     from attnbench.cluster.plugin import worker_state
 
     worker = get_worker()
     state = worker_state()  # the lease table and rank pools the cases use
+    key = _take_key(lane)
+    if key is None:
+        raise ConnectionError(f"lane {lane} on {worker.address}: the driver handed this worker "
+                              "no key for it (did the worker restart since?)")
+    tls = worker.security.get_connection_args("worker").get("ssl_context")
     try:
-        comm = sync(worker.loop, connect, address, **worker.connection_args)
-    except (OSError, TimeoutError) as exc:
+        channel = LaneChannel.open(address, run, lane, key, tls, CONNECT_WAIT_S)
+    except (OSError, LaneProtocolError) as exc:
         raise ConnectionError(f"lane on {worker.address} cannot reach the driver at {address}: "
                               f"{exc}") from None
-    done: list[str] = []
+    done: Optional[dict] = None
     ran = 0
     try:
         while True:
             try:
-                reply = sync(worker.loop, _ask, comm, {"lane": lane, "done": done})
-            except (CommClosedError, OSError):
+                answer = channel.ask({"done": done}, ANSWER_WAIT_S)
+            except OSError:
                 return ran  # the driver stopped: what this lane held stays pending
-            cases = reply.get("cases") or []
-            if not cases:
+            except LaneProtocolError as exc:
+                # The driver refused what it handed in (and counts it against the case): one
+                # line in the worker's log, not a failed task's traceback (issue #25, item 12).
+                log.warning("attnbench lane %s on %s: %s", lane, worker.address, exc)
                 return ran
-            done = [_run_one(case_dict, attempt, options_dict, devices)
-                    for case_dict, attempt in cases]
+            if answer is None:
+                return ran
+            text = _run_one(answer, options_dict, devices)
             if state.closed:  # what ran was cut short by the worker closing, not the case
                 return ran
-            ran += len(done)
+            done = {"lease": answer["lease"], "record": text}
+            ran += 1
     finally:
-        with contextlib.suppress(Exception):
-            sync(worker.loop, comm.close)
+        channel.close()
 
 
-def _run_one(case_dict: dict, attempt: int, options_dict: dict, devices: int) -> str:
+def _run_one(answer: dict, options_dict: dict, devices: int) -> str:
+    """The record of the case in ``answer``, as JSON text the driver will take: checked as the
+    journal checks it (what it cannot hold becomes an ``error`` record, here)."""
+    case_dict, attempt = answer["case"], answer["attempt"]
+    case = Case.from_dict(case_dict)
     try:
-        return run_case_task_text(case_dict, options_dict, attempt, devices)
+        text = run_case_task_text(case_dict, options_dict, attempt, devices)
     except Exception as exc:  # noqa: BLE001 -- a lease timeout: as the task path records it
-        return json.dumps(make_record(Case.from_dict(case_dict), verdict="lost", attempt=attempt,
+        text = json.dumps(make_record(case, verdict="lost", attempt=attempt,
                                       reason=f"{type(exc).__name__}: {str(exc)[:300]}"))
+    record, text = checked_record(case, text, attempt)
+    text = text or json.dumps(record, separators=(",", ":"))
+    if len(text) > MAX_RECORD:  # ASCII: json.dumps escapes the rest
+        text = json.dumps(make_record(case, verdict="error", attempt=attempt, reason=(
+            f"its record is {len(text)} bytes, over the {MAX_RECORD} a lane may hand in")))
+    return text
 
 
 # -- the driver side -----------------------------------------------------------------------------
@@ -115,33 +169,74 @@ class _Lane:
     worker: str
     devices: int
     future: object = None
-    comm: object = None
+    conn: Optional[LaneConn] = None
+    connected: bool = False
+    """A lane connects once: a second connection on its key is refused, live or not."""
 
 
-@dataclass
-class _Held:
-    """What one lane connection holds (read and written under the run's lock)."""
-    lane: Optional[str] = None
-    worker: str = ""
-    cases: list = field(default_factory=list)
-
-
-def _listen_address(client) -> str:
-    """Where lanes reach the driver: this host's address towards the scheduler."""
-    from distributed.comm.addressing import get_address_host, parse_address, unparse_host_port
+def _listen_host(client) -> str:
+    """Where lanes reach the driver: loopback for a scheduler on loopback, else this host's
+    address towards the scheduler (the workers' lanes must reach it)."""
+    from distributed.comm.addressing import get_address_host
     from distributed.utils import get_ip
 
-    scheme, _ = parse_address(client.scheduler.address)
     host = get_address_host(client.scheduler.address)
-    local = host if host in ("127.0.0.1", "localhost", "::1") else get_ip(host)
-    return f"{scheme}://{unparse_host_port(local, 0)}"
+    return host if host in ("127.0.0.1", "localhost", "::1") else get_ip(host)
+
+
+def _listen_tls(client):
+    """The listener's TLS context when the cluster speaks TLS (None otherwise), from the first
+    role that has a certificate: the client's for ``run``, the worker's for a driver that runs
+    in a worker (``submit``), whose client has none (issue #25, item 3)."""
+    from distributed.comm.addressing import parse_address
+
+    security = getattr(client, "security", None)
+    if security is None or not (parse_address(client.scheduler.address)[0] == "tls"
+                                or security.require_encryption):
+        return None
+    for role in ("client", "worker", "scheduler"):
+        if security.get_tls_config_for_role(role).get("cert"):
+            context = security.get_listen_args(role)["ssl_context"]
+            if context is not None:
+                return context
+    raise ClusterError("the cluster speaks TLS but this driver has no certificate and CA for "
+                       "the lanes' listener: give --tls-ca-file, --tls-cert and --tls-key, or "
+                       "--dispatch tasks")
+
+
+def _check_lane_record(case: Case, text: str) -> tuple[dict, str]:
+    """A lane's record for ``case`` as the journal will hold it, or LaneProtocolError: JSON,
+    the case's id and the same case in its body, every field as the schema says."""
+    try:
+        record = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
+        raise LaneProtocolError(f"a record that is not JSON ({type(exc).__name__})") from None
+    got = record.get("id") if isinstance(record, dict) else type(record).__name__
+    if got != case.id:
+        raise LaneProtocolError(f"a record for case {printable(got, 80)!r}; its lease is for "
+                                f"case {case.id}")
+    try:
+        check_record("", record)
+        if Case.from_dict(record["case"]).id != case.id:
+            raise ValueError("the case in its body is another case")
+        text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise LaneProtocolError(f"a record for case {case.id} the journal cannot hold: "
+                                f"{printable(exc, 200)}") from None
+    return record, text
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} in a record")
 
 
 class LaneRun(RunLoop):
     """The ``lanes`` dispatch of :class:`~attnbench.dispatch.loop.RunLoop` (see the module
     docstring): :meth:`start` queues the cases by the resources they need and listens for the
-    lanes, :meth:`hand_out` starts lanes, :meth:`step` takes what the connections hand in,
-    :meth:`stop` tells the lanes to stop."""
+    lanes (:class:`~.lane_server.LaneServer`, which calls :meth:`lane_key`,
+    :meth:`lane_connected`, :meth:`lane_request` and :meth:`lane_closed`), :meth:`hand_out`
+    starts lanes, :meth:`step` takes what the connections hand in, :meth:`stop` tells the
+    lanes to stop."""
 
     def __init__(self, *args, **kwargs):
         import dask
@@ -153,15 +248,16 @@ class LaneRun(RunLoop):
         self.group_of: dict[str, tuple] = {}
         self.lanes: dict[str, _Lane] = {}
         self.deaths: dict[str, set[str]] = collections.defaultdict(set)  # case -> workers
+        self.refusals: collections.Counter = collections.Counter()  # case -> refused hand-ins
         self.failures: collections.Counter = collections.Counter()  # worker -> failed in a row
         self.held_groups: dict[tuple, float] = {}
         self.orphans: dict[str, tuple[float, _Lane]] = {}  # lanes whose worker left, since
         self.stopping = False
-        self.comms: set = set()
-        self.listener = None
+        self.server: Optional[LaneServer] = None
         self.address = ""
         self.allowed_failures = int(dask.config.get("distributed.scheduler.allowed-failures", 3))
-        self.tag = f"{os.getpid()}-{time.monotonic_ns()}"
+        self.secret = new_secret()  # this run's only: never written, never sent
+        self.tag = secrets.token_hex(6)
         self.counter = itertools.count()
 
     def queued(self) -> int:
@@ -197,83 +293,89 @@ class LaneRun(RunLoop):
         while not self.done.empty():
             batch.append(self.done.get_nowait())
         for what, subject, detail in batch:
-            if what == "record":
-                self.accept(subject, detail)
+            if what == "record":  # checked by _check_lane_record: (record, its JSON text)
+                self.write(*detail)
             elif what == "lost":
                 self.write(make_record(subject, verdict="lost", reason=detail,
                                        attempt=self.attempts[subject.id]))
             else:
                 self._lane_ended(subject)
 
-    # -- the connection to the lanes (on the client's event loop) ------------------------------
+    # -- the connections (called by the listener, on its thread) -------------------------------
     def _listen(self) -> None:
-        from distributed.comm import listen
-
         client = self.conn.client
-        security = getattr(client, "security", None)
-        args = security.get_listen_args("client") if security is not None else {}
+        self.server = LaneServer(self, _listen_host(client), _listen_tls(client), self.tag)
+        self.address = self.server.start()
 
-        async def start():
-            listener = listen(_listen_address(client), self._serve, **args)
-            await listener.start()
-            return listener
-
-        self.listener = client.sync(start)
-        self.address = self.listener.contact_address
-
-    async def _serve(self, comm) -> None:
-        from distributed.comm import CommClosedError
-
-        held = _Held()
-        self.comms.add(comm)
-        try:
-            while True:
-                message = await comm.read()
-                await comm.write(self._answer(message, held, comm))
-        except (CommClosedError, OSError):
-            pass  # the lane ended, its worker died, or the run stopped
-        finally:
-            self.comms.discard(comm)
-            self._release(held)
-
-    def _answer(self, message: dict, held: _Held, comm) -> dict:
+    def lane_key(self, lane_id: str) -> bytes:
         with self.lock:
-            held.lane = message.get("lane")
-            for text in message.get("done") or ():
-                if held.cases:
-                    self.done.put(("record", held.cases.pop(0), text))
-            self.in_flight.pop(held.lane, None)
-            lane = self.lanes.get(held.lane)
-            queue = self.queues.get(lane.group) if lane is not None else None
-            if self.stopping or not queue:
-                return {"cases": []}
-            lane.comm = comm
-            held.worker = lane.worker
+            lane = self.lanes.get(lane_id)
+            if lane is None:
+                raise LaneProtocolError(f"{lane_id} is not a lane of this run")
+        return lane_key(self.secret, self.tag, lane_id)
+
+    def lane_connected(self, conn: LaneConn, lane_id: str) -> None:
+        """``conn`` proved it holds ``lane_id``'s key: the lane's one connection."""
+        with self.lock:
+            lane = self.lanes.get(lane_id)
+            if lane is None or lane.connected:
+                raise LaneProtocolError(f"{lane_id} has connected already")
+            lane.connected, lane.conn, conn.lane = True, conn, lane
+
+    def lane_request(self, conn: LaneConn, done: Optional[dict]) -> dict:
+        """Take the record ``conn`` hands in (for the lease it holds, checked), then hand it
+        its next case: one at a time, from its lane's queue."""
+        lane = conn.lane
+        checked = None
+        if done is not None:
+            if done["lease"] != conn.lease:
+                raise LaneProtocolError(f"a record for lease {done['lease']}; it holds "
+                                        f"{conn.lease or 'none'}")
+            checked = _check_lane_record(conn.case, done["record"])
+        elif conn.case is not None:
+            raise LaneProtocolError(f"asked for a case while holding lease {conn.lease}")
+        with self.lock:
+            if checked is not None:
+                self.done.put(("record", conn.case, checked))
+                conn.case = conn.lease = None
+            self.in_flight.pop(lane.key, None)
+            queue = self.queues.get(lane.group)
+            if self.stopping or not queue or lane.key not in self.lanes:
+                return {"case": None}
             case = queue.popleft()
-            held.cases.append(case)
-            self.in_flight[held.lane] = _Flight(case, lane.future)
-            return {"cases": [[case.to_dict(), self.attempts[case.id]]]}
+            conn.case, conn.lease = case, secrets.token_hex(LEASE_HEX // 2)
+            self.in_flight[lane.key] = _Flight(case, lane.future)
+            return {"case": case.to_dict(), "id": case.id, "attempt": self.attempts[case.id],
+                    "lease": conn.lease}
 
-    def _release(self, held: _Held) -> None:
-        """A connection closed: what it held goes back to the front of its queue (pending, if
-        the run is stopping); a case whose lanes died under it too often is ``lost``."""
+    def lane_closed(self, conn: LaneConn) -> None:
+        """A connection closed: the case it held goes back to the front of its queue (pending,
+        if the run is stopping); one whose lanes died under it, or whose records the driver
+        refused, ``allowed-failures`` times is ``lost``."""
         with self.lock:
-            if held.cases:
-                self.in_flight.pop(held.lane, None)
-            if not held.cases or self.stopping:
+            case, lane = conn.case, conn.lane
+            conn.case = conn.lease = None
+            if lane is None or case is None:
                 return
-            first = held.cases[0]
-            # Counted once per worker, as Dask does: a killed worker's other lanes may still
-            # have sent a request, be handed the case again and close at once.
-            self.deaths[first.id].add(held.worker)
-            back = held.cases
-            if len(self.deaths[first.id]) >= self.allowed_failures:
-                self.done.put(("lost", first, (
-                    f"KilledWorker: {len(self.deaths[first.id])} workers died while running it "
-                    f"(last: {held.worker})")))
-                back = held.cases[1:]
-            self.queues[self.group_of[first.id]].extendleft(reversed(back))
-            held.cases = []
+            self.in_flight.pop(lane.key, None)
+            if self.stopping:
+                return
+            if conn.refusal is not None:
+                self.refusals[case.id] += 1
+                count = self.refusals[case.id]
+                reason = (f"the driver refused what its lanes handed in {count} times (last: "
+                          f"worker {lane.worker}: {conn.refusal})")
+            else:
+                # Counted once per worker, as Dask does: a killed worker's other lanes may
+                # still have sent a request, be handed the case again and close at once.
+                self.deaths[case.id].add(lane.worker)
+                count = len(self.deaths[case.id])
+                reason = (f"KilledWorker: {count} workers died while running it (last: "
+                          f"{lane.worker})")
+            if count >= self.allowed_failures:
+                self.done.put(("lost", case, reason))
+            else:
+                self.queues[self.group_of[case.id]].appendleft(case)
 
     # -- lanes -----------------------------------------------------------------------------------
     def hand_out(self) -> None:
@@ -288,7 +390,7 @@ class LaneRun(RunLoop):
             busy = collections.Counter(self.lanes[k].group for k in self.in_flight
                                        if k in self.lanes)
             room = {g: len(q) - (lanes_of[g] - busy[g]) for g, q in self.queues.items() if q}
-        plan: dict[tuple, list[str]] = {}
+        plan: dict[str, dict[tuple, list[str]]] = {}
         for worker in sorted(self.workers, key=lambda w: w.name):
             if self.failures[worker.address] >= LANE_FAILURES:
                 continue
@@ -298,12 +400,26 @@ class LaneRun(RunLoop):
                 if wanted <= 0 or free < need or not worker.offers(self.resources[group]):
                     continue
                 count = min(wanted, free // need)
-                plan[(worker.address, group)] = [f"lane-{self.tag}-{next(self.counter)}"
-                                                 for _ in range(count)]
+                plan.setdefault(worker.address, {})[group] = [
+                    f"lane-{self.tag}-{next(self.counter)}" for _ in range(count)]
                 room[group] -= count
                 free -= count * need
-        for (address, group), keys in plan.items():
-            self._submit_lanes(address, group, keys)
+        for address, groups in plan.items():
+            if self._hand_keys(address, [k for keys in groups.values() for k in keys]):
+                for group, keys in groups.items():
+                    self._submit_lanes(address, group, keys)
+
+    def _hand_keys(self, address: str, keys: list[str]) -> bool:
+        """Give ``address``'s worker the keys of its new lanes through this run's own Dask
+        client (``client.run`` to that worker alone): never a task argument, which the
+        scheduler keeps for anyone who asks. False (a lane failure) if it cannot be done."""
+        tickets = {k: lane_key(self.secret, self.tag, k).hex() for k in keys}
+        try:
+            self.conn.client.run(_deposit_keys, tickets, workers=[address])
+        except Exception as exc:  # noqa: BLE001 -- its worker left, or cannot import attnbench
+            self._lane_failed(address, exc)
+            return False
+        return True
 
     def _submit_lanes(self, address: str, group: tuple, keys: list[str]) -> None:
         resources = self.resources[group]
@@ -313,8 +429,9 @@ class LaneRun(RunLoop):
             for key in keys:
                 self.lanes[key] = _Lane(key, group, address, devices)
         futures = self.conn.client.map(
-            lane_task, [self.address] * n, keys, [self.options] * n, [devices] * n, key=keys,
-            resources=resources, workers=[address], allow_other_workers=False, pure=False)
+            lane_task, [self.address] * n, keys, [self.options] * n, [devices] * n,
+            [self.tag] * n, key=keys, resources=resources, workers=[address],
+            allow_other_workers=False, pure=False)
         for future in futures:
             self.lanes[future.key].future = future
             future.add_done_callback(lambda f: self.done.put(("ended", f, None)))
@@ -326,12 +443,16 @@ class LaneRun(RunLoop):
             if lane is not None and future.status == "finished":
                 self.failures[lane.worker] = 0
             return
-        self.failures[lane.worker] += 1
-        if self.failures[lane.worker] == LANE_FAILURES:
-            exc = future.exception()
-            self.progress.note(f"worker {lane.worker}: its lanes failed {LANE_FAILURES} times "
-                               f"in a row ({type(exc).__name__}: {str(exc)[:200]}); no more "
-                               "cases go there")
+        self._lane_failed(lane.worker, future.exception())
+
+    def _lane_failed(self, worker: str, exc: BaseException) -> None:
+        """A lane of ``worker`` failed (or could not be started); after :data:`LANE_FAILURES` in
+        a row no more go there, and cases no other worker can take are ``lost``."""
+        self.failures[worker] += 1
+        if self.failures[worker] == LANE_FAILURES:
+            self.progress.note(f"worker {worker}: its lanes failed {LANE_FAILURES} times in a "
+                               f"row ({type(exc).__name__}: {str(exc)[:200]}); no more cases "
+                               "go there")
         with self.lock:
             starved = [g for g, q in self.queues.items() if q and not any(
                 self.failures[w.address] < LANE_FAILURES and w.offers(self.resources[g])
@@ -339,7 +460,6 @@ class LaneRun(RunLoop):
             cases = [c for g in starved for c in self.queues[g]]
             for g in starved:
                 self.queues[g].clear()
-        exc = future.exception()
         for case in cases:  # no worker left that runs lanes for them: as a failed task would be
             self.write(make_record(case, verdict="lost", attempt=self.attempts[case.id],
                                    reason=f"{type(exc).__name__}: {str(exc)[:300]}"))
@@ -356,10 +476,10 @@ class LaneRun(RunLoop):
             for key, (since, lane) in list(self.orphans.items()):
                 if key not in self.in_flight:
                     del self.orphans[key]
-                elif now - since > self.worker_wait_s and lane.comm is not None:
+                elif now - since > self.worker_wait_s and lane.conn is not None:
                     # Its worker left but the connection stays open (a partition): cutting it
                     # puts the case back in the queue.
-                    self.conn.client.loop.add_callback(lane.comm.abort)
+                    self.server.abort(lane.conn)
                     del self.orphans[key]
         cancel = [lane.future for lane in gone if lane.future is not None]
         if cancel:
@@ -384,18 +504,16 @@ class LaneRun(RunLoop):
         with self.lock:
             self.stopping = True
             futures = [lane.future for lane in self.lanes.values() if lane.future is not None]
-        if self.listener is None:
+        if self.server is None:
             return
-
-        async def close():
-            self.listener.stop()
-            for comm in list(self.comms):
-                comm.abort()
-
         with contextlib.suppress(Exception):
             if futures and self.conn.client.status == "running":
                 self.conn.client.cancel(futures)
-            self.conn.client.sync(close)
+        self.server.close()
+        if self.server.refused:  # what was refused was neither run nor journaled
+            self.progress.note(f"the lanes' listener refused {self.server.refused} "
+                               f"connection{'s' if self.server.refused != 1 else ''} (first: "
+                               f"{self.server.first_refusal})")
 
 
 def run_class(dispatch: str) -> type:

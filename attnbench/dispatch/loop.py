@@ -189,6 +189,31 @@ def _interleave_by_kind(cases: list[Case]) -> list[Case]:
     return [c for c in mixed if c is not None]
 
 
+def checked_record(case: Case, record, attempt: int) -> tuple[dict, Optional[str]]:
+    """A worker's answer for ``case`` (a record, or its JSON text) as the journal will hold it,
+    and its JSON text: what it cannot hold (not JSON, another case, NaN, a foreign shape)
+    becomes an ``error`` record saying why, so it never stops a run."""
+    if isinstance(record, str):  # run_case_task_text
+        try:
+            record = json.loads(record)
+        except ValueError as exc:
+            record = make_record(case, verdict="error", attempt=attempt,
+                                 reason=f"the worker's record is not JSON: {exc}"[:400])
+    if not isinstance(record, dict) or record.get("id") != case.id:
+        got = record.get("id") if isinstance(record, dict) else type(record).__name__
+        env = (record.get("env") if isinstance(record, dict) else None) or {}
+        record = make_record(case, verdict="error", reason=(
+            f"the worker returned a record for case {got!r}: does it run another attnbench "
+            f"version ({env.get('attnbench') if isinstance(env, dict) else '?'})?"),
+            attempt=attempt)
+    try:
+        check_record("", record)
+        return record, json.dumps(record, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError) as exc:
+        return make_record(case, verdict="error", attempt=attempt, reason=(
+            f"the worker's record cannot be stored: {exc}"[:400])), None
+
+
 class RunLoop:
     """One pass over a run directory's pending cases: :meth:`run` is the skeleton (see the
     module docstring); a dispatch subclasses it and fills in :meth:`start`, :meth:`step`,
@@ -294,28 +319,7 @@ class RunLoop:
 
     def accept(self, case: Case, record) -> None:
         """A worker's answer for ``case`` (a record, or its JSON text), checked, then written."""
-        flight = _Flight(case, None)
-        if isinstance(record, str):  # run_case_task_text
-            try:
-                record = json.loads(record)
-            except ValueError as exc:
-                record = make_record(flight.case, verdict="error", attempt=self.attempts[
-                    flight.case.id], reason=f"the worker's record is not JSON: {exc}"[:400])
-        if not isinstance(record, dict) or record.get("id") != flight.case.id:
-            got = record.get("id") if isinstance(record, dict) else type(record).__name__
-            env = (record.get("env") if isinstance(record, dict) else None) or {}
-            record = make_record(flight.case, verdict="error", reason=(
-                f"the worker returned a record for case {got!r}: does it run another attnbench "
-                f"version ({env.get('attnbench') if isinstance(env, dict) else '?'})?"),
-                attempt=self.attempts[flight.case.id])
-        text = None
-        try:  # what the journal cannot hold (NaN, a foreign shape) must not stop the run
-            check_record("", record)
-            text = json.dumps(record, separators=(",", ":"), allow_nan=False)
-        except (ValueError, TypeError) as exc:
-            record = make_record(flight.case, verdict="error", attempt=self.attempts[
-                flight.case.id], reason=f"the worker's record cannot be stored: {exc}"[:400])
-        self.write(record, text)
+        self.write(*checked_record(case, record, self.attempts[case.id]))
 
     def write(self, record: dict, text: Optional[str] = None) -> None:
         """Append ``record`` (``text``: its JSON) once; the run loop flushes each batch."""
