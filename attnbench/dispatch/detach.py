@@ -22,6 +22,7 @@ from typing import Optional
 
 from attnbench.dispatch.driver_state import FINAL, LOG, read_state, request_cancel
 from attnbench.errors import EXIT_CLUSTER, EXIT_OK, ClusterError, UsageError, printable
+from attnbench.results.journal import journal_lines
 from attnbench.results.lock import RunLock, describe_holder
 from attnbench.results.store import load_manifest
 from attnbench.validation import positive_int_argument
@@ -144,20 +145,18 @@ def journal_verdicts(run_dir: Path) -> tuple[collections.Counter, int]:
     check every field, ~60 s at that size)."""
     last: dict[str, str] = {}
     unreadable = 0
-    try:
-        with open(run_dir / "records.jsonl", "rb") as fh:
-            for line in fh:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    record = None
-                if isinstance(record, dict) and isinstance(record.get("id"), str) \
-                        and isinstance(record.get("verdict"), str):
-                    last[record["id"]] = record["verdict"]
-                elif line.strip():
-                    unreadable += line.endswith(b"\n")  # a line being written is not counted
-    except FileNotFoundError:
-        pass
+    if not (run_dir / "records.jsonl").exists():
+        return collections.Counter(), 0
+    for line in journal_lines(run_dir / "records.jsonl"):  # a line at a time, each capped
+        try:
+            record = None if line.oversize else json.loads(line.data)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("id"), str) \
+                and isinstance(record.get("verdict"), str):
+            last[record["id"]] = record["verdict"]
+        elif line.oversize or line.data.strip():
+            unreadable += line.ended  # a line being written is not counted
     return collections.Counter(last.values()), unreadable
 
 

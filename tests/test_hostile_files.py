@@ -1,0 +1,129 @@
+"""Hostile files in run directories (issue 25, items 7, 10, 11, 12): a shared run directory may
+hold a planted link at any name attnbench writes, a journal of one 2 GiB line, a sweep with a
+5,000-digit integer. None of it may be followed, read whole, or become a traceback.
+
+Each test names the bug it catches (its mutant) where the check is not obvious.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from attnbench import cli
+from attnbench.dispatch.detach import journal_verdicts
+from attnbench.errors import RunDirError
+from attnbench.results.journal import MAX_LINE_BYTES, journal_lines, journal_records
+from attnbench.results.records import make_record
+from attnbench.results.store import RunStore, load_records
+from attnbench.sweep.load import load_sweep
+
+SWEEP = """name: files
+defaults: {backend: naive, batch: 1, seqlen_q: 32, heads_q: 2, head_dim: 16, dtype: fp32}
+axes: {seed: [0, 1, 2]}
+"""
+HUGE = 24 << 20
+"""A journal line of 24 MiB: 24 times the cap, large enough that reading it whole shows in the
+traced peak (the old reader held the file and its split lines: > 48 MiB)."""
+PEAK = 8 << 20
+"""What a bounded reader may hold at once: the cap (1 MiB) plus a chunk, a few times over."""
+
+
+def _run(tmp: Path, name: str = "run", verdicts=("pass", "fail")) -> Path:
+    sweep_file = tmp / f"{name}.yaml"
+    sweep_file.write_text(SWEEP)
+    out = tmp / name
+    store = RunStore(out, load_sweep(sweep_file), command=["attnbench", "run"])
+    for case, verdict in zip(store.sweep.cases, verdicts):
+        store.append(make_record(case, verdict=verdict, env={"host": "h", "device": "cpu"}))
+    store.close()
+    return out
+
+
+def _append_huge(run: Path, ended: bool = True) -> None:
+    with open(run / "records.jsonl", "ab") as fh:
+        chunk = b"x" * (1 << 20)
+        fh.write(b'{"id": "')
+        for _ in range(HUGE >> 20):
+            fh.write(chunk)
+        fh.write(b'"}' + (b"\n" if ended else b""))
+
+
+def _peak(fn):
+    tracemalloc.start()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+# -- item 10: the journal read a line at a time, each line capped -----------------------------
+def test_a_huge_journal_line_is_one_line_naming_it_without_reading_it_whole(tmp_path):
+    """Mutant: ``path.read_bytes()`` then split (the old reader) -- peak > 48 MiB."""
+    run = _run(tmp_path)
+    _append_huge(run)
+
+    def load():
+        with pytest.raises(RunDirError) as caught:
+            load_records(run)
+        return str(caught.value)
+
+    message, peak = _peak(load)
+    assert f"records.jsonl:3: a line of more than {MAX_LINE_BYTES} bytes" in message
+    assert "\n" not in message
+    assert peak < PEAK, f"held {peak} bytes reading a {HUGE}-byte line"
+
+
+def test_status_counts_a_huge_line_as_unreadable_without_holding_it(tmp_path):
+    """Mutant: ``for line in fh`` (a line read whole, however long) -- peak > 24 MiB."""
+    run = _run(tmp_path)
+    _append_huge(run)
+    (counts, unreadable), peak = _peak(lambda: journal_verdicts(run))
+    assert dict(counts) == {"pass": 1, "fail": 1} and unreadable == 1
+    assert peak < PEAK
+
+
+def test_a_line_at_the_cap_is_read_and_one_over_it_is_not(tmp_path):
+    """The cap's margin: a line of exactly ``limit`` bytes is whole; ``limit + 1`` is
+    oversize (mutant: ``<`` for ``<=`` in the cap test)."""
+    path = tmp_path / "j"
+    path.write_bytes(b"a" * 10 + b"\n" + b"b" * 11 + b"\n" + b"c" * 3)
+    lines = list(journal_lines(path, limit=10))
+    assert [(x.number, x.data, x.ended, x.oversize) for x in lines] == [
+        (1, b"a" * 10, True, False), (2, b"", True, True), (3, b"ccc", False, False)]
+
+
+def test_journal_records_streams_and_skips_a_torn_last_line(tmp_path):
+    run = _run(tmp_path)
+    with open(run / "records.jsonl", "ab") as fh:
+        fh.write(b'{"id": "tor')
+    records = journal_records(run / "records.jsonl")
+    assert next(records)[0] == 1  # a generator: nothing read beyond what is asked
+    assert [n for n, _ in records] == [2]
+
+
+def test_resume_refuses_a_torn_last_line_longer_than_the_cap(tmp_path):
+    """Mutant: the repair truncating inside the long line (leaving half of it for the next
+    record to be glued to), or reading the whole file to find the last newline."""
+    run = _run(tmp_path)
+    _append_huge(run, ended=False)
+    size = (run / "records.jsonl").stat().st_size
+    with pytest.raises(RunDirError, match="last line is longer than"):
+        RunStore(run, load_sweep(tmp_path / "run.yaml"), command=["attnbench", "run"])
+    assert (run / "records.jsonl").stat().st_size == size
+
+
+def test_resume_still_repairs_a_torn_last_line(tmp_path):
+    run = _run(tmp_path)
+    with open(run / "records.jsonl", "ab") as fh:
+        fh.write(b'{"id": "tor')
+    store = RunStore(run, load_sweep(tmp_path / "run.yaml"), command=["attnbench", "run"])
+    store.close()
+    assert (run / "records.jsonl").read_bytes().endswith(b"}\n")
+    assert len(load_records(run)) == 2
