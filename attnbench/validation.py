@@ -247,7 +247,7 @@ MAX_INT_DIGITS = 4300
 Python's own limit on converting such text (``sys.get_int_max_str_digits``), which would
 otherwise raise deep inside the parser -- or, for a hex or binary literal it does not limit,
 when the number is printed in a message. No field takes more than 19 digits (int64)."""
-_MAX_INT_BITS = int(MAX_INT_DIGITS * math.log2(10))
+_INT_LIMIT = 10 ** MAX_INT_DIGITS
 
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's parser where PyYAML has it (its wheels do): the same safe constructor and resolver
@@ -288,7 +288,7 @@ class StrictYamlLoader(_BaseLoader):
             value = super().construct_yaml_int(node)
         except ValueError:  # Python's digit limit
             raise too_long from None
-        if value.bit_length() > _MAX_INT_BITS:  # 0x..., 0b..., 1:2:3 (base 60): not limited
+        if abs(value) >= _INT_LIMIT:  # 0x..., 0b..., 1:2:3 (base 60): not limited
             raise too_long
         return value
 

@@ -127,3 +127,56 @@ def test_resume_still_repairs_a_torn_last_line(tmp_path):
     store.close()
     assert (run / "records.jsonl").read_bytes().endswith(b"}\n")
     assert len(load_records(run)) == 2
+
+
+# -- item 11: integers too long for Python's digit limit -------------------------------------
+TINY = str(Path(__file__).parent / "data" / "tiny.yaml")
+BIG_SWEEP = ("name: big\ndefaults: {backend: naive, batch: 1, seqlen_q: 32, heads_q: 2, "
+             "head_dim: 16, dtype: fp32}\naxes: {seed: [VALUE]}\n")
+
+
+@pytest.mark.parametrize("value", ["9" * 4301, "9" * 100_000, "0x" + "f" * 4000,
+                                   "0b" + "1" * 20_000, "-" + "1" * 5000])
+def test_a_sweep_integer_over_the_digit_limit_is_one_line(tmp_path, capsys, value):
+    """Mutant: the loader without ``construct_yaml_int`` -- Python's ``ValueError: Exceeds the
+    limit (4300 digits)`` traceback (decimal), or a 4,800-digit seed printed into messages
+    (hex/binary, which Python's limit does not cover)."""
+    sweep = tmp_path / "big.yaml"
+    sweep.write_text(BIG_SWEEP.replace("VALUE", value))
+    assert cli.main(["validate", str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "more than 4300 decimal digits" in err and "line 3" in err
+
+
+def test_an_integer_at_the_digit_limit_is_read_as_an_integer():
+    """The margin: 4,300 digits is Python's own limit, and is still read (then refused as a
+    seed by the field's range, which is the field's business)."""
+    from attnbench.validation import load_yaml
+
+    assert load_yaml("a: " + "9" * 4300, "x")["a"] == int("9" * 4300)
+
+
+def test_a_set_value_over_the_digit_limit_is_one_line(capsys):
+    assert cli.main(["validate", TINY, "-s", "seed=" + "9" * 5000]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("attnbench: error: -s seed:")
+
+
+# -- item 10: a sweep near the 1 MiB limit is answered fast -----------------------------------
+def test_a_sweep_near_the_size_limit_is_refused_in_well_under_a_second_of_cpu(tmp_path, capsys):
+    """0.93 MB of axis values (130,000 seeds). Pure-Python PyYAML spent 4.7 s of CPU parsing it
+    here (40 s under load); libyaml's parser 0.8 s. Mutant: ``StrictYamlLoader`` on
+    ``yaml.SafeLoader`` -- over the 2.5 s bound (measured as this process's CPU time, so a
+    loaded machine does not fail it)."""
+    import resource
+
+    if not hasattr(__import__("yaml"), "CSafeLoader"):
+        pytest.skip("PyYAML without libyaml: the pure-Python parser is the only one")
+    sweep = tmp_path / "wide.yaml"
+    sweep.write_text(BIG_SWEEP.replace("VALUE", ", ".join(map(str, range(130_000)))))
+    assert 0.8e6 < sweep.stat().st_size < 1 << 20
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    assert cli.main(["validate", str(sweep)]) == 2
+    spent = resource.getrusage(resource.RUSAGE_SELF).ru_utime - before
+    assert "more than the 100,000 one sweep may have" in capsys.readouterr().err
+    assert spent < 2.5, f"{spent:.1f} s of CPU to refuse a 0.93 MB sweep"
