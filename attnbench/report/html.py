@@ -19,11 +19,24 @@ from attnbench.errors import ReportError
 from attnbench.report.figures import PanelOutput
 from attnbench.report.style import (CLASS_COLORS, NOISY_TITLE, VERDICT_COLORS, VERDICT_TITLES,
                                     text_color_on, verdict_label)
+from attnbench.results.files import write_atomic
 from attnbench.results.records import SEVERITY
 
 
-def esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+MAX_TEXT_SHOWN = 20_000
+"""Characters of one value a page shows (a reason, a crash's stderr and traceback, a label): the
+longest text attnbench writes into a record is a crash's (a 40-line stderr tail, a few KB, and
+the traceback's last 4,000 characters), so this shows every text attnbench wrote whole; a
+hand-made 100 MB reason is cut here, with a note, instead of landing whole in index.html (the
+terminal cuts at 2,000 per line; the journal keeps all of it)."""
+
+
+def esc(value: Any, limit: int = MAX_TEXT_SHOWN) -> str:
+    """``value`` as HTML text, escaped, and cut after ``limit`` characters."""
+    text = "" if value is None else str(value)
+    if len(text) > limit:
+        text = f"{text[:limit]} [... {len(text) - limit} more characters: see records.jsonl]"
+    return html.escape(text, quote=True)
 
 
 CSS = """
@@ -319,4 +332,4 @@ def finish_output_dir(out_dir: Path, written: Iterable[Path], old: Iterable[Path
     for path in old:
         if path.name not in names and path.is_file():
             path.unlink()
-    (Path(out_dir) / MARKER).write_text(json.dumps(names), encoding="utf-8")
+    write_atomic(Path(out_dir) / MARKER, json.dumps(names))
