@@ -180,3 +180,106 @@ def test_a_sweep_near_the_size_limit_is_refused_in_well_under_a_second_of_cpu(tm
     spent = resource.getrusage(resource.RUSAGE_SELF).ru_utime - before
     assert "more than the 100,000 one sweep may have" in capsys.readouterr().err
     assert spent < 2.5, f"{spent:.1f} s of CPU to refuse a 0.93 MB sweep"
+
+
+# -- item 7: no planted link is followed ------------------------------------------------------
+def _outside(tmp: Path) -> Path:
+    victim = tmp / "outside" / "victim.txt"
+    victim.parent.mkdir()
+    victim.write_text("precious\n")
+    return victim
+
+
+def _plant(path: Path, victim: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(victim, path)
+
+
+def test_links_at_the_old_predictable_temporary_names_are_never_followed(tmp_path):
+    """The names attnbench used to write (``manifest.json.<pid>.tmp``, ``driver.json.<pid>.tmp``,
+    ``.clock.<host>.<pid>.<thread>``), each a link to a file outside: the run writes its
+    manifest, journal, driver state and clock probe, and the file outside is unchanged.
+    Mutant: any of them back on ``Path.write_text`` of a name a neighbour can compute."""
+    import socket
+    import threading
+
+    from attnbench.dispatch.driver_state import read_state, write_state
+    from attnbench.results.lock import RunLock
+
+    victim = _outside(tmp_path)
+    run = _run(tmp_path)  # resumed below: its manifest is rewritten
+    pid, host, thread = os.getpid(), socket.gethostname(), threading.get_ident()
+    for name in (f"manifest.json.{pid}.tmp", f"driver.json.{pid}.tmp",
+                 f".clock.{host}.{pid}.{thread}"):
+        _plant(run / name, victim)
+    store = RunStore(run, load_sweep(tmp_path / "run.yaml"), command=["attnbench", "run"])
+    store.append(make_record(store.sweep.cases[2], verdict="pass", env={"host": "h2"}))
+    write_state(run, {"state": "running"})
+    assert RunLock(run).fs_now() > 0
+    store.close()
+    assert victim.read_text() == "precious\n"
+    assert read_state(run)["state"] == "running" and len(load_records(run)) == 3
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+
+
+def test_a_journal_that_is_a_link_is_refused_in_one_line(tmp_path, capsys):
+    """Mutant: ``open(records.jsonl, "a")`` -- appends the next record to the file outside."""
+    victim = _outside(tmp_path)
+    run = _run(tmp_path)
+    (run / "records.jsonl").unlink()
+    _plant(run / "records.jsonl", victim)
+    with pytest.raises(RunDirError, match="symbolic link") as caught:
+        RunStore(run, load_sweep(tmp_path / "run.yaml"), command=["attnbench", "run"])
+    assert "\n" not in str(caught.value)
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("name", ["driver.json", "manifest.json", ".cancel"])
+def test_a_link_at_a_whole_file_is_replaced_not_written_through(tmp_path, name):
+    from attnbench.dispatch.driver_state import request_cancel, write_state
+
+    victim = _outside(tmp_path)
+    run = _run(tmp_path)
+    if name == "manifest.json":
+        manifest = (run / name).read_text()
+        (run / name).unlink()
+        _plant(run / name, victim)
+        from attnbench.results.files import write_atomic
+
+        write_atomic(run / name, manifest)  # as RunStore._write_manifest does
+    else:
+        _plant(run / name, victim)
+        write_state(run, {"state": "running"}) if name == "driver.json" else \
+            request_cancel(run, ["t"])
+    assert victim.read_text() == "precious\n" and not (run / name).is_symlink()
+
+
+def test_a_dashboard_whose_files_became_links_is_redrawn_without_following_them(tmp_path):
+    """A dashboard attnbench drew, its pages and figures then replaced by links to
+    files outside: drawing again replaces the links. Mutant: ``index.write_text`` or
+    ``fig.savefig(path)`` (both follow a link)."""
+    victim = _outside(tmp_path)
+    run = _run(tmp_path)
+    assert cli.main(["report", str(run)]) == 0
+    dashboard = run / "dashboard"
+    links = [dashboard / "index.html", dashboard / "interactive.html"] + \
+        sorted(dashboard.glob("*.png"))[:1] + sorted(dashboard.glob("*.svg"))[:1]
+    links = [p for p in links if p.exists()]
+    assert len(links) >= 3
+    for path in links:
+        path.unlink()
+        _plant(path, victim)
+    assert cli.main(["report", str(run)]) == 0
+    assert victim.read_text() == "precious\n"
+    assert not [p for p in links if p.is_symlink()]
+
+
+def test_the_safe_writer_leaves_no_temporary_file_and_never_overwrites_without_replace(tmp_path):
+    from attnbench.results.files import write_atomic
+
+    target = tmp_path / "t"
+    write_atomic(target, "one")
+    with pytest.raises(FileExistsError):
+        write_atomic(target, "two", replace=False)
+    write_atomic(target, b"three", sync=True)
+    assert target.read_text() == "three" and [p.name for p in tmp_path.iterdir()] == ["t"]

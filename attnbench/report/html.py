@@ -21,6 +21,7 @@ from attnbench.report.style import (CLASS_COLORS, NOISY_TITLE, VERDICT_COLORS, V
                                     text_color_on, verdict_label)
 from attnbench.results.files import write_atomic
 from attnbench.results.records import SEVERITY
+from attnbench.validation import read_bounded
 
 
 MAX_TEXT_SHOWN = 20_000
@@ -283,6 +284,8 @@ def filter_controls(table_id: str, columns: Sequence[tuple[str, str, list[Any]]]
 # -- the output directory ----------------------------------------------------------------------
 
 MARKER = ".attnbench-dashboard"
+MAX_MARKER_BYTES = 1 << 20
+"""The largest marker read (1 MiB): it lists a dashboard's file names, a few KB."""
 """Written into every directory attnbench draws a dashboard in: the files it wrote there (JSON
 list). Only those are replaced or removed by the next report into the same directory."""
 
@@ -298,7 +301,7 @@ def claim_output_dir(out_dir: Path) -> list[Path]:
     marker = out_dir / MARKER
     if out_dir.is_dir() and any(out_dir.iterdir()):
         try:
-            listed = json.loads(marker.read_text(encoding="utf-8"))
+            listed = json.loads(read_bounded(marker, MAX_MARKER_BYTES))  # not /dev/zero
         except (OSError, ValueError):
             listed = None
         if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
