@@ -283,3 +283,125 @@ def test_the_safe_writer_leaves_no_temporary_file_and_never_overwrites_without_r
         write_atomic(target, "two", replace=False)
     write_atomic(target, b"three", sync=True)
     assert target.read_text() == "three" and [p.name for p in tmp_path.iterdir()] == ["t"]
+
+
+# -- item 10: text capped where it reaches a page; the scheduler file read bounded -------------
+def test_a_huge_reason_is_cut_on_the_page_and_kept_in_the_journal(tmp_path):
+    """A 60,000-character reason and traceback (under the journal's caps) reach index.html as
+    20,000 characters each and a note. Mutant: ``esc`` without its limit -- the page grows by
+    the whole text."""
+    from attnbench.report.html import MAX_TEXT_SHOWN
+
+    run = _run(tmp_path, verdicts=())
+    store = RunStore(run, load_sweep(tmp_path / "run.yaml"), command=["attnbench", "run"])
+    reason = "R" * 60_000
+    store.append(make_record(store.sweep.cases[0], verdict="error", reason=reason,
+                             crash={"traceback": "T" * 60_000}, env={"host": "h"}))
+    store.close()
+    assert cli.main(["report", str(run)]) == 0
+    page = (run / "dashboard" / "index.html").read_text()
+    assert "R" * MAX_TEXT_SHOWN in page and "R" * (MAX_TEXT_SHOWN + 1) not in page
+    assert "more characters: see records.jsonl" in page
+    assert len(page) < 100_000 + 2 * MAX_TEXT_SHOWN
+    assert load_records(run)[0]["reason"] == reason
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "huge"])
+def test_a_scheduler_file_is_read_bounded(tmp_path, capsys, kind):
+    """Mutant: ``path.read_text()`` -- /dev/zero is read until memory runs out."""
+    path = Path(kind)
+    if kind == "huge":
+        path = tmp_path / "scheduler.json"
+        path.write_bytes(b" " * (5 << 20) + b'{"address": "tcp://h:1"}')
+    assert cli.main(["run", TINY, "--scheduler-file", str(path), "--out",
+                     str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expected the file `dask scheduler --scheduler-file`" in err
+    assert not (tmp_path / "out").exists()
+
+
+# -- item 12: export, compare and --cluster slurm -----------------------------------------------
+def test_export_refuses_to_overwrite_without_force(tmp_path, capsys):
+    """Mutant: ``Path(out).write_bytes`` -- a user's file silently replaced."""
+    run = _run(tmp_path)
+    out = tmp_path / "cases.csv"
+    out.write_text("mine\n")
+    assert cli.main(["export", str(run), "--out", str(out)]) == 2
+    assert "exists; give --force" in capsys.readouterr().err and out.read_text() == "mine\n"
+    assert cli.main(["export", str(run), "--out", str(out), "--force"]) == 0
+    assert out.read_text().startswith("run_id,")
+
+
+def test_export_force_replaces_a_link_without_writing_through_it(tmp_path):
+    victim = _outside(tmp_path)
+    run = _run(tmp_path)
+    out = tmp_path / "cases.csv"
+    _plant(out, victim)
+    assert cli.main(["export", str(run), "--out", str(out), "--force"]) == 0
+    assert victim.read_text() == "precious\n" and not out.is_symlink()
+
+
+def test_export_of_the_same_run_twice_is_refused(tmp_path, capsys):
+    """Mutant: no duplicate check -- every row twice."""
+    run = _run(tmp_path)
+    assert cli.main(["export", str(run), str(run) + "/", "--format", "json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is given twice" in err
+
+
+def test_compare_of_read_only_runs_writes_to_the_working_directory(tmp_path, capsys,
+                                                                   monkeypatch):
+    """The runs' directories not writable (tests run as root, for whom permission bits do
+    not hold, so the check ``os.access`` makes is answered no): the dashboard goes to the
+    working directory, said in one line. Mutant: the default always inside the last run --
+    ``cannot create: Permission denied``, exit 2."""
+    import attnbench.report.commands as commands
+
+    a, b = _run(tmp_path, "a"), _run(tmp_path, "b")
+    for run in (a, b):
+        os.chmod(run, 0o555)
+    real = os.access
+    monkeypatch.setattr(commands.os, "access",
+                        lambda p, mode, **kw: False if Path(p) in (a, b) else real(p, mode, **kw))
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    try:
+        assert cli.main(["compare", str(a), str(b)]) == 0
+    finally:
+        for run in (a, b):
+            os.chmod(run, 0o755)
+    err = capsys.readouterr().err
+    assert "is read-only; the comparison dashboard goes to" in err
+    assert [p.name for p in here.iterdir()] == ["compare-a-vs-b"]
+    assert not list(b.glob("compare-*"))
+
+
+def test_cluster_slurm_without_dask_jobqueue_is_exit_2_with_the_install_hint(tmp_path, capsys,
+                                                                           monkeypatch):
+    """Mutant: the ImportError raised as a ClusterError (exit 3: "resume later", which no
+    waiting fixes)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "dask_jobqueue" else real(name, *a))
+    assert cli.main(["run", TINY, "--cluster", "slurm", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'attnbench[slurm]'" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_record_too_long_for_a_journal_line_is_written_with_its_texts_cut(tmp_path):
+    """A 3 MB exception message: the record is written with it cut to 64 Ki characters, so the
+    run stays readable. Mutant: ``append`` without ``fit_line`` -- the next read of the run
+    refuses line 3 as over the cap."""
+    from attnbench.results.journal import MAX_FIELD_CHARS
+
+    run = _run(tmp_path)
+    store = RunStore(run, load_sweep(tmp_path / "run.yaml"), command=["attnbench", "run"])
+    store.append(make_record(store.sweep.cases[2], verdict="error", reason="E" * 3_000_000,
+                             env={"host": "h"}))
+    store.close()
+    reason = {r["id"]: r for r in load_records(run)}[store.sweep.cases[2].id]["reason"]
+    assert reason.startswith("E" * MAX_FIELD_CHARS) and reason.endswith("more characters cut]")

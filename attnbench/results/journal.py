@@ -12,6 +12,7 @@ Every reader of a journal goes through here (``load_records``, ``show``, ``repor
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from dataclasses import dataclass
@@ -109,3 +110,34 @@ def journal_records(path: Path | str, limit: int = MAX_LINE_BYTES
             raise RunDirError(f"{where}: {why} ({printable(exc, 200)})") from None
         check_record(f"{where}: ", record)
         yield line.number, record
+
+
+MAX_FIELD_CHARS = 1 << 16
+"""A text of a record longer than this (64 Ki characters) is cut when the record would not fit
+on a journal line (:func:`fit_line`): the longest text attnbench makes is a rank's stderr tail,
+64 KiB at most; a longer one is an exception's message quoting a whole tensor or file."""
+
+
+def fit_line(record: dict, text: str) -> tuple[dict, str]:
+    """``record`` and its JSON ``text``, unchanged when ``text`` fits :data:`MAX_LINE_BYTES`;
+    else every string in it over :data:`MAX_FIELD_CHARS` cut (with a note of how much), so what
+    is written can be read back. Raises :class:`RunDirError` if it still does not fit."""
+    if len(text) + 1 <= MAX_LINE_BYTES and len(text.encode("utf-8")) + 1 <= MAX_LINE_BYTES:
+        return record, text
+    record = _cut(record)
+    text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+    if len(text.encode("utf-8")) + 1 > MAX_LINE_BYTES:
+        raise RunDirError(f"record {printable(record.get('id'), 64)}: {len(text)} characters "
+                          f"with its texts cut, more than a journal line holds "
+                          f"({MAX_LINE_BYTES} bytes)")
+    return record, text
+
+
+def _cut(value):
+    if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+        return f"{value[:MAX_FIELD_CHARS]} [... {len(value) - MAX_FIELD_CHARS} more characters cut]"
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    return value

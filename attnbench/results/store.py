@@ -31,7 +31,7 @@ from typing import Any, Iterable, Optional
 
 from attnbench.errors import RunDirError, printable, short_repr
 from attnbench.results.files import open_append, open_update, refusal, write_atomic
-from attnbench.results.journal import MAX_LINE_BYTES, journal_records
+from attnbench.results.journal import MAX_LINE_BYTES, fit_line, journal_records
 from attnbench.results.lock import LOCK, RunLock, utc_now as _now
 from attnbench.results.schema import ENV_KEYS, check_manifest, check_record
 from attnbench.sweep.case import Case
@@ -297,6 +297,7 @@ class RunStore:
         another one."""
         if text is None:
             text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        record, text = fit_line(record, text)  # what the journal reader's line cap admits
         self._fh.write(text + "\n")
         self._dirty = True
         if flush:
