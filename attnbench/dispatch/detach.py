@@ -22,7 +22,7 @@ from typing import Optional
 
 from attnbench.dispatch.driver_state import FINAL, LOG, read_state, request_cancel
 from attnbench.errors import EXIT_CLUSTER, EXIT_OK, ClusterError, UsageError, printable
-from attnbench.results.journal import journal_lines
+from attnbench.results.journal import MAX_LINE_BYTES, journal_lines
 from attnbench.results.lock import RunLock, describe_holder
 from attnbench.results.store import load_manifest
 from attnbench.validation import positive_int_argument
@@ -193,8 +193,10 @@ def cmd_attach(args: argparse.Namespace) -> int:
     log = run_dir / LOG
     position = 0
     if log.exists():  # the last lines, then what comes
-        text = log.read_bytes()
-        position = len(text)
+        with open(log, "rb") as fh:  # the last MiB only: a log of a long run may be large
+            position = fh.seek(0, 2)
+            fh.seek(max(0, position - MAX_LINE_BYTES))
+            text = fh.read()
         for line in text.decode("utf-8", "replace").splitlines()[-args.lines:] if args.lines else []:
             print(printable(line, 2000))
     line, state, alive = driver_line(run_dir)
