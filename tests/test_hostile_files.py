@@ -165,7 +165,7 @@ def test_a_set_value_over_the_digit_limit_is_one_line(capsys):
 # -- item 10: a sweep near the 1 MiB limit is answered fast -----------------------------------
 def test_a_sweep_near_the_size_limit_is_refused_in_well_under_a_second_of_cpu(tmp_path, capsys):
     """0.93 MB of axis values (130,000 seeds). Pure-Python PyYAML spent 4.7 s of CPU parsing it
-    here (40 s under load); libyaml's parser 0.8 s. Mutant: ``StrictYamlLoader`` on
+    here (40 s under load); libyaml's parser 0.8 s. Mutant: ``_FastStrictLoader`` on
     ``yaml.SafeLoader`` -- over the 2.5 s bound (measured as this process's CPU time, so a
     loaded machine does not fail it)."""
     import resource
