@@ -122,8 +122,8 @@ def fit_line(record: dict, text: str) -> tuple[dict, str]:
     """``record`` and its JSON ``text``, unchanged when ``text`` fits :data:`MAX_LINE_BYTES`;
     else every string in it over :data:`MAX_FIELD_CHARS` cut (with a note of how much), so what
     is written can be read back. Raises :class:`RunDirError` if it still does not fit."""
-    if len(text) + 1 <= MAX_LINE_BYTES and len(text.encode("utf-8")) + 1 <= MAX_LINE_BYTES:
-        return record, text
+    if 4 * len(text) < MAX_LINE_BYTES or len(text.encode("utf-8")) < MAX_LINE_BYTES:
+        return record, text  # (a character is at most 4 bytes: most records skip the encoding)
     record = _cut(record)
     text = json.dumps(record, separators=(",", ":"), allow_nan=False)
     if len(text.encode("utf-8")) + 1 > MAX_LINE_BYTES:
