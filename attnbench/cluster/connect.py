@@ -14,6 +14,7 @@ lease table, its rank pools) is a worker plugin, registered here on every connec
 from __future__ import annotations
 
 import collections
+import importlib.util
 import logging
 import os
 import re
@@ -143,6 +144,9 @@ _ADDRESS = re.compile(r"(?:(?P<scheme>[a-z]+)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A
 SCHEMES = ("tcp", "tls", "ucx", "ws", "wss")
 
 
+SLURM_NEEDS = "--cluster slurm needs dask-jobqueue >= 0.9: pip install 'attnbench[slurm]'"
+
+
 def check_connection_arguments(scheduler: Optional[str], cluster: Optional[str],
                                security) -> None:
     """What ``connect`` would refuse, checked before a run directory is made (exit 2)."""
@@ -162,6 +166,8 @@ def check_connection_arguments(scheduler: Optional[str], cluster: Optional[str],
     elif cluster != "slurm" and security is not None:
         raise UsageError("TLS options apply to --scheduler or --cluster slurm; the embedded "
                          "cluster talks over loopback inside this machine")
+    if cluster == "slurm" and importlib.util.find_spec("dask_jobqueue") is None:
+        raise UsageError(SLURM_NEEDS)  # an install, not a cluster to wait for: exit 2
 
 
 def make_security(ca_file: Optional[str], cert: Optional[str], key: Optional[str]):
@@ -230,8 +236,7 @@ def _connect_slurm(jobs: int, security, worker_wait_s: float) -> Connection:
     try:
         from dask_jobqueue import SLURMCluster
     except ImportError:
-        raise ClusterError("--cluster slurm needs dask-jobqueue >= 0.9: "
-                           "pip install 'attnbench[slurm]'") from None
+        raise UsageError(SLURM_NEEDS) from None
     from distributed import Client
 
     from attnbench.cluster.plugin import register

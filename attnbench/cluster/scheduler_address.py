@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Optional
 
 from attnbench.errors import UsageError, short_repr
+from attnbench.validation import read_bounded
 
+MAX_SCHEDULER_FILE_BYTES = 4 << 20
+"""The largest scheduler file read (4 MiB): Dask writes its identity there when it starts --
+address, id, services, and the workers it has then (usually none; about 1 KB each, so this is
+thousands); ``/dev/zero`` or a log named by mistake is refused in one line instead of read until
+memory runs out."""
 POLL_S = 0.5
 
 
@@ -63,12 +69,13 @@ def read_scheduler_file(path: Path, wait_s: float) -> str:
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(POLL_S)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_SCHEDULER_FILE_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such scheduler file (waited {wait_s:g} s, --worker-wait); "
                          "expected the file `dask scheduler --scheduler-file` writes") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    except (OSError, ValueError) as exc:  # not UTF-8, /dev/zero, a FIFO, over the cap
+        raise UsageError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}; "
+                         "expected the file `dask scheduler --scheduler-file` writes") from None
     try:
         data = json.loads(text)
     except ValueError:

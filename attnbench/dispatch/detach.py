@@ -22,6 +22,7 @@ from typing import Optional
 
 from attnbench.dispatch.driver_state import FINAL, LOG, read_state, request_cancel
 from attnbench.errors import EXIT_CLUSTER, EXIT_OK, ClusterError, UsageError, printable
+from attnbench.results.journal import MAX_LINE_BYTES, journal_lines
 from attnbench.results.lock import RunLock, describe_holder
 from attnbench.results.store import load_manifest
 from attnbench.validation import positive_int_argument
@@ -147,20 +148,18 @@ def journal_verdicts(run_dir: Path) -> tuple[collections.Counter, int]:
     check every field, ~60 s at that size)."""
     last: dict[str, str] = {}
     unreadable = 0
-    try:
-        with open(run_dir / "records.jsonl", "rb") as fh:
-            for line in fh:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    record = None
-                if isinstance(record, dict) and isinstance(record.get("id"), str) \
-                        and isinstance(record.get("verdict"), str):
-                    last[record["id"]] = record["verdict"]
-                elif line.strip():
-                    unreadable += line.endswith(b"\n")  # a line being written is not counted
-    except FileNotFoundError:
-        pass
+    if not (run_dir / "records.jsonl").exists():
+        return collections.Counter(), 0
+    for line in journal_lines(run_dir / "records.jsonl"):  # a line at a time, each capped
+        try:
+            record = None if line.oversize else json.loads(line.data)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("id"), str) \
+                and isinstance(record.get("verdict"), str):
+            last[record["id"]] = record["verdict"]
+        elif line.oversize or line.data.strip():
+            unreadable += line.ended  # a line being written is not counted
     return collections.Counter(last.values()), unreadable
 
 
@@ -197,8 +196,10 @@ def cmd_attach(args: argparse.Namespace) -> int:
     log = run_dir / LOG
     position = 0
     if log.exists():  # the last lines, then what comes
-        text = log.read_bytes()
-        position = len(text)
+        with open(log, "rb") as fh:  # the last MiB only: a log of a long run may be large
+            position = fh.seek(0, 2)
+            fh.seek(max(0, position - MAX_LINE_BYTES))
+            text = fh.read()
         for line in text.decode("utf-8", "replace").splitlines()[-args.lines:] if args.lines else []:
             print(printable(line, 2000))
     line, state, alive = driver_line(run_dir)

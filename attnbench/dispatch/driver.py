@@ -17,6 +17,7 @@ resumes.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import socket
@@ -28,6 +29,7 @@ from attnbench.dispatch.driver_state import FINAL, LOG, cancel_requested, write_
 from attnbench.dispatch.lanes import make_run
 from attnbench.dispatch.loop import Progress, RunLoop, Stop
 from attnbench.errors import UserError, printable
+from attnbench.results.files import open_append
 
 log = logging.getLogger("attnbench")
 
@@ -141,7 +143,7 @@ def drive(sweep_text: str, sweep_path: str, run_dir: str, submission: str, comma
             write_state(Path(run_dir), final)
             return final
         write_state(Path(run_dir), status.state(None, "starting"))
-        with open(Path(run_dir) / LOG, "a", encoding="utf-8") as stream:
+        with io.TextIOWrapper(open_append(Path(run_dir) / LOG), encoding="utf-8") as stream:
             print(f"attnbench: driver {submission} on worker {worker.name} "
                   f"({socket.gethostname()}, pid {os.getpid()}): {len(sweep.cases)} cases, "
                   f"{len(store.done)} already recorded", file=stream, flush=True)

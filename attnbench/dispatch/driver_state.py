@@ -15,10 +15,11 @@ Nothing here is needed to resume: a run directory without them is an ordinary ru
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
+
+from attnbench.results.files import write_atomic
 
 STATE = "driver.json"
 LOG = "driver.log"
@@ -29,10 +30,8 @@ FINAL = ("finished", "cancelled", "failed")
 
 def write_state(run_dir: Path, state: dict[str, Any]) -> None:
     """Replace ``driver.json`` atomically (a reader never sees half of it)."""
-    path = Path(run_dir) / STATE
-    tmp = path.with_name(f"{STATE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**state, "updated": time.time()}, separators=(",", ":")))
-    os.replace(tmp, path)
+    write_atomic(Path(run_dir) / STATE,  # a random temporary name: no planted link followed
+                 json.dumps({**state, "updated": time.time()}, separators=(",", ":")))
 
 
 def read_state(run_dir: Path) -> Optional[dict[str, Any]]:
@@ -45,8 +44,8 @@ def read_state(run_dir: Path) -> Optional[dict[str, Any]]:
 
 
 def request_cancel(run_dir: Path, tokens: Iterable[str]) -> None:
-    (Path(run_dir) / CANCEL).write_text(json.dumps({"stop": [t for t in tokens if t],
-                                                    "at": time.time()}))
+    write_atomic(Path(run_dir) / CANCEL, json.dumps({"stop": [t for t in tokens if t],
+                                                     "at": time.time()}))
 
 
 def cancel_requested(run_dir: Path, tokens: Iterable[str]) -> bool:

@@ -21,6 +21,7 @@ from attnbench.gpu_check.plan import Plan
 from attnbench.gpu_check.step_main import StepConfig
 from attnbench.gpu_check.step_runner import StepResult
 from attnbench.gpu_check.sweeps import ROLES, CheckSweeps
+from attnbench.results.files import write_atomic
 from attnbench.results.records import BAD_VERDICTS, make_record
 
 
@@ -50,9 +51,9 @@ def collect_folder(config: StepConfig, sweeps: CheckSweeps, plan: Plan, steps: l
         "timer": (_read(folder / TIMER) or {}).get("cases", []),
         "smi": smi,
     }
-    (folder / SUMMARY).write_text(json.dumps(summary, indent=1, default=str))
+    write_atomic(folder / SUMMARY, json.dumps(summary, indent=1, default=str))
     summary["files"] = folder_files(folder)
-    (folder / SUMMARY).write_text(json.dumps(summary, indent=1, default=str))
+    write_atomic(folder / SUMMARY, json.dumps(summary, indent=1, default=str))
     return summary
 
 

@@ -28,6 +28,7 @@ from attnbench.gpu_check.smi_log import SmiLog
 from attnbench.gpu_check.step_main import STEP_FUNCS, StepConfig
 from attnbench.gpu_check.step_runner import StepResult, run_step
 from attnbench.gpu_check.sweeps import KERNEL_CONFIGS, CheckSweeps, load_check_sweeps
+from attnbench.results.files import write_atomic
 
 
 def add_gpu_check_command(subparsers: argparse._SubParsersAction) -> None:
@@ -121,7 +122,7 @@ def run_check(folder: Path, sweeps: CheckSweeps, plan: Plan, *, sweeps_dir: Opti
     started, t0 = utc_now(), time.monotonic()
     deadline = t0 + plan.budget_s
     funcs = {**STEP_FUNCS, **(funcs or {})}
-    (folder / PLAN).write_text(json.dumps(plan.to_dict(), indent=1))
+    write_atomic(folder / PLAN, json.dumps(plan.to_dict(), indent=1))
     for line in plan.lines():
         echo(line)
     config = StepConfig(out=str(folder), cpu=plan.mode == "cpu",

@@ -29,6 +29,7 @@ from attnbench.hardware.device import device_env, pick_device
 from attnbench.hardware.matmul_peak import measure_matmul_peak
 from attnbench.problem.attn_spec import AttnSpec
 from attnbench.problem.fp8 import torch_dtype
+from attnbench.results.files import write_atomic
 from attnbench.sweep.case import Case
 
 PINNED = {"sdpa_flash": "flash", "sdpa_efficient": "efficient", "sdpa_cudnn": "cudnn"}
@@ -51,7 +52,7 @@ def run_probe(config: StepConfig) -> None:
         "precision": _part(precision_flags),
         "sdpa": [_part(lambda c=c: sdpa_choice(c, device)) for c in cases],
     }
-    (config.folder / PROBE).write_text(json.dumps(probe, indent=1, default=str))
+    write_atomic(config.folder / PROBE, json.dumps(probe, indent=1, default=str))
     env = probe["env"] if "error" not in probe["env"] else {}
     print(f"probe: {device} {env.get('device_name', '?')} ({env.get('gpu_kind', '?')}), torch "
           f"{env.get('torch')}, triton {env.get('triton')}; matmul peak "

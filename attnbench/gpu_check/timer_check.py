@@ -20,6 +20,7 @@ from attnbench.gpu_check.folder import TIMER
 from attnbench.gpu_check.run_cases import MIN_CASE_S, make_pool, run_case
 from attnbench.gpu_check.step_main import StepConfig
 from attnbench.gpu_check.sweeps import load_check_sweeps
+from attnbench.results.files import write_atomic
 
 MODES = ("eager", "graph")
 
@@ -42,7 +43,7 @@ def run_timer(config: StepConfig) -> None:
             entry = compare(case.id, case.label, records)
             entries.append(entry)
             print(f"timer: {case.label}: {describe(entry)}", flush=True)
-    (config.folder / TIMER).write_text(json.dumps({"cases": entries}, indent=1))
+    write_atomic(config.folder / TIMER, json.dumps({"cases": entries}, indent=1))
 
 
 def compare(case_id: str, label: str, records: dict[str, dict]) -> dict[str, Any]:

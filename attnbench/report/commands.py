@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Sequence, TextIO
@@ -18,6 +19,7 @@ from attnbench.report.compare_formats import FORMATS, comparison_json, compariso
 from attnbench.report.dashboard import Dashboard, default_dashboard, load_dashboard
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK, ReportError, printable
 from attnbench.report.data import load_run
+from attnbench.results.files import refusal
 
 log = logging.getLogger("attnbench.report")
 
@@ -53,7 +55,11 @@ def write_report(run_dir: Path, dashboard: Path | None = None, out_dir: Path | N
     spec = resolve_dashboard(Path(dashboard) if dashboard else None)
     run = load_run(Path(run_dir))
     out = Path(out_dir) if out_dir else Path(run_dir) / REPORT_DIR
-    return build_report(run, spec, out)
+    try:
+        return build_report(run, spec, out)
+    except OSError as exc:  # a full disk, a read-only run, a link where a file goes
+        raise ReportError(f"{exc.filename or out}: cannot write the dashboard: "
+                          f"{refusal(exc)}") from None
 
 
 def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: Path | None = None,
@@ -87,9 +93,14 @@ def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: P
         from attnbench.report.compare_page import build_compare  # matplotlib only when drawing
 
         name = "compare-" + "-vs-".join(_safe_name(i) for i in ids)
-        out = Path(out_dir) if out_dir else Path(run_dirs[-1]) / name[:200]
-        index = build_compare(comps, out, command=["attnbench", "compare", *map(str, run_dirs),
-                                                   "--threshold", str(threshold)])
+        out = Path(out_dir) if out_dir else _writable_default(Path(run_dirs[-1]), name[:200])
+        try:
+            index = build_compare(comps, out, command=["attnbench", "compare",
+                                                       *map(str, run_dirs),
+                                                       "--threshold", str(threshold)])
+        except OSError as exc:  # a full disk, a read-only --out, a link where a file goes
+            raise ReportError(f"{exc.filename or out}: cannot write the comparison: "
+                              f"{refusal(exc)}") from None
     stream = stream or sys.stdout
     if fmt == "json":
         stream.write(comparison_json(comps, fail_on, index) + "\n")
@@ -99,6 +110,19 @@ def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: P
         stream.write("\n".join(printable(line) for line in
                                 summary_text(comps, index, fail_on).split("\n")) + "\n")
     return EXIT_FAILURES if any(len(c.regressions_on(fail_on)) for c in comps) else EXIT_OK
+
+
+def _writable_default(last_run: Path, name: str) -> Path:
+    """``compare``'s default dashboard folder: inside the last run, or -- when that run is
+    read-only (a teammate's results, an archive) -- in the working directory, said in one
+    line on stderr."""
+    inside = last_run / name
+    if inside.exists() or os.access(last_run, os.W_OK | os.X_OK):
+        return inside
+    here = Path.cwd() / name
+    print(f"attnbench: note: {last_run} is read-only; the comparison dashboard goes to {here} "
+          "(--out DIR chooses)", file=sys.stderr)
+    return here
 
 
 def _safe_name(run_id: str) -> str:

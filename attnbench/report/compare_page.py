@@ -26,6 +26,7 @@ from attnbench.report.html import (claim_output_dir, class_badge, esc, filter_co
                                    finish_output_dir, fmt, noisy_badge, page, repro_command,
                                    sort_key, verdict_badge)
 from attnbench.report.style import CLASS_COLORS, RC, VERDICT_COLORS, verdict_label
+from attnbench.results.files import write_atomic
 from attnbench.results.records import TENSORS
 
 
@@ -42,9 +43,8 @@ def build_compare(comps: Sequence[Comparison], out_dir: Path, command: Sequence[
             sections.append(pair_section(i, comp, ctx, anchor, written))
     header = compare_header(comps, command)
     index = out_dir / "index.html"
-    index.write_text(page("attnbench compare · " + " vs ".join(
-        [comps[0].a.run_id] + [c.b.run_id for c in comps]), header, nav, "\n".join(sections)),
-        encoding="utf-8")
+    write_atomic(index, page("attnbench compare · " + " vs ".join(
+        [comps[0].a.run_id] + [c.b.run_id for c in comps]), header, nav, "\n".join(sections)))
     finish_output_dir(out_dir, written, old)
     return index
 

@@ -21,6 +21,7 @@ import argparse
 import io
 import json
 import math
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from attnbench.errors import EXIT_OK, ReportError, UsageError
+from attnbench.results.files import refusal, write_atomic
 
 FORMATS = ("csv", "parquet", "json")
 FIRST_COLUMNS = ("run_id", "id", "label", "backend", "verdict", "reason")
@@ -90,25 +92,37 @@ def to_parquet(df: pd.DataFrame) -> bytes:
 WRITERS = {"csv": to_csv, "json": to_json, "parquet": to_parquet}
 
 
-def export_runs(run_dirs: Sequence[Path], fmt: str, out: Path | None) -> int:
+def export_runs(run_dirs: Sequence[Path], fmt: str, out: Path | None,
+                force: bool = False) -> int:
     """Write the table to ``out`` (a file; ``-`` or None: standard output). Parquet, being
-    binary, goes to a terminal only through a redirect."""
+    binary, goes to a terminal only through a redirect. An existing ``out`` is replaced only
+    with ``force`` (then atomically: a reader sees the old table or the new one); a run given
+    twice is refused (its rows would be doubled)."""
     if fmt == "parquet" and out in (None, Path("-")) and sys.stdout.isatty():
         raise UsageError("--format parquet: binary output to a terminal; give --out FILE "
                          "or redirect standard output to a file")
     if out not in (None, Path("-")) and Path(out).is_dir():
         raise UsageError(f"--out: {out} is a directory; expected a file name such as "
                          f"cases.{fmt}")
+    if out not in (None, Path("-")) and not force and os.path.lexists(out):
+        raise UsageError(f"--out: {out} exists; give --force to replace it, or another name")
+    paths = [Path(d).resolve() for d in run_dirs]
+    for i, path in enumerate(paths):
+        if path in paths[:i]:
+            raise UsageError(f"RUN: {run_dirs[i]} is given twice (its rows would be doubled)")
     data = WRITERS[fmt](export_frame(run_dirs))
     if out in (None, Path("-")):
         sys.stdout.flush()
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     else:
-        try:
-            Path(out).write_bytes(data)
+        try:  # a temporary file beside it, then a rename: never through a planted link
+            write_atomic(out, data, replace=force)
+        except FileExistsError:
+            raise UsageError(f"--out: {out} exists; give --force to replace it, or another "
+                             "name") from None
         except OSError as exc:
-            raise ReportError(f"{out}: cannot write: {exc.strerror or exc}") from None
+            raise ReportError(f"{out}: cannot write: {refusal(exc)}") from None
         print(f"attnbench: {len(data)} bytes of {fmt} in {out}", file=sys.stderr)
     return EXIT_OK
 
@@ -129,5 +143,8 @@ def add_export_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run directories")
     p.add_argument("--format", choices=FORMATS, default="csv", help="output format (default csv)")
     p.add_argument("--out", "-o", type=Path, default=None, metavar="FILE",
-                   help="output file (default: standard output)")
-    p.set_defaults(func=lambda args: export_runs(args.runs, args.format, args.out))
+                   help="output file (default: standard output); an existing one is "
+                        "refused without --force")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out file")
+    p.set_defaults(func=lambda args: export_runs(args.runs, args.format, args.out, args.force))

@@ -9,6 +9,7 @@ linear / categorical x axes), facets, legends and the series colours of a page
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from matplotlib.ticker import (FuncFormatter, LogFormatter, LogFormatterSciNotat
 
 from attnbench.report.dashboard import Panel
 from attnbench.report.style import BACKEND_PALETTE, backend_colors
+from attnbench.results.files import write_atomic
 
 TENSOR_LABELS = {"out": "out", "dq": "dQ", "dk": "dK", "dv": "dV",
                  # identities <dV,V> = <dO,O>, <dQ,Q> = <dK,K>, sum over keys of dK = 0
@@ -113,8 +115,11 @@ def save_figure(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFil
                                 "figure.constrained_layout.use": False}):
         fig.set_layout_engine(None)  # no engine at all: positions stay as computed
     png, svg = ctx.out_dir / f"{stem}.png", ctx.out_dir / f"{stem}.svg"
-    fig.savefig(png, dpi=PNG_DPI, metadata={"Software": None})
-    fig.savefig(svg, metadata={"Date": None})
+    for path, kind, options in ((png, "png", {"dpi": PNG_DPI, "metadata": {"Software": None}}),
+                                (svg, "svg", {"metadata": {"Date": None}})):
+        drawn = io.BytesIO()  # drawn here, then renamed into place: a planted link is not followed
+        fig.savefig(drawn, format=kind, **options)
+        write_atomic(path, drawn.getvalue())
     w, h = fig.get_size_inches()
     return FigureFile(stem=stem, caption=caption, png=png, svg=svg,
                       width_px=int(round(w * PNG_DPI)), height_px=int(round(h * PNG_DPI)))

@@ -19,11 +19,25 @@ from attnbench.errors import ReportError
 from attnbench.report.figures import PanelOutput
 from attnbench.report.style import (CLASS_COLORS, NOISY_TITLE, VERDICT_COLORS, VERDICT_TITLES,
                                     text_color_on, verdict_label)
+from attnbench.results.files import write_atomic
 from attnbench.results.records import SEVERITY
+from attnbench.validation import read_bounded
 
 
-def esc(value: Any) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+MAX_TEXT_SHOWN = 20_000
+"""Characters of one value a page shows (a reason, a crash's stderr and traceback, a label): the
+longest text attnbench writes into a record is a crash's (a 40-line stderr tail, a few KB, and
+the traceback's last 4,000 characters), so this shows every text attnbench wrote whole; a
+hand-made 100 MB reason is cut here, with a note, instead of landing whole in index.html (the
+terminal cuts at 2,000 per line; the journal keeps all of it)."""
+
+
+def esc(value: Any, limit: int = MAX_TEXT_SHOWN) -> str:
+    """``value`` as HTML text, escaped, and cut after ``limit`` characters."""
+    text = "" if value is None else str(value)
+    if len(text) > limit:
+        text = f"{text[:limit]} [... {len(text) - limit} more characters: see records.jsonl]"
+    return html.escape(text, quote=True)
 
 
 CSS = """
@@ -270,6 +284,8 @@ def filter_controls(table_id: str, columns: Sequence[tuple[str, str, list[Any]]]
 # -- the output directory ----------------------------------------------------------------------
 
 MARKER = ".attnbench-dashboard"
+MAX_MARKER_BYTES = 1 << 20
+"""The largest marker read (1 MiB): it lists a dashboard's file names, a few KB."""
 """Written into every directory attnbench draws a dashboard in: the files it wrote there (JSON
 list). Only those are replaced or removed by the next report into the same directory."""
 
@@ -285,7 +301,7 @@ def claim_output_dir(out_dir: Path) -> list[Path]:
     marker = out_dir / MARKER
     if out_dir.is_dir() and any(out_dir.iterdir()):
         try:
-            listed = json.loads(marker.read_text(encoding="utf-8"))
+            listed = json.loads(read_bounded(marker, MAX_MARKER_BYTES))  # not /dev/zero
         except (OSError, ValueError):
             listed = None
         if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
@@ -319,4 +335,4 @@ def finish_output_dir(out_dir: Path, written: Iterable[Path], old: Iterable[Path
     for path in old:
         if path.name not in names and path.is_file():
             path.unlink()
-    (Path(out_dir) / MARKER).write_text(json.dumps(names), encoding="utf-8")
+    write_atomic(Path(out_dir) / MARKER, json.dumps(names))

@@ -32,6 +32,7 @@ from attnbench.report.dashboard import Dashboard, Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import DIRECTION_LABELS, TENSOR_LABELS, facet_groups, facet_title
 from attnbench.report.html import esc, page
+from attnbench.results.files import write_atomic
 from attnbench.results.records import RAN_VERDICTS, TENSORS
 
 PAGE = "interactive.html"
@@ -92,7 +93,7 @@ def write_interactive(run: Run, dashboard: Dashboard, out_dir: Path,
     sections = [(_throughput if p.kind == "throughput" else _errors)(p, run, colors)
                 for p in panels]
     path = Path(out_dir) / PAGE
-    path.write_text(_render(run, dashboard, sections), encoding="utf-8")
+    write_atomic(path, _render(run, dashboard, sections))
     return path
 
 

@@ -25,6 +25,7 @@ from attnbench.report.interactive import PAGE as INTERACTIVE_PAGE
 from attnbench.report.interactive import write_interactive
 from attnbench.report.panels import draw_panel
 from attnbench.report.style import fmt_bytes, verdict_label
+from attnbench.results.files import write_atomic
 from attnbench.results.records import BAD_VERDICTS, SEVERITY
 
 TABLE_ID = "records"
@@ -42,7 +43,7 @@ def build_report(run: Run, dashboard: Dashboard, out_dir: Path) -> Path:
     outputs = [draw_panel(p, run, ctx) for p in dashboard.panels]
     interactive = write_interactive(run, dashboard, out_dir, ctx.colors)
     index = out_dir / "index.html"
-    index.write_text(render(run, dashboard, outputs, interactive is not None), encoding="utf-8")
+    write_atomic(index, render(run, dashboard, outputs, interactive is not None))
     finish_output_dir(out_dir, [p for o in outputs for f in o.figures for p in (f.png, f.svg)]
                       + ([interactive] if interactive else []), old)
     return index

@@ -3,12 +3,17 @@
 :mod:`~.records` (one record per case, and the verdicts), :mod:`~.schema` (every record and
 manifest checked when read: run directories travel between people), :mod:`~.store` (the run
 directory: ``manifest.json`` and ``records.jsonl``, appended and flushed as records arrive) and
-:mod:`~.lock` (one writer per run directory, also across hosts).
+:mod:`~.lock` (one writer per run directory, also across hosts); :mod:`~.journal` (the one
+journal reader: streamed, each line capped) and :mod:`~.files` (every file written in a run
+directory: a new temporary file, then a rename; no link followed).
 """
 
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
+    "files": ("create_temp", "open_append", "open_update", "refusal", "write_atomic"),
+    "journal": ("JournalLine", "MAX_FIELD_CHARS", "MAX_LINE_BYTES", "fit_line", "journal_lines",
+                "journal_records", "read_lines"),
     "lock": ("LOCK", "RunLock", "describe_holder"),
     "records": ("BAD_VERDICTS", "DIED_VERDICTS", "JUDGED_VERDICTS", "NOT_JUDGED_VERDICTS",
                 "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS", "VERDICTS", "make_record"),

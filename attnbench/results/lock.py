@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from attnbench.errors import RunDirError, printable
+from attnbench.results.files import create_temp
 
 LOCK = ".lock"
 TAKEOVER = ".lock.takeover"
@@ -106,13 +107,14 @@ class RunLock:
 
     def fs_now(self) -> float:
         """The filesystem's clock: the mtime of a file touched now in the run directory."""
-        probe = self.dir / f".clock.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}"
-        try:
-            probe.write_bytes(b"")
-            return probe.stat().st_mtime
+        try:  # a random name made with O_EXCL | O_NOFOLLOW: a planted link is never written
+            fd, probe = create_temp(self.dir, ".clock.")
         except OSError:
             return time.time()
+        try:
+            return os.fstat(fd).st_mtime
         finally:
+            os.close(fd)
             try:
                 probe.unlink()
             except OSError:

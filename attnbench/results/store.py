@@ -19,6 +19,7 @@ Load a run into pandas::
 from __future__ import annotations
 
 import datetime as _dt
+import io
 import json
 import os
 import shutil
@@ -29,12 +30,14 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from attnbench.errors import RunDirError, printable, short_repr
+from attnbench.results.files import open_append, open_update, refusal, write_atomic
+from attnbench.results.journal import MAX_LINE_BYTES, fit_line, journal_records
 from attnbench.results.lock import LOCK, RunLock, utc_now as _now
 from attnbench.results.schema import ENV_KEYS, check_manifest, check_record
 from attnbench.sweep.case import Case
 from attnbench.sweep.load import Sweep
 from attnbench.sweep.options import check_options_dict
-from attnbench.validation import parse_json
+from attnbench.validation import parse_json, read_bounded
 
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
@@ -44,6 +47,10 @@ power loss or kernel crash needs, is shared by the records of a batch: one fsync
 cost 8 ms on this machine and held the journal to 122 appends/s
 (benchmarks/scale_simulation.py). A record lost that way is a case pending again, never a
 wrong one."""
+MAX_MANIFEST_BYTES = 16 << 20
+"""The largest manifest read (16 MiB): one is a few KB, growing by about 1 KB per resume and
+per new environment, so this is thousands of resumes; a larger one was not written by
+attnbench and is refused in one line rather than read."""
 RETRIED = ("lost", "skipped")
 """Infrastructure verdicts: the case never reached a device (no worker could run it) or its
 worker died under it. A resumed run runs these cases again (``--retry`` adds verdicts)."""
@@ -189,10 +196,9 @@ class RunStore:
         if not self.new and self.manifest.get("sweep", {}).get("digest") != sweep.digest:
             self._extend()
         try:
-            self._fh = open(self.records_path, "a", encoding="utf-8")
+            self._fh = io.TextIOWrapper(open_append(self.records_path), encoding="utf-8")
         except OSError as exc:
-            raise RunDirError(f"{self.records_path}: cannot append: "
-                              f"{exc.strerror or exc}") from None
+            raise RunDirError(f"{self.records_path}: cannot append: {refusal(exc)}") from None
 
     def _check_growth(self) -> None:
         """A run grows with its sweep (new axis values are new cases, and only they run), but
@@ -244,20 +250,28 @@ class RunStore:
         if not self.records_path.exists():
             return
         try:
-            with open(self.records_path, "rb+") as fh:
+            with open_update(self.records_path) as fh:
+                size = fh.seek(0, os.SEEK_END)
+                start = max(0, size - MAX_LINE_BYTES - 1)  # the last line, if it is one
+                fh.seek(start)
                 data = fh.read()
                 if not data or data.endswith(b"\n"):
                     return
-                cut = data.rfind(b"\n") + 1
+                newline = data.rfind(b"\n")
+                if newline < 0 and start:
+                    raise RunDirError(f"{self.records_path}: its last line is longer than "
+                                      f"{MAX_LINE_BYTES} bytes; not a record attnbench wrote")
+                cut = start + newline + 1
                 try:
-                    check_record("", parse_json(data[cut:].decode("utf-8")))
+                    check_record("", parse_json(data[newline + 1:].decode("utf-8")))
                 except (ValueError, RunDirError):
                     fh.truncate(cut)
                 else:
+                    fh.seek(0, os.SEEK_END)
                     fh.write(b"\n")
         except OSError as exc:
             raise RunDirError(f"{self.records_path}: cannot repair the journal's last line: "
-                              f"{exc.strerror or exc}") from None
+                              f"{refusal(exc)}") from None
 
     def _note_resume(self, client: dict[str, Any]) -> None:
         """A resumed run remembers where each session ran from, and says so when it differs."""
@@ -283,6 +297,7 @@ class RunStore:
         another one."""
         if text is None:
             text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        record, text = fit_line(record, text)  # what the journal reader's line cap admits
         self._fh.write(text + "\n")
         self._dirty = True
         if flush:
@@ -339,13 +354,10 @@ class RunStore:
         return note
 
     def _write_manifest(self) -> None:
-        tmp = self.manifest_path.with_name(f"{MANIFEST}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(self.manifest, indent=2))
-            os.replace(tmp, self.manifest_path)  # atomic: a reader never sees half a manifest
+        try:  # atomic: a reader never sees half a manifest; a planted link is not followed
+            write_atomic(self.manifest_path, json.dumps(self.manifest, indent=2))
         except OSError as exc:
-            raise RunDirError(f"{self.manifest_path}: cannot write: "
-                              f"{exc.strerror or exc}") from None
+            raise RunDirError(f"{self.manifest_path}: cannot write: {refusal(exc)}") from None
 
     def set_manifest(self, **fields: Any) -> None:
         self.manifest.update(fields)
@@ -411,11 +423,11 @@ def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
 def load_manifest(run_dir: Path | str) -> dict:
     path = Path(run_dir) / MANIFEST
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_MANIFEST_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise RunDirError(f"{path}: no manifest; is {run_dir} a run directory made by "
                           "`attnbench run`?") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError, a FIFO, over the cap
         raise RunDirError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         data = parse_json(text)
@@ -427,33 +439,16 @@ def load_manifest(run_dir: Path | str) -> dict:
 def load_records(run_dir: Path | str) -> list[dict]:
     """All records of a run, last one per case id winning; a torn last line is skipped. Every
     record is checked (:func:`check_record`); the first bad one is a :class:`RunDirError`
-    naming its line and field."""
+    naming its line and field. Read by :func:`~attnbench.results.journal.journal_records`
+    (a line at a time, each capped); to stream a run without holding it, use that."""
     path = Path(run_dir) / RECORDS
     if not path.exists():
         if not (Path(run_dir) / MANIFEST).exists():
             raise RunDirError(f"{path}: not found; is {run_dir} a run directory made by "
                               "`attnbench run`?")
         return []
-    if not path.is_file():
-        raise RunDirError(f"{path}: not a file; the journal must be one")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise RunDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
     by_id: dict[str, dict] = {}
-    lines = data.split(b"\n")
-    torn = lines[-1] if lines[-1] else None  # a last line without its newline
-    for number, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            record = parse_json(raw.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            if raw is torn:
-                break  # torn by an interruption mid-write
-            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "not a JSON record"
-            raise RunDirError(f"{path}:{number}: {why} ({printable(exc, 200)})") from None
-        check_record(f"{path}:{number}: ", record)
+    for _, record in journal_records(path):  # streamed, each line capped
         by_id[record["id"]] = record
     return list(by_id.values())
 

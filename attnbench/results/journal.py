@@ -1,0 +1,143 @@
+"""The one journal reader: ``records.jsonl`` streamed a line at a time, each line capped.
+
+A journal may be large (a long run) or hostile (a shared run directory: one 2 GiB line), so it
+is never read whole: :func:`journal_lines` yields its lines one at a time, none longer than
+:data:`MAX_LINE_BYTES` held in memory (a longer one is read past in chunks and reported as
+such), and :func:`journal_records` parses and checks them. Memory is one line, whatever the
+file; what a caller keeps (the last record per case, a count) is its own.
+
+Every reader of a journal goes through here (``load_records``, ``show``, ``report``,
+``export``, ``compare``, ``status``), so a bound set here holds for all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+from attnbench.errors import RunDirError, printable
+from attnbench.results.schema import check_record
+from attnbench.validation import parse_json
+
+MAX_LINE_BYTES = 1 << 20
+"""The longest journal line read: 1 MiB. A record is about 4.5 KB (the largest of 318 mixed
+records of a synthetic run: 4,527 bytes); its longest parts are bounded where they are made (a
+traceback's last 4,000 characters, a rank's stderr tail of 40 lines within 64 KiB), so 1 MiB is
+over 200 times the largest seen and far above what any writer produces: a longer line was not
+written by attnbench."""
+_CHUNK = 1 << 16
+"""Bytes read at a time when skipping past an over-long line (64 KiB: memory stays bounded)."""
+
+
+@dataclass(frozen=True)
+class JournalLine:
+    """One line of a journal: its 1-based ``number``; its bytes without the newline (empty when
+    ``oversize``); ``ended`` (it has its newline: a last line without one may be torn by an
+    interrupted write); ``oversize`` (longer than the cap: its bytes were not kept)."""
+
+    number: int
+    data: bytes
+    ended: bool
+    oversize: bool = False
+
+
+def read_lines(fh: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[JournalLine]:
+    """The lines of an open binary file, each held only while it is looked at; a line longer
+    than ``limit`` bytes is skipped through in chunks and yielded as ``oversize``."""
+    number = 0
+    while True:
+        data = fh.readline(limit + 1)
+        if not data:
+            return
+        number += 1
+        if len(data) <= limit or (len(data) == limit + 1 and data.endswith(b"\n")):
+            ended = data.endswith(b"\n")
+            yield JournalLine(number, data[:-1] if ended else data, ended)
+            continue
+        ended = False
+        while not ended:  # skip the rest of the long line without keeping it
+            chunk = fh.readline(_CHUNK)
+            if not chunk:
+                break
+            ended = chunk.endswith(b"\n")
+        yield JournalLine(number, b"", ended, oversize=True)
+
+
+def journal_lines(path: Path | str, limit: int = MAX_LINE_BYTES) -> Iterator[JournalLine]:
+    """:func:`read_lines` of the journal at ``path``. Raises :class:`RunDirError` (one line) when
+    it cannot be opened or is not a regular file (a FIFO is not waited on)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunDirError(f"{path}: not a file; the journal must be one")
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            yield from read_lines(fh, limit)
+        except OSError as exc:
+            raise RunDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def journal_records(path: Path | str, limit: int = MAX_LINE_BYTES
+                    ) -> Iterator[tuple[int, dict]]:
+    """``(line number, record)`` for each record of the journal at ``path``, in file order,
+    each checked (:func:`check_record`); blank lines are passed over and a torn last line
+    (no newline, not a record) is skipped. Anything else that is not a record -- a line over
+    ``limit``, not UTF-8, not JSON, a bad field -- raises :class:`RunDirError` naming the file
+    and line."""
+    path = Path(path)
+    for line in journal_lines(path, limit):
+        where = f"{path}:{line.number}"
+        if line.oversize:
+            raise RunDirError(f"{where}: a line of more than {limit} bytes; a record is at most "
+                              "a few KB, so this is not a record attnbench wrote")
+        if not line.data.strip():
+            continue
+        try:
+            record = parse_json(line.data.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            if not line.ended:
+                return  # torn by an interruption mid-write
+            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "not a JSON record"
+            raise RunDirError(f"{where}: {why} ({printable(exc, 200)})") from None
+        check_record(f"{where}: ", record)
+        yield line.number, record
+
+
+MAX_FIELD_CHARS = 1 << 16
+"""A text of a record longer than this (64 Ki characters) is cut when the record would not fit
+on a journal line (:func:`fit_line`): the longest text attnbench makes is a rank's stderr tail,
+64 KiB at most; a longer one is an exception's message quoting a whole tensor or file."""
+
+
+def fit_line(record: dict, text: str) -> tuple[dict, str]:
+    """``record`` and its JSON ``text``, unchanged when ``text`` fits :data:`MAX_LINE_BYTES`;
+    else every string in it over :data:`MAX_FIELD_CHARS` cut (with a note of how much), so what
+    is written can be read back. Raises :class:`RunDirError` if it still does not fit."""
+    if 4 * len(text) < MAX_LINE_BYTES or len(text.encode("utf-8")) < MAX_LINE_BYTES:
+        return record, text  # (a character is at most 4 bytes: most records skip the encoding)
+    record = _cut(record)
+    text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+    if len(text.encode("utf-8")) + 1 > MAX_LINE_BYTES:
+        raise RunDirError(f"record {printable(record.get('id'), 64)}: {len(text)} characters "
+                          f"with its texts cut, more than a journal line holds "
+                          f"({MAX_LINE_BYTES} bytes)")
+    return record, text
+
+
+def _cut(value):
+    if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+        return f"{value[:MAX_FIELD_CHARS]} [... {len(value) - MAX_FIELD_CHARS} more characters cut]"
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    return value
