@@ -9,7 +9,7 @@ directory: ``manifest.json`` and ``records.jsonl``, appended and flushed as reco
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
-    "lock": ("LOCK", "RunLock", "describe_holder"),
+    "lock": ("Cancelled", "LOCK", "RunLock", "describe_holder"),
     "records": ("BAD_VERDICTS", "DIED_VERDICTS", "JUDGED_VERDICTS", "NOT_JUDGED_VERDICTS",
                 "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS", "VERDICTS", "make_record"),
     "schema": ("check_record",),
