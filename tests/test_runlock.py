@@ -173,3 +173,67 @@ def test_of_many_contenders_for_a_stale_lock_exactly_one_wins(tmp_path):
         outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
         assert outcomes.count("won") == 1, outcomes
         assert not (tmp_path / LOCK).exists()
+
+
+# -- a submit's claim, adopted by its driver (issue 25, item 6) --------------------------------
+def _claim(tmp_path, submission: str = "sub-1") -> RunLock:
+    """What ``attnbench submit`` leaves: its lock, a claim, handed over (no heartbeat)."""
+    claim = RunLock(tmp_path, stale_s=3600)
+    claim.acquire(["attnbench", "submit"], claim=True, submission=submission)
+    token = claim.token
+    claim.hand_over()
+    claim.token = token  # the token the driver was given (hand_over forgets it)
+    return claim
+
+
+def test_a_claim_refuses_every_other_run_and_only_its_driver_adopts_it(tmp_path):
+    """Two submits to one --out were both accepted in 2 of 3 tries: the lock was taken by the
+    driver, after both submits said "submitted". The claim is the lock from the submit's
+    checks on. Mutant: a driver that takes the lock as any run does (``acquire`` with a wait)
+    -- it waits 3600 s for a claim that is not stale; here it would raise "in use"."""
+    claim = _claim(tmp_path)
+    with pytest.raises(RunDirError, match="in use by another attnbench run"):
+        RunLock(tmp_path, stale_s=3600).acquire(["attnbench", "submit"])  # the second submit
+    stranger = RunLock(tmp_path, stale_s=3600)
+    with pytest.raises(RunDirError, match="claim on the run directory is gone; another"):
+        stranger.inherit("not-the-claim", ["driver"], submission="sub-2")
+    driver = RunLock(tmp_path, stale_s=3600)
+    driver.inherit(claim.token, ["driver"], submission="sub-1", worker="w1")
+    note = json.loads((tmp_path / LOCK).read_text())
+    assert note["token"] == driver.token != claim.token and "claim" not in note
+    assert note["submission"] == "sub-1" and driver.owned()
+    driver.release()
+    assert not (tmp_path / LOCK).exists()
+
+
+def test_a_driver_cancelled_before_it_started_takes_nothing(tmp_path):
+    """After `cancel` said "cancelled", the waiting driver took the lock and ran the other 12
+    cases anyway. Mutant: a driver that takes a free lock (``acquire``) once its claim was
+    withdrawn -- it would hold the lock here."""
+    claim = _claim(tmp_path)
+    assert RunLock(tmp_path).withdraw(claim.token)  # attnbench cancel
+    assert not (tmp_path / LOCK).exists()
+    driver = RunLock(tmp_path, stale_s=3600)
+    with pytest.raises(RunDirError, match="its claim was cancelled or taken over; nothing"):
+        driver.inherit(claim.token, ["driver"], submission="sub-1")
+    assert not driver.held and not (tmp_path / LOCK).exists()
+
+
+def test_a_cancel_asked_while_the_driver_waits_removes_the_claim(tmp_path):
+    claim = _claim(tmp_path)
+    driver = RunLock(tmp_path, stale_s=3600)
+    with pytest.raises(Cancelled):
+        driver.inherit(claim.token, ["driver"], cancelled=lambda: True, submission="sub-1")
+    assert not driver.held and not (tmp_path / LOCK).exists()
+
+
+def test_a_rerun_driver_takes_over_only_its_own_submissions_stale_lock(tmp_path):
+    """Dask reruns a driver whose worker died: it waits for the dead driver's lock (same
+    submission) to go stale, then takes it; another submission's lock is never its."""
+    _foreign(tmp_path, age_s=600, submission="sub-1")
+    with pytest.raises(RunDirError, match="another attnbench run holds it"):
+        RunLock(tmp_path, stale_s=60).inherit("gone-claim", ["driver"], submission="sub-2")
+    driver = RunLock(tmp_path, stale_s=60)
+    driver.inherit("gone-claim", ["driver"], submission="sub-1")
+    assert driver.owned()
+    driver.release()
