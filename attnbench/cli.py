@@ -345,20 +345,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     except BrokenPipeError:
         return quiet_broken_pipe()
     except OSError as exc:  # an output the disk refused (`> /dev/full`, a full disk): one line
-        stdout = exc.filename is None and _stdout_refuses()
-        print(f"attnbench: error: {os_error_text(exc, 'standard output' if stdout else '')}",
-              file=sys.stderr)
+        # A write to an open file names no file; which output it was (standard output or an
+        # --out file) is not known here: Python drops the buffer a failed flush could not write.
+        print(f"attnbench: error: {os_error_text(exc, 'writing the output')}", file=sys.stderr)
         quiet_broken_pipe()  # the interpreter's last flush of stdout must not raise again
         return EXIT_BAD_INPUT
-
-
-def _stdout_refuses() -> bool:
-    """Whether standard output is what failed (its buffer still cannot be written)."""
-    try:
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        return True
-    return False
 
 
 def _main(argv: Optional[list[str]] = None) -> int:
