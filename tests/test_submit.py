@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.results.store import RunStore
+from attnbench.sweep.load import load_sweep
 from helpers import ROOT, attnbench_cmd
 from test_multinode import Processes, _counts, _journal, _sweep, _wait_for
 
@@ -149,6 +151,57 @@ def test_cancel_stops_a_plain_run_too(cluster, env, tmp_path):
     assert run.wait(timeout=60) == 130  # as on Ctrl-C: interrupted, resumable
     counts = _counts(CASES, out)
     assert counts["duplicated"] == 0 and counts["written"] < CASES
+
+
+def test_two_submits_at_once_are_one_driver(cluster, env, tmp_path):
+    """Issue 25, item 6: two concurrent submits to one --out were both accepted in 2 of 3
+    tries (the lock was the driver's, taken after "submitted"). Now the submit claims the run
+    directory before it says anything, and its driver adopts the claim. Mutant: a submit that
+    lets go of its lock before starting the driver (``store.close()`` without ``keep_lock``,
+    as before) -- both are accepted when their checks overlap, which the barrier makes likely
+    but not certain (a sanity check like the six contenders of test_runlock.py)."""
+    address, _ = cluster
+    sweep = _sweep(tmp_path, "twice", {"seed": list(range(CASES))}, gpu="any")
+    out = tmp_path / "run"
+    RunStore(out, load_sweep(sweep), command=["test"]).close()  # both resume it: one lock
+    results: list[subprocess.CompletedProcess] = []
+    both = threading.Barrier(2)
+
+    def submit() -> None:
+        both.wait()
+        results.append(_cli("submit", sweep, "--scheduler", address, "--out", out, env=env))
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r.returncode for r in results) == [0, 2], [r.stdout + r.stderr for r in results]
+    refused = next(r for r in results if r.returncode == 2)
+    assert f"{out}: in use by another attnbench run" in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "submitted" not in refused.stdout
+    assert _cli("attach", out, env=env).returncode == 0
+    assert _exact(out) == EXACT
+    assert (out / "driver.log").read_text().count(" on worker ") == 1
+
+
+def test_a_cancel_right_after_submit_stops_the_driver_wherever_it_is(cluster, env, tmp_path):
+    """Item 6, second half: after `cancel` said "cancelled", a driver still waiting took the
+    lock and ran the other 12 cases anyway. A cancel now withdraws the claim of a driver not
+    started yet (which then runs nothing) or stops the one that adopted it; either way nothing
+    is written after it returns and the run directory is free."""
+    address, _ = cluster
+    sweep = _sweep(tmp_path, "quick-cancel", {"seed": list(range(CASES))}, gpu="any")
+    out = tmp_path / "run"
+    _cli("submit", sweep, "--scheduler", address, "--out", out, "--start-wait", "0", env=env)
+    cancel = _cli("cancel", out, env=env)
+    assert cancel.returncode == 0 and "cancelled" in cancel.stdout, cancel.stdout + cancel.stderr
+    written = _lines(out)
+    _wait_for(lambda: _state(out).get("state") == "cancelled", 60, "the driver to say cancelled")
+    time.sleep(4 * SLEEP_S)
+    assert _lines(out) == written < CASES
+    assert not (out / ".lock").exists()
+    assert "driver: cancelled" in _cli("status", out, env=env).stdout
 
 
 def test_killing_the_drivers_worker_loses_and_duplicates_nothing(cluster, env, tmp_path):
