@@ -153,36 +153,66 @@ def test_cancel_stops_a_plain_run_too(cluster, env, tmp_path):
     assert counts["duplicated"] == 0 and counts["written"] < CASES
 
 
-def test_two_submits_at_once_are_one_driver(cluster, env, tmp_path):
+def test_two_submits_whose_checks_overlap_are_one_driver(cluster, env, tmp_path, monkeypatch,
+                                                         capsys):
     """Issue 25, item 6: two concurrent submits to one --out were both accepted in 2 of 3
-    tries (the lock was the driver's, taken after "submitted"). Now the submit claims the run
-    directory before it says anything, and its driver adopts the claim. Mutant: a submit that
-    lets go of its lock before starting the driver (``store.close()`` without ``keep_lock``,
-    as before) -- both are accepted when their checks overlap, which the barrier makes likely
-    but not certain (a sanity check like the six contenders of test_runlock.py)."""
+    tries (two threads running the CLI each also passed on the code before, by luck of
+    timing). The race made certain, in process: the second submit checks the run directory
+    right after the first finished its checks, and each waits (up to 20 s) before starting its
+    driver until the other got as far. Before issue 25 both got there -- the check's lock was
+    let go before the driver took it -- and both said "submitted" (the second driver then
+    waited for the lock, and ran after a cancel). Now the second is refused at its checks (the
+    first's claim holds the directory) and the first waits out the 20 s alone."""
+    from distributed import Client
+
+    from attnbench import cli
+
     address, _ = cluster
-    sweep = _sweep(tmp_path, "twice", {"seed": list(range(CASES))}, gpu="any")
+    sweep = _sweep(tmp_path, "overlap", {"seed": list(range(CASES))}, gpu="any")
     out = tmp_path / "run"
-    RunStore(out, load_sweep(sweep), command=["test"]).close()  # both resume it: one lock
-    results: list[subprocess.CompletedProcess] = []
-    both = threading.Barrier(2)
+    RunStore(out, load_sweep(sweep), command=["test"]).close()
+    both = threading.Barrier(2, timeout=20)
+    submit = Client.submit
 
-    def submit() -> None:
-        both.wait()
-        results.append(_cli("submit", sweep, "--scheduler", address, "--out", out, env=env))
+    def submit_after_the_other_checked(self, func, *args, **kwargs):
+        if getattr(func, "__name__", "") == "drive":
+            try:
+                both.wait()
+            except threading.BrokenBarrierError:
+                pass
+        return submit(self, func, *args, **kwargs)
 
-    threads = [threading.Thread(target=submit) for _ in range(2)]
+    checked, turn, entered = threading.Event(), threading.Lock(), []
+    init, close = RunStore.__init__, RunStore.close
+
+    def check_after_the_first(self, *args, **kwargs):
+        with turn:
+            entered.append(self)
+            second = len(entered) == 2
+        if second:
+            checked.wait(20)
+        init(self, *args, **kwargs)
+
+    def close_and_say_so(self, *args, **kwargs):
+        close(self, *args, **kwargs)
+        checked.set()
+
+    monkeypatch.setattr(Client, "submit", submit_after_the_other_checked)
+    monkeypatch.setattr(RunStore, "__init__", check_after_the_first)
+    monkeypatch.setattr(RunStore, "close", close_and_say_so)
+    codes: list[int] = []
+    threads = [threading.Thread(target=lambda: codes.append(cli.main(
+        ["submit", str(sweep), "--scheduler", address, "--out", str(out)]))) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert sorted(r.returncode for r in results) == [0, 2], [r.stdout + r.stderr for r in results]
-    refused = next(r for r in results if r.returncode == 2)
-    assert f"{out}: in use by another attnbench run" in refused.stderr
-    assert refused.stderr.count("\n") == 1 and "submitted" not in refused.stdout
+    printed = capsys.readouterr()
+    assert sorted(codes) == [0, 2], printed
+    assert printed.out.count("submitted: driver") == 1, printed.out
+    assert f"{out}: in use by another attnbench run" in printed.err
     assert _cli("attach", out, env=env).returncode == 0
     assert _exact(out) == EXACT
-    assert (out / "driver.log").read_text().count(" on worker ") == 1
 
 
 def test_a_cancel_right_after_submit_stops_the_driver_wherever_it_is(cluster, env, tmp_path):
