@@ -234,6 +234,38 @@ def test_a_cancel_right_after_submit_stops_the_driver_wherever_it_is(cluster, en
     assert "driver: cancelled" in _cli("status", out, env=env).stdout
 
 
+LONG_CASE_S = 20.0
+"""A case long enough that waiting for it shows: the cancel bound below is under it by 8 s."""
+CANCEL_BOUND_S = 12.0
+"""Cancel, `attnbench cancel` starting up included: measured 2.2-3.5 s here under load (a
+tick of 1 s, letting the lanes go, the CLI's imports); it was the rest of the case in flight
+(13.0 s with 12-s cases, 29.7 s with these, 21 s in the review) while the driver waited for a
+worker thread."""
+
+
+def test_cancel_does_not_wait_for_the_case_in_flight(env, tmp_path):
+    """Issue 25, item 12: "cancel took 21 s where docs/cluster.md says within a second". The
+    driver left Dask's thread pool with ``worker_client``, whose exit rejoins it: it waited for
+    the thread the case in flight held before letting go of the lock. Mutant: that rejoin
+    (cancel then waits out the case in flight, >= 17 s: 29.7 s measured)."""
+    procs = Processes(tmp_path, dict(env, SLEEPY_S=str(LONG_CASE_S)))
+    sweep = _sweep(tmp_path, "long", {"seed": list(range(4))}, gpu="any")
+    out = tmp_path / "run"
+    try:
+        address = _start_cluster(procs, ("w1",))
+        _submit(sweep, out, address, env)
+        _wait_for(lambda: (_state(out).get("in_flight") or 0) >= 1, 60, "a case in flight")
+        time.sleep(1.0)  # the case has surely started
+        t0 = time.monotonic()
+        cancel = _cli("cancel", out, env=env)
+        took = time.monotonic() - t0
+        assert cancel.returncode == 0 and "cancelled;" in cancel.stdout, cancel.stdout
+        assert took < CANCEL_BOUND_S, f"cancel took {took:.1f} s"
+        assert _lines(out) == 0 and not (out / ".lock").exists()
+    finally:
+        procs.stop_all()
+
+
 def test_killing_the_drivers_worker_loses_and_duplicates_nothing(cluster, env, tmp_path):
     """SIGKILL the worker process the driver runs in: the scheduler reruns the driver task on
     the other worker, which takes over the dead driver's lock and resumes from the journal."""
