@@ -206,3 +206,19 @@ def test_a_driver_that_lost_its_scheduler_is_gone_not_a_raw_exception(sweep_file
     printed = capsys.readouterr().out
     assert "driver: gone (lost the Dask scheduler tcp://10.0.0.1:8786" in printed
     assert "resubmit with the same --out to resume" in printed and "Closed" not in printed
+
+
+def test_a_driver_that_cannot_write_its_last_state_still_lets_go(sweep_file, tmp_path,
+                                                                 monkeypatch):
+    """The submitted driver's end on a full disk: ``driver.json`` cannot be written and the
+    journal's last fsync fails; the lock goes all the same (before: the lock and its heartbeat
+    stayed until the worker was killed; ``status`` said running, ``cancel`` timed out)."""
+    from attnbench.dispatch import driver
+
+    out = tmp_path / "run"
+    store = RunStore(out, load_sweep(sweep_file), command=["test"], submission="abc")
+    store.append(make_record(store.sweep.cases[0], verdict="pass"))
+    monkeypatch.setattr(driver, "write_state", lambda *a: (_ for _ in ()).throw(ENOSPC))
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(ENOSPC))
+    driver._leave(out, store, {"submission": "abc", "state": "failed", "message": "disk"})
+    assert not (out / LOCK).exists() and not store.lock.held
