@@ -120,6 +120,21 @@ def test_a_refused_write_is_one_disk_error_and_nothing_is_appended_after_it(swee
     assert [r["id"] for r in load_records(out)] == [first.id]
 
 
+def test_a_manifest_the_disk_refuses_mid_run_is_the_same_disk_error(sweep_file, tmp_path,
+                                                                     monkeypatch):
+    """A record from a new host rewrites the manifest; on a full disk that was a raw OSError
+    (exit 2 as bad input, not 3). Mutant: ``_note_env`` outside the journal's disk guard."""
+    out = tmp_path / "run"
+    store = RunStore(out, load_sweep(sweep_file), command=["test"])
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out / "manifest.json.tmp"))
+    monkeypatch.setattr(RunStore, "_write_manifest", lambda self: (_ for _ in ()).throw(full))
+    with pytest.raises(DiskError, match=r"manifest.json.tmp: No space left on device"):
+        store.append(make_record(store.sweep.cases[0], verdict="pass",
+                                 env={"host": "gpu-node-2"}))
+    store.close()
+    assert not (out / LOCK).exists()
+
+
 def test_a_full_disk_during_run_is_one_line_exit_3_and_the_resume_is_exact(
         sweep_file, tmp_path, monkeypatch, capsys):
     """End to end on the embedded cluster. Before: an OSError traceback (exit 1) and, from the

@@ -295,7 +295,8 @@ class RunStore:
         if flush:
             self.flush()
         self.done[record["id"]] = record
-        return self._note_env(record.get("env") or {})
+        with self._disk():  # a new environment rewrites the manifest: the same disk
+            return self._note_env(record.get("env") or {})
 
     def flush(self) -> None:
         """Hand buffered records to the kernel (a killed process then loses none of them), and
