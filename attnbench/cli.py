@@ -18,9 +18,9 @@ from typing import Optional
 
 from attnbench import __version__
 from attnbench.backends import check_backend_name, public_names
-from attnbench.errors import (EXIT_CLUSTER, EXIT_FAILURES, EXIT_FINDINGS, EXIT_INTERRUPTED,
-                              EXIT_OK, EXIT_STATUS_HELP, ClusterError, UserError, printable,
-                              quiet_broken_pipe, short_repr)
+from attnbench.errors import (EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_FINDINGS,
+                              EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUS_HELP, ClusterError, DiskError,
+                              UserError, os_error_text, printable, quiet_broken_pipe, short_repr)
 from attnbench.results.records import BAD_VERDICTS, VERDICTS
 from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
                                      load_records)
@@ -30,11 +30,7 @@ from attnbench.validation import positive_int_argument
 
 # -- run --------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from attnbench.cluster.connect import connect, make_security
-    from attnbench.dispatch.driver import local_run_status
-    from attnbench.dispatch.lanes import run_class
-    from attnbench.cluster.performance_report import saved_performance_report
-    from attnbench.dispatch.run import run_pending
+    from attnbench.cluster.connect import make_security
     from attnbench.cluster.scheduler_address import check_choice, choose_scheduler
 
     sweep = load_sweep(args.sweep, check_backend_name, args.set or ())
@@ -52,6 +48,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         run_dir = default_run_dir(sweep)
     store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or ())
+    try:
+        return _run_store(args, sweep, store, run_dir, scheduler, security)
+    finally:
+        store.close()  # never raises; the lock goes whatever happened (a full disk included)
+
+
+def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, scheduler,
+               security) -> int:
+    from attnbench.cluster.connect import connect
+    from attnbench.dispatch.driver import local_run_status
+    from attnbench.dispatch.lanes import run_class
+    from attnbench.cluster.performance_report import saved_performance_report
+    from attnbench.dispatch.run import run_pending
+
     if store.resume_note:
         print(f"attnbench: warning: {store.resume_note}", file=sys.stderr, flush=True)
     pending = store.pending()
@@ -75,15 +85,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                 with saved_performance_report(run_dir, conn.client, " ".join(sys.argv)):
                     summary = run_pending(store, conn, worker_wait_s=args.worker_wait,
                                           on_tick=status, run_class=run_class(args.dispatch))
-                status.finish("cancelled" if summary.interrupted else "finished")
+                    status.finish("cancelled" if summary.interrupted else "finished")
+                    # The journal is complete: let go of the run directory now, not after
+                    # Dask's report and the cluster's shutdown (seconds), so `cancel` returns
+                    # as soon as the run stopped. (`store.done` stays readable.)
+                    store.close()
             finally:
                 conn.close()
-        except ClusterError as exc:
+        except (ClusterError, DiskError) as exc:
             store.close(discard_unused=True)  # a run that never started leaves nothing
             print(f"attnbench: error: {printable(exc, 2000)}", file=sys.stderr)
             if run_dir.exists():
                 print(f"attnbench: resume with: {resume}", file=sys.stderr)
-            return EXIT_CLUSTER
+            return exc.exit_status
     records, foreign = store.records()
     store.close()
     if foreign:
@@ -330,6 +344,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             sys.stdout.flush()
     except BrokenPipeError:
         return quiet_broken_pipe()
+    except OSError as exc:  # an output the disk refused (`> /dev/full`, a full disk): one line
+        # A write to an open file names no file; which output it was (standard output or an
+        # --out file) is not known here: Python drops the buffer a failed flush could not write.
+        print(f"attnbench: error: {os_error_text(exc, 'writing the output')}", file=sys.stderr)
+        quiet_broken_pipe()  # the interpreter's last flush of stdout must not raise again
+        return EXIT_BAD_INPUT
 
 
 def _main(argv: Optional[list[str]] = None) -> int:

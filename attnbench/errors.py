@@ -6,8 +6,11 @@ Exit status (every ``attnbench`` command):
 0    success
 1    a run finished with failing cases (fail, error, crash, timeout, oom, lost), a comparison
      found a regression, or the selftest missed a bug / raised a false alarm
-2    bad input: a sweep file, a run directory, a dashboard definition or an argument
-3    the cluster failed (scheduler unreachable or lost, no workers, cases left pending): resume
+2    bad input: a sweep file, a run directory, a dashboard definition or an argument; or an
+     output that cannot be written (a full or read-only disk, ``> /dev/full``): nothing ran
+3    the cluster failed (scheduler unreachable or lost, no workers, cases left pending), or the
+     disk under a run did (full, read-only, I/O error) while it ran: the journal keeps every
+     record written before; rerun the same command to resume
 4    no case failed, but the accuracy trends across the sweep found a finding (an error that
      grows with the sequence faster than the baseline's); ``attnbench show`` lists them
 130  interrupted (Ctrl-C, SIGTERM); the run resumes where it stopped
@@ -37,8 +40,10 @@ EXIT_STATUS_HELP = """exit status:
   0    success
   1    failing cases (fail, error, crash, timeout, oom, lost), a regression in compare, or a
        selftest that missed a bug
-  2    bad input (sweep file, run directory, dashboard definition, argument)
-  3    the cluster failed (unreachable, no workers, cases left pending): resume later
+  2    bad input (sweep file, run directory, dashboard definition, argument), or an output
+       that cannot be written (disk full or read-only)
+  3    the cluster failed (unreachable, no workers, cases left pending), or the disk did
+       during a run: resume later
   4    no case failed, but an accuracy finding was made (error growing with the sequence)
   130  interrupted (Ctrl-C, SIGTERM): the journal is valid, rerun to resume
   141  standard output closed early (piped into head): stopped quietly"""
@@ -70,6 +75,25 @@ class ClusterError(UserError, RuntimeError):
     """The cluster cannot be used (unreachable, no workers, scheduler lost)."""
 
     exit_status = EXIT_CLUSTER
+
+
+class DiskError(UserError):
+    """The disk under a run failed while it ran (ENOSPC, EROFS, EIO): one line naming the file
+    and the error. Exit 3, not 2: nothing is wrong with the input, the journal keeps what was
+    written before, and the same command resumes once the disk can take more."""
+
+    exit_status = EXIT_CLUSTER
+
+
+def os_error_text(exc: OSError, what: str = "") -> str:
+    """``FILE: No space left on device (ENOSPC)`` -- an OSError as the one line a user reads;
+    ``what`` names the file when the error does not (a write to an open file)."""
+    import errno
+
+    where = exc.filename if exc.filename is not None else what
+    name = errno.errorcode.get(exc.errno or 0)
+    text = f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+    return printable(f"{where}: {text}" if where else text, 2000)
 
 
 def exception_summary(exc: BaseException, limit: int = 300) -> str:

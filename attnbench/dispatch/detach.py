@@ -1,12 +1,15 @@
 """``attnbench submit | status | attach | cancel``: a sweep that runs without its submitter.
 
 ``submit`` checks everything a run would check (the sweep, the run directory, the scheduler
-and its workers), then hands the sweep to a driver task on the cluster
-(:func:`attnbench.dispatch.driver.drive`, ``fire_and_forget``) and returns once the driver holds the
-run directory. ``status`` and ``attach`` read what the driver leaves in the run directory
-(:mod:`attnbench.dispatch.driver_state`) and the journal; ``cancel`` asks the lock holder to stop (a
-driver or a plain ``attnbench run``), which it does within a second, leaving the journal valid.
-All four need only the run directory, on the filesystem the cluster shares.
+and its workers) and claims the run directory (its lock, before it says anything: a second
+submit or run is refused from then on), then hands the sweep to a driver task on the cluster
+(:func:`attnbench.dispatch.driver.drive`, ``fire_and_forget``), which adopts the claim, and
+returns once the driver holds the run directory. ``status`` and ``attach`` read what the driver
+leaves in the run directory (:mod:`attnbench.dispatch.driver_state`) and the journal; ``cancel``
+asks the lock holder to stop (a driver or a plain ``attnbench run``), which it does within
+about a second (its next tick, then the cases in flight are let go: measured 1-2 s), leaving
+the journal valid; a driver not started yet loses its claim at once and runs nothing when it
+starts. All four need only the run directory, on the filesystem the cluster shares.
 """
 
 from __future__ import annotations
@@ -14,13 +17,16 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
+import socket
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Optional
 
-from attnbench.dispatch.driver_state import FINAL, LOG, read_state, request_cancel
+from attnbench.dispatch.driver_state import (FINAL, LOG, load_state, read_state,
+                                             request_cancel, write_state)
 from attnbench.errors import EXIT_CLUSTER, EXIT_OK, ClusterError, UsageError, printable
 from attnbench.results.journal import MAX_LINE_BYTES, journal_lines
 from attnbench.results.lock import RunLock, describe_holder
@@ -47,33 +53,54 @@ def cmd_submit(args: argparse.Namespace) -> int:
                    worker_wait_s=args.worker_wait)
     try:
         # What a run would refuse is refused here, in one line (the lock included); the
-        # directory and its manifest are made by the user, on the shared filesystem.
-        store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or ())
+        # directory and its manifest are made by the user, on the shared filesystem. The lock
+        # taken here is the driver's claim: held until the driver adopts it, so exactly one
+        # of two submits to one --out is accepted (issue 25: both were, in 2 of 3 tries).
+        submission = uuid.uuid4().hex[:12]
+        store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or (),
+                         submission=submission, claim=True)
         pending, done = len(store.pending()), len(store.done)
-        store.close(discard_unused=not pending)
+        store.close(discard_unused=not pending, keep_lock=bool(pending))
         print(f"attnbench: sweep {sweep.name!r}: {len(sweep.cases)} cases, {done} already in "
               f"{run_dir}, {pending} to run")
         if not pending:
             print(f"attnbench: nothing to run; see attnbench status {run_dir}")
             return EXIT_OK
-        return _hand_over(conn, sweep, run_dir, args)
+        return _hand_over(conn, sweep, run_dir, args, store.lock, submission)
     finally:
         conn.close()
 
 
-def _hand_over(conn, sweep, run_dir: Path, args: argparse.Namespace) -> int:
+def _hand_over(conn, sweep, run_dir: Path, args: argparse.Namespace, claim: RunLock,
+               submission: str) -> int:
+    """Start the driver with ``claim`` (this submit's lock) to adopt; wait for it to start.
+    The claim is let go without removing it once the driver may adopt it (it holds the run
+    directory for a driver still queued: a run may take it over once stale), and removed only
+    when the driver is known not to run."""
     from distributed import fire_and_forget
 
     from attnbench.dispatch.driver import drive
 
-    submission = uuid.uuid4().hex[:12]
-    future = conn.client.submit(drive, sweep.source, sweep.path, str(run_dir), submission,
-                                [str(a) for a in sys.argv], tuple(args.retry or ()),
-                                args.worker_wait, args.dispatch,
-                                key=f"attnbench-driver-{submission}",
-                                pure=False)
-    fire_and_forget(future)
-    deadline = time.monotonic() + args.start_wait
+    future = None
+    try:
+        write_state(run_dir, {"submission": submission, "state": "submitted",
+                              "host": socket.gethostname(), "pid": os.getpid(),
+                              "run_dir": str(run_dir), "started": time.time()})
+        future = conn.client.submit(drive, sweep.source, sweep.path, str(run_dir), submission,
+                                    [str(a) for a in sys.argv], tuple(args.retry or ()),
+                                    args.worker_wait, args.dispatch, claim=claim.token,
+                                    key=f"attnbench-driver-{submission}", pure=False)
+        fire_and_forget(future)
+        return _wait_for_driver(future, run_dir, submission, args.start_wait)
+    finally:
+        if future is None or future.done():
+            claim.release()  # only if still the claim: a driver that adopted it keeps it
+        else:
+            claim.hand_over()
+
+
+def _wait_for_driver(future, run_dir: Path, submission: str, start_wait: float) -> int:
+    deadline = time.monotonic() + start_wait
     while time.monotonic() < deadline:
         state = read_state(run_dir) or {}
         # "starting" is not enough: a driver that fails as its run loop starts (its lanes'
@@ -84,6 +111,10 @@ def _hand_over(conn, sweep, run_dir: Path, args: argparse.Namespace) -> int:
                 print(f"attnbench: error: the driver failed: {printable(state.get('message'), 2000)}",
                       file=sys.stderr)
                 return EXIT_CLUSTER
+            if state.get("state") == "cancelled":
+                print(f"attnbench: driver {submission} was cancelled before it ran a case "
+                      f"(attnbench cancel); the same submit resumes")
+                return EXIT_OK
             print(f"attnbench: submitted: driver {submission} runs on worker "
                   f"{printable(state.get('worker'))} ({printable(state.get('host'))}, pid "
                   f"{state.get('pid')}); this machine may go now")
@@ -96,7 +127,7 @@ def _hand_over(conn, sweep, run_dir: Path, args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_CLUSTER
         time.sleep(0.2)
-    print(f"attnbench: the driver has not started after {args.start_wait:g} s (no free worker "
+    print(f"attnbench: the driver has not started after {start_wait:g} s (no free worker "
           "thread?); it stays submitted and starts when the scheduler places it")
     _print_follow_up(run_dir)
     return EXIT_OK
@@ -118,8 +149,13 @@ def driver_line(run_dir: Path) -> tuple[str, Optional[dict], bool]:
     alive."""
     lock = RunLock(run_dir)
     holder = lock.holder()
-    state = read_state(run_dir)
+    state = load_state(run_dir)  # checked: a bad driver.json is one line (exit 2)
     alive = holder is not None and not lock.stale_reason(holder)
+    if holder is not None and holder.get("claim"):
+        left = "" if alive else "; its submit has left"
+        return (f"driver: submitted, not started yet (submission "
+                f"{printable(holder.get('submission'), 40)}: it starts when the scheduler "
+                f"places it{left})", state, alive)
     if alive:
         age = lock.heartbeat_age() or 0.0
         who = describe_holder(holder)
@@ -129,6 +165,9 @@ def driver_line(run_dir: Path) -> tuple[str, Optional[dict], bool]:
     if holder is not None:
         return (f"driver: gone ({lock.stale_reason(holder)}; {describe_holder(holder)}); "
                 "resubmit with the same --out to resume", state, False)
+    if state and state.get("scheduler_lost"):
+        return (f"driver: gone ({printable(state.get('message'), 500)}); resubmit with the same "
+                "--out to resume", state, False)
     if state and state.get("state") not in FINAL and not state.get("submission"):
         return ("driver: not running (an `attnbench run` that stopped without finishing; rerun "
                 "it with this --out to resume)", state, False)
@@ -239,6 +278,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"attnbench: nothing runs in {run_dir}")
         return EXIT_OK
     request_cancel(run_dir, tokens)
+    if holder is not None and holder.get("claim") and lock.withdraw(holder.get("token")):
+        print(f"attnbench: cancelled before it started: the driver of submission "
+              f"{printable(holder.get('submission'), 40)} runs nothing when the scheduler "
+              f"places it; {run_dir} is free")
+        return EXIT_OK
+    holder = lock.holder() if holder is not None and holder.get("claim") else holder
     if holder is None or lock.stale_reason(holder):
         print(f"attnbench: no driver holds {run_dir} now; a driver that starts for it will "
               "stop at once")

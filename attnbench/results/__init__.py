@@ -14,7 +14,7 @@ __all__, __getattr__ = package_face(__name__, {
     "files": ("create_temp", "open_append", "open_update", "refusal", "write_atomic"),
     "journal": ("JournalLine", "MAX_FIELD_CHARS", "MAX_LINE_BYTES", "fit_line", "journal_lines",
                 "journal_records", "read_lines"),
-    "lock": ("LOCK", "RunLock", "describe_holder"),
+    "lock": ("Cancelled", "LOCK", "RunLock", "describe_holder"),
     "records": ("BAD_VERDICTS", "DIED_VERDICTS", "JUDGED_VERDICTS", "NOT_JUDGED_VERDICTS",
                 "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS", "VERDICTS", "make_record"),
     "schema": ("check_record",),

@@ -2,24 +2,39 @@
 
 ``<run>/.lock`` is created atomically with ``link(2)`` from a private temporary file (the
 NFS-safe way: ``O_EXCL`` was not atomic on NFSv2 and ``flock`` is emulated or ignored on many
-NFS mounts), so it always holds its holder's whole note: a token, pid, host, command, since
-when. While held, a heartbeat thread touches it every :data:`HEARTBEAT_S` seconds.
+NFS mounts), so it always holds its holder's whole note: a random token (who holds it), pid,
+host, the PID namespace it runs in, command, since when. While held, a heartbeat thread
+touches it every :data:`HEARTBEAT_S` seconds.
 
 A lock is *stale* -- its holder is gone and it may be taken over -- when
 
-* the holder ran on this host and its process no longer exists (decided at once), or
 * its heartbeat is older than :data:`STALE_S`, measured on the filesystem's own clock (the
-  mtime of a file touched now beside it), so clocks that differ between hosts do not matter.
+  mtime of a file touched now beside it), so clocks that differ between hosts do not matter;
+  whatever its pid says: a pid means nothing in another PID namespace, and the same hostname
+  does not make the same namespace (containers with host networking, Kubernetes
+  ``hostNetwork``: a run there was taken over while still writing, issue 25), or
+* the holder runs in this very PID namespace on this boot of this kernel (the note's
+  ``space``: the boot id and the namespace's inode, :func:`pid_space`) and its process no
+  longer exists (decided at once: a crashed ``run`` does not block the next one for a minute).
 
 A takeover is serialised by a second link-created file (``.lock.takeover``): only the contender
 that creates it may remove the stale lock, after reading it again. A holder whose lock was
 taken over (its heartbeat stalled past :data:`STALE_S`, e.g. a frozen NFS mount) sees
 :attr:`RunLock.lost` and must stop writing.
+
+``attnbench submit`` holds the lock from its checks until the driver it started holds it: the
+submit's lock is a *claim* (its note names the submission), which only that driver adopts
+(:meth:`RunLock.inherit`: the lock file is replaced by the driver's note under the same
+guard), so two submits to one run directory can never both be accepted. A driver rerun by Dask
+after its worker died takes over only a stale lock of its own submission; a driver whose
+claim is gone (cancelled, or taken over once stale) runs nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import functools
 import json
 import os
 import socket
@@ -27,7 +42,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from attnbench.errors import RunDirError, printable
 from attnbench.results.files import create_temp
@@ -42,6 +57,18 @@ enough for an NFS server's attribute cache (acregmax defaults to 60 s: lowered t
 ``actimeo``-style mounts; a holder touches its lock 12 times in 60 s)."""
 
 
+NOTE_LIMIT = 1 << 20
+"""Bytes of a lock note read at most (ours are under a kilobyte; a planted giant is unreadable,
+not a MemoryError)."""
+PID_MAX = 1 << 22
+"""Linux's largest pid_max: a note's pid beyond it is nobody's (and would overflow kill(2))."""
+
+
+class Cancelled(Exception):
+    """Raised by :meth:`RunLock.inherit` when ``attnbench cancel`` asked the waiting driver to
+    stop: it takes nothing."""
+
+
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -51,6 +78,20 @@ def _process_start(pid: int) -> Optional[str]:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def pid_space() -> Optional[str]:
+    """This process's PID namespace on this boot of this kernel, ``<boot id>/pid:[<inode>]``;
+    None where /proc does not tell (then only the heartbeat says whether a holder is alive).
+    The boot id is random per boot and shared by every container on the host; the namespace
+    inode tells containers apart (and the host's own namespace has the same inode on every
+    machine, hence the boot id)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
         return None
 
 
@@ -94,13 +135,16 @@ class RunLock:
     def holder(self) -> Optional[dict]:
         """The current holder's note (``{}`` if unreadable), or None when nobody holds it."""
         try:
-            text = self.path.read_text(encoding="utf-8", errors="replace")
+            with open(self.path, "rb") as fh:
+                data = fh.read(NOTE_LIMIT + 1)
         except FileNotFoundError:
             return None
         except OSError:
             return {}
+        if len(data) > NOTE_LIMIT:
+            return {}
         try:
-            info = json.loads(text)
+            info = json.loads(data.decode("utf-8", "replace"))
         except ValueError:
             return {}
         return info if isinstance(info, dict) else {}
@@ -132,20 +176,28 @@ class RunLock:
         """Why the present lock's holder is gone, or None if it may still be alive."""
         if info is None:
             return "free"
-        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-            if not _alive(info["pid"], info.get("start")):
-                return f"pid {info['pid']} on this host has exited"
-            return None
+        pid = info.get("pid")
+        if (isinstance(pid, int) and 0 < pid < PID_MAX and info.get("space") is not None
+                and info.get("space") == pid_space()):
+            if not _alive(pid, info.get("start")):
+                return f"pid {pid} on this host has exited"
+            return None  # alive here: its pid is the whole truth
         age = self.heartbeat_age()
         if age is not None and age > self.stale_s:
             return f"no heartbeat for {age:.0f} s"
         return None
 
     # -- taking and giving back ------------------------------------------------------------
+    def _note(self, command: list[str], extra: dict) -> dict:
+        return {"token": uuid.uuid4().hex, "pid": os.getpid(),
+                "start": _process_start(os.getpid()), "host": socket.gethostname(),
+                "space": pid_space(), "since": utc_now(), "command": [str(c) for c in command],
+                **extra}
+
     def _try_create(self, note: dict) -> bool:
         tmp = self.dir / f".lock.{note['token']}.tmp"
         try:
-            tmp.write_text(json.dumps(note), encoding="utf-8")
+            _write_new(tmp, json.dumps(note))
             try:
                 os.link(tmp, self.path)
             except FileExistsError:
@@ -156,53 +208,67 @@ class RunLock:
                     raise
             return True
         finally:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+            _unlink(tmp)
 
-    def _take_over(self, stale: dict) -> None:
-        """Remove a stale lock, once, under ``.lock.takeover`` (itself stale after a minute:
-        a contender that died mid-takeover)."""
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[bool]:
+        """``.lock.takeover``, link-created: True when this process holds it (for the block),
+        False when another contender does. Itself stale after a minute (a contender that died
+        holding it; what it guards takes milliseconds)."""
         guard = self.dir / TAKEOVER
         try:
             if time.time() - guard.stat().st_mtime > max(60.0, self.stale_s):
                 guard.unlink()
         except OSError:
             pass
-        fd_note = {"token": uuid.uuid4().hex}
-        tmp = self.dir / f".takeover.{fd_note['token']}.tmp"
+        tmp = self.dir / f".takeover.{uuid.uuid4().hex}.tmp"
+        got = False
         try:
-            tmp.write_text(json.dumps(fd_note))
+            _write_new(tmp, "")
             os.link(tmp, guard)
+            got = True
         except OSError:
-            return  # another contender is taking over; try again later
+            pass  # another contender holds it; try again later
         finally:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+            _unlink(tmp)
         try:
-            again = self.holder()
+            yield got
+        finally:
+            if got:
+                _unlink(guard)
+
+    def _take_over(self, stale: dict) -> None:
+        """Remove a stale lock, once, under the guard, after reading it again."""
+        with self._guard() as got:
+            again = self.holder() if got else None
             if again is not None and again.get("token") == stale.get("token") \
                     and self.stale_reason(again):
-                self.path.unlink()
-        except OSError:
-            pass
-        finally:
+                _unlink(self.path)
+
+    def _replace_claim(self, claim: str, note: Optional[dict]) -> bool:
+        """Under the guard, if the lock is still the claim ``claim``: replace it with ``note``
+        (adopt it) or remove it (``note`` None). False when the guard was busy or the lock is
+        no longer that claim."""
+        with self._guard() as got:
+            info = self.holder() if got else None
+            if info is None or info.get("token") != claim:
+                return False
+            if note is None:
+                _unlink(self.path)
+                return True
+            tmp = self.dir / f".lock.{note['token']}.tmp"
             try:
-                guard.unlink()
-            except OSError:
-                pass
+                _write_new(tmp, json.dumps(note))
+                os.replace(tmp, self.path)  # atomic: a reader sees the claim or the driver
+            finally:
+                _unlink(tmp)
+            return True
 
     def acquire(self, command: list[str], wait_s: float = 0.0, **extra: Any) -> None:
         """Take the lock, taking over a stale one; wait up to ``wait_s`` for a live holder to
         leave. Raises :class:`RunDirError` naming the holder. ``extra`` goes into the note
-        (a driver's submission id, its worker)."""
-        token = uuid.uuid4().hex
-        note = {"token": token, "pid": os.getpid(), "start": _process_start(os.getpid()),
-                "host": socket.gethostname(), "since": utc_now(),
-                "command": [str(c) for c in command], **extra}
+        (a driver's submission id, its worker; ``claim=True`` for a submit's claim)."""
+        note = self._note(command, extra)
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -216,12 +282,67 @@ class RunLock:
                 self._take_over(info)
                 continue
             if time.monotonic() >= deadline:
-                raise RunDirError(
-                    f"{self.dir}: in use by another attnbench run "
-                    f"({describe_holder(info or {})}); wait for it to finish, stop it with "
-                    f"`attnbench cancel {self.dir}`, or choose another --out")
+                raise self._in_use(info)
             time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
-        self.token, self.note, self.lost = token, note, False
+        self._start(note)
+
+    def inherit(self, claim: str, command: list[str], wait_s: float = 0.0,
+                cancelled: Optional[Callable[[], bool]] = None, **extra: Any) -> None:
+        """Take the lock as the driver a submit started (see the module docstring): adopt the
+        claim whose token is ``claim``; or, when an earlier run of this same driver (the note's
+        ``submission`` is ``extra["submission"]``) holds the lock, wait up to ``wait_s`` for it
+        to go stale and take it over. Anything else -- the claim gone, another run holding the
+        directory -- is a :class:`RunDirError`: never a second writer. ``cancelled()`` is asked
+        before each look: True removes the claim if it is still there, and raises
+        :class:`Cancelled`."""
+        note = self._note(command, extra)
+        submission = extra.get("submission")
+        deadline = time.monotonic() + wait_s
+        while True:
+            info = self.holder()
+            mine = info is not None and info.get("token") == claim
+            if cancelled is not None and cancelled():
+                if mine:
+                    self._replace_claim(claim, None)
+                raise Cancelled()
+            if mine:
+                if self._replace_claim(claim, note):
+                    break
+            elif info is None or info.get("submission") != submission:
+                what = (f"another attnbench run holds it ({describe_holder(info)})" if info
+                        else "the lock is free: its claim was cancelled or taken over")
+                raise RunDirError(f"{self.dir}: this driver's claim on the run directory is "
+                                  f"gone; {what}; nothing was run")
+            elif self.stale_reason(info):  # an earlier run of this driver, gone
+                self._take_over(info)
+                if self._try_create(note):
+                    break
+                continue
+            elif time.monotonic() >= deadline:
+                raise self._in_use(info)
+            time.sleep(0.2 if mine else min(1.0, max(0.05, deadline - time.monotonic())))
+        self._start(note)
+
+    def withdraw(self, claim: str) -> bool:
+        """Remove the claim ``claim`` if it still is the lock (``attnbench cancel`` of a driver
+        not started yet); False when it is not (adopted meanwhile, or gone)."""
+        for _ in range(50):  # the guard is held for milliseconds: 50 x 0.1 s is plenty
+            info = self.holder()
+            if info is None or info.get("token") != claim:
+                return False
+            if self._replace_claim(claim, None):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _in_use(self, info: Optional[dict]) -> RunDirError:
+        return RunDirError(
+            f"{self.dir}: in use by another attnbench run "
+            f"({describe_holder(info or {})}); wait for it to finish, stop it with "
+            f"`attnbench cancel {self.dir}`, or choose another --out")
+
+    def _start(self, note: dict) -> None:
+        self.token, self.note, self.lost = note["token"], note, False
         self._stop.clear()
         self._beat = threading.Thread(target=self._heartbeat, name="attnbench-lock-heartbeat",
                                       daemon=True)
@@ -245,15 +366,41 @@ class RunLock:
     def held(self) -> bool:
         return self.token is not None
 
-    def release(self) -> None:
-        if self.token is None:
-            return
+    def _stop_beating(self) -> None:
         self._stop.set()
         if self._beat is not None and self._beat is not threading.current_thread():
             self._beat.join(timeout=5)
-        if self.owned():
-            try:
-                self.path.unlink()
-            except OSError:
-                pass
-        self.token = None
+
+    def hand_over(self) -> None:
+        """Stop beating and forget the lock without removing it: a submit's claim, now its
+        driver's (or waiting for it: it goes stale after :data:`STALE_S` if the driver never
+        starts)."""
+        if self.token is not None:
+            self._stop_beating()
+            self.token = None
+
+    def release(self) -> None:
+        """Stop beating and remove the lock if it is still this holder's. Never raises (it runs
+        in cleanup, also on a full or read-only disk)."""
+        if self.token is None:
+            return
+        try:
+            self._stop_beating()
+            if self.owned():
+                _unlink(self.path)
+        finally:
+            self.token = None
+
+
+def _write_new(path: Path, text: str) -> None:
+    """Create ``path`` (it must not exist; a planted link is not followed) holding ``text``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass

@@ -18,6 +18,7 @@ Load a run into pandas::
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import io
 import json
@@ -27,9 +28,9 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
-from attnbench.errors import RunDirError, printable, short_repr
+from attnbench.errors import DiskError, RunDirError, os_error_text, printable, short_repr
 from attnbench.results.files import open_append, open_update, refusal, write_atomic
 from attnbench.results.journal import MAX_LINE_BYTES, fit_line, journal_records
 from attnbench.results.lock import LOCK, RunLock, utc_now as _now
@@ -120,7 +121,8 @@ class RunStore:
     extends it (new axis values: only the new cases are pending)."""
 
     def __init__(self, run_dir: Path, sweep: Sweep, command: list[str],
-                 retry: Iterable[str] = (), lock_wait_s: float = 0.0, **lock_note: Any):
+                 retry: Iterable[str] = (), lock_wait_s: float = 0.0,
+                 lock: Optional[RunLock] = None, **lock_note: Any):
         self.dir = Path(run_dir)
         self.sweep = sweep
         self.retry = frozenset(RETRIED) | frozenset(retry)
@@ -132,12 +134,16 @@ class RunStore:
         """True when this run made the directory (and may remove it again, unused)."""
         self.new = False
         """True when this run began the run directory (wrote its manifest)."""
-        self._lock = RunLock(self.dir)
+        self._lock = lock or RunLock(self.dir)
+        """``lock``: one already held (a driver's, inherited from its submit's claim)."""
         self._fh = None
         self._synced = 0.0
         self._dirty = False
+        self._broken: Optional[DiskError] = None
+        """Set by the first write the disk refused: nothing more is appended after it."""
         try:
-            self._lock.acquire(command, lock_wait_s, **lock_note)
+            if lock is None:
+                self._lock.acquire(command, lock_wait_s, **lock_note)
             self._open(command)
         except BaseException:
             self.close(discard_unused=True)
@@ -298,29 +304,49 @@ class RunStore:
         if text is None:
             text = json.dumps(record, separators=(",", ":"), allow_nan=False)
         record, text = fit_line(record, text)  # what the journal reader's line cap admits
-        self._fh.write(text + "\n")
+        with self._disk():
+            self._fh.write(text + "\n")
         self._dirty = True
         if flush:
             self.flush()
         self.done[record["id"]] = record
-        return self._note_env(record.get("env") or {})
+        with self._disk():  # a new environment rewrites the manifest: the same disk
+            return self._note_env(record.get("env") or {})
 
     def flush(self) -> None:
         """Hand buffered records to the kernel (a killed process then loses none of them), and
         fsync when the last one is :data:`SYNC_INTERVAL_S` old. A record still in the buffer
         when the process is killed is a case pending again."""
         if self._fh is not None and self._dirty:
-            self._fh.flush()
+            with self._disk():
+                self._fh.flush()
             if time.monotonic() - self._synced >= SYNC_INTERVAL_S:
                 self.sync()
 
     def sync(self) -> None:
         """Force the journal to disk."""
         if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            with self._disk():
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
             self._synced = time.monotonic()
             self._dirty = False
+
+    @contextlib.contextmanager
+    def _disk(self) -> Iterator[None]:
+        """A write to the journal: an OSError (ENOSPC, EROFS, EIO) becomes one
+        :class:`DiskError` naming the journal, and every later write raises it again, so
+        nothing is appended after a record the disk cut short (a torn last line, which
+        reopening the run drops: the journal stays valid)."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            yield
+        except OSError as exc:
+            self._broken = DiskError(
+                f"{os_error_text(exc, str(self.records_path))}; the records written before "
+                "stay, and rerunning the same command resumes once the disk can take more")
+            raise self._broken from None
 
     def _note_env(self, env: dict) -> Optional[str]:
         from attnbench.hardware import environment_differences
@@ -384,23 +410,38 @@ class RunStore:
         mine = [r for r in self.done.values() if r["id"] in ids]
         return mine, len(self.done) - len(mine)
 
-    def close(self, discard_unused: bool = False) -> None:
+    def close(self, discard_unused: bool = False, keep_lock: bool = False) -> None:
         """Close the journal and release the lock. ``discard_unused``: a run directory this run
         began and wrote no record into is removed again (a run that could not start leaves
-        nothing behind: the directory if it made it, else the files it made)."""
-        if self._fh is not None:
-            self.sync()
-            self._fh.close()
-            self._fh = None
-        unused = (discard_unused and (self.created or self.new) and self._lock.held
-                  and not (self.records_path.is_file() and self.records_path.stat().st_size))
-        if unused and self.created:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        elif unused:
-            for path in (self.manifest_path, self.records_path, self._lock.path):
-                if path.is_file():
-                    path.unlink()
-        self._lock.release()
+        nothing behind: the directory if it made it, else the files it made). ``keep_lock``:
+        the lock stays held (``submit``'s claim, handed to its driver).
+
+        Never raises: it is the cleanup of runs that failed, also on a full or read-only disk
+        (a close that raised there kept the driver's lock and its heartbeat alive until its
+        worker was killed, issue 25). What the disk refused is lost; what it took stays."""
+        try:
+            if self._fh is not None:
+                try:
+                    self.sync()
+                except DiskError:
+                    pass  # already said where it happened
+                finally:
+                    fh, self._fh = self._fh, None
+                    with contextlib.suppress(OSError):
+                        fh.close()  # closes the file even when its last flush fails
+            with contextlib.suppress(OSError):
+                unused = (discard_unused and (self.created or self.new) and self._lock.held
+                          and not (self.records_path.is_file()
+                                   and self.records_path.stat().st_size))
+                if unused and self.created:
+                    shutil.rmtree(self.dir, ignore_errors=True)
+                elif unused:
+                    for path in (self.manifest_path, self.records_path, self._lock.path):
+                        if path.is_file():
+                            path.unlink()
+        finally:
+            if not keep_lock:
+                self._lock.release()
 
 
 def _sweep_manifest(sweep: Sweep) -> dict[str, Any]:
