@@ -93,8 +93,10 @@ def test_sigkill_of_the_embedded_worker_mid_run(cli_env, tmp_path, dispatch,
     assert {r["verdict"] for r in records} == {"pass"}, text
     notes = [l for l in text.splitlines() if "worker" in l and "attnbench: " in l
              and "running on" not in l]
-    assert notes == ["attnbench: the embedded Dask worker left (its process ended); starting "
-                     "a new one, the run goes on"], text
+    # Replaced by the keeper, or by its nanny between two looks of the run: one line either way.
+    assert len(notes) == 1 and notes[0].startswith(
+        "attnbench: the embedded Dask worker left (its process ended); ") and notes[0].endswith(
+        "the run goes on"), text
     assert "Traceback" not in text
 
 

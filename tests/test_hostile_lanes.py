@@ -575,8 +575,10 @@ def test_submit_says_submitted_only_once_the_driver_runs(tmp_path, capsys):
     distributed.fire_and_forget = lambda future: None
     try:
         args = SimpleNamespace(retry=None, worker_wait=60.0, dispatch="lanes", start_wait=10.0)
+        claim = SimpleNamespace(token="claim", release=lambda: None, hand_over=lambda: None)
         status = detach._hand_over(SimpleNamespace(client=Client()),
-                                   SimpleNamespace(source="", path="s.yaml"), run_dir, args)
+                                   SimpleNamespace(source="", path="s.yaml"), run_dir, args,
+                                   claim, "s1")
     finally:
         distributed.fire_and_forget = real
     out = capsys.readouterr()

@@ -57,9 +57,17 @@ class WorkerKeeper:
         addresses = [w.address for w in workers]
         now = time.monotonic()
         if len(addresses) >= self.expected:
+            # Its nanny may have brought it back between two looks (a lanes driver can be busy
+            # for a while): a new address where the old one was is a departure all the same.
+            came_back = (not self.restarting and self.last_seen
+                         and not set(self.last_seen) & set(addresses))
+            why = self._why() if came_back else ""
             self.last_seen, self.restarting = addresses, False
             if written > self.written_at_restart:
                 self.in_a_row = 0  # it finished a case since the last restart: not broken
+            if came_back:
+                return f"the embedded Dask worker left ({why}); its nanny started a new one, " \
+                       "the run goes on"
             return None
         if self.gave_up:
             return None
