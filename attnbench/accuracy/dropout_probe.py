@@ -17,17 +17,20 @@ draws the judged forward's mask. That is checked, not assumed: see ``recovered-m
 
 :func:`judge_dropout` uses the first method that applies:
 
-``recovered-mask``  with a captured state, B * Hq * Sq * Sk <= PROBE_ENTRY_LIMIT and
-    2 * ceil(Sk / Dv) <= PROBE_CALL_LIMIT. Probe every key in chunks of Dv (the last chunk padded
-    with zero columns), each call under the restored state; probe again with the keys in reverse
-    order (every call then sees other V values). The two masks must agree exactly, and the
+``recovered-mask``  with a captured state -- or without one (CP/TP) for a mask that follows
+    the spec's ``dropout_seed`` instead of the generator, as a kernel handed a seed draws it --
+    B * Hq * Sq * Sk <= PROBE_ENTRY_LIMIT and 2 * ceil(Sk / Dv) <= PROBE_CALL_LIMIT. Probe every
+    key in chunks of Dv (the last chunk padded with zero columns), each call under the restored
+    state (no state: under two different seeded ones, see :meth:`_Judge.replay_states`); probe
+    again with the keys in reverse order (every call then sees other V values). The two masks must agree exactly, and the
     judged output must equal probe @ V to rounding. Then the recovered mask is a
     :data:`KeepMaskFn` for the exact fp64 reference, which judges out, dQ, dK, dV as for a
     backend that exposes its mask; the keep rate, the kept-entry scale and the row-sum variance
     are checked from the probe at no extra cost. Cost: 2 * ceil(Sk / Dv) forward calls.
-``statistics``  when the mask is not reproducible, no state was captured, or the case is
+``statistics``  when the mask is not reproducible or not replayable, or the case is
     larger. Needs no replay: one identity-column probe of Dv keys spread over Sk (keep rate,
-    kept-entry scale), then UNBIASED_RUNS calls under different seeded RNG states with the
+    kept-entry scale), then UNBIASED_RUNS calls, each under its own seeded RNG state *and* its
+    own ``dropout_seed`` (independent draws for both kinds of hidden mask), with the
     case's V whose last column is ones (row-sum variance from that column; the mean output
     against the fp64 no-dropout output). Cost: UNBIASED_RUNS + 1 forward calls, plus fp64 work
     of about three reference forwards; O(S * D) memory at any length.
@@ -108,6 +111,10 @@ REPLAY_ROUNDINGS = 8.0
 kernels (the same sweep): at most 3.5 u fp32, 0.7 u fp16 and bf16. Another mask instead of the
 judged one misses by ~sqrt(2 p / (1 - p)): seen 0.48 at p = 0.1, 0.14 at p = 0.01 (bf16's
 8 u = 0.031 is reached near p = 0.0005)."""
+
+SEED_REPLAY_STATES = (0x5EED, 0xD1CE)
+"""Generator seeds of the two probe passes when no state was captured: any two different ones
+(a mask that still agrees between them does not come from the generator)."""
 
 _DTYPE_NAMES = {torch_dtype(name): name for name in ABSOLUTE_BOUND}
 
@@ -264,8 +271,6 @@ class _Judge:
         calls = 2 * -(-self.k.shape[2] // self.v.shape[-1])
         if force_statistics:
             why = "statistics forced"
-        elif self.rng is None:
-            why = "no RNG state captured before the judged forward"
         elif entries > PROBE_ENTRY_LIMIT:
             why = f"B*Hq*Sq*Sk = {entries} > PROBE_ENTRY_LIMIT = {PROBE_ENTRY_LIMIT}"
         elif calls > PROBE_CALL_LIMIT:
@@ -284,40 +289,72 @@ class _Judge:
                                 time.perf_counter() - started, self.details)
 
     # -- calls ---------------------------------------------------------------------------------
-    def forward(self, v_probe: torch.Tensor, state: Optional[RngState]) -> torch.Tensor:
+    def forward(self, v_probe: torch.Tensor, state: Optional[RngState],
+                spec: Optional[AttnSpec] = None) -> torch.Tensor:
         self.calls += 1
         with state.replayed() if state is not None else contextlib.nullcontext():
-            return self.backend.forward(self.q, self.k, v_probe, self.spec).out
+            return self.backend.forward(self.q, self.k, v_probe, spec or self.spec).out
 
-    def seeded(self, n: int) -> Optional[RngState]:
-        """The state for statistics call ``n``: seeded from the case's dropout seed, so a rerun
-        of the case draws the same masks (None where the device has no generator this module
-        knows: the calls then draw whatever comes)."""
+    def state(self, seed: int) -> Optional[RngState]:
+        """The generator state ``manual_seed(seed)`` gives (None where the device has no
+        generator this module knows: the calls then draw whatever comes)."""
         try:
-            return RngState.seeded(self.q.device, (self.spec.dropout_seed + 7919 * (n + 1))
-                                   & 0x7FFFFFFF)
+            return RngState.seeded(self.q.device, seed)
         except NotImplementedError:
             return None
 
-    def probe_pass(self, order: torch.Tensor) -> torch.Tensor:
+    def draw(self, n: int) -> tuple[Optional[RngState], AttnSpec]:
+        """Statistics call ``n``: an independent draw for either kind of hidden mask -- its own
+        generator state (torch-RNG kernels) and its own ``dropout_seed`` (kernels that take the
+        seed they are handed), both derived from the case's seed, so a rerun draws the same
+        masks. The harness owns the seed (:mod:`attnbench.backends.base`)."""
+        seed = (self.spec.dropout_seed + 7919 * (n + 1)) & 0x7FFFFFFF
+        return self.state(seed), self.spec.replace(dropout_seed=seed)
+
+    def probe_pass(self, order: torch.Tensor, state: Optional[RngState]) -> torch.Tensor:
         """P * keep / (1 - p) as the kernel computes it, (B, Hq, Sq, Sk) in the dtype, from
-        ceil(Sk / Dv) calls under the judged state, keys in ``order``."""
+        ceil(Sk / Dv) calls under ``state`` and the judged spec, keys in ``order``."""
         dv = self.v.shape[-1]
         found = self.out.new_zeros(*self.out.shape[:3], self.k.shape[2])
         for start in range(0, len(order), dv):
             keys = order[start:start + dv]
-            found[..., keys] = self.forward(_identity_columns(self.v, keys), self.rng)[
+            found[..., keys] = self.forward(_identity_columns(self.v, keys), state)[
                 ..., :len(keys)]
         return found
 
     # -- recovered-mask ------------------------------------------------------------------------
+    def replay_states(self, keys: torch.Tensor) -> tuple[tuple, str]:
+        """The generator states of the two probe passes, or ((), why there is no replay).
+
+        With a state captured before the judged forward, both passes run under it: a
+        torch-RNG kernel draws the judged mask again, a seeded kernel draws it from the spec.
+        Without one (a CP/TP case: its ranks drew from their own generators), only a mask that
+        follows the spec's seed can be replayed: the passes run under two *different* states,
+        so their agreement proves the mask ignores the generator. One call of the first keys
+        under each state first: a generator-driven mask differs there, and statistics take
+        over after 2 calls instead of 2 * ceil(Sk / Dv)."""
+        if self.rng is not None:
+            self.details["replayed_by"] = "rng-state"
+            return (self.rng, self.rng), ""
+        states = (self.state(SEED_REPLAY_STATES[0]), self.state(SEED_REPLAY_STATES[1]))
+        head = keys[:self.v.shape[-1]]
+        a, b = (self.forward(_identity_columns(self.v, head), s) != 0 for s in states)
+        if not torch.equal(a, b):
+            return (), ("no RNG state captured before the judged forward, and the mask follows "
+                        "the generator's state, not the spec's dropout_seed")
+        self.details["replayed_by"] = "seed"
+        return states, ""
+
     def recover(self) -> tuple[Optional[torch.Tensor], list[Check], str]:
         """(keep mask, checks, "") when the mask is recovered and validated, else
         (None, [], why not)."""
         sk = self.k.shape[2]
         keys = torch.arange(sk, device=self.q.device)
-        first = self.probe_pass(keys)
-        second = self.probe_pass(keys.flip(0))
+        states, why = self.replay_states(keys)
+        if not states:
+            return None, [], why
+        first = self.probe_pass(keys, states[0])
+        second = self.probe_pass(keys.flip(0), states[1])
         p_all = _Exact(self.q, self.k, self.v, self.spec).probabilities()
         visible = p_all >= visible_floor(self.q.dtype)
         differ = int(((first != 0) != (second != 0))[visible].sum())
@@ -349,10 +386,10 @@ class _Judge:
         v_runs = self.v.clone()
         v_runs[..., -1] = 1
         exact = _Exact(self.q, self.k, v_runs, self.spec)
-        probe = self.forward(_identity_columns(self.v, keys), self.seeded(0))[..., :len(keys)]
+        probe = self.forward(_identity_columns(self.v, keys), *self.draw(0))[..., :len(keys)]
         checks = _entry_checks(probe, exact.columns(keys), self.p, self.u, self.details)
         row_p2, row_p4, p2v2 = exact.moments()
-        runs = [self.forward(v_runs, self.seeded(1 + n)) for n in range(UNBIASED_RUNS)]
+        runs = [self.forward(v_runs, *self.draw(1 + n)) for n in range(UNBIASED_RUNS)]
         row_sums = torch.stack([run[..., -1] for run in runs]).to(F64)
         checks.append(_row_sum_check(row_sums, row_p2, row_p4, self.p, self.details))
         checks.append(_bias_check(runs, exact.solution[0], p2v2, self.p, self.q.dtype,

@@ -177,13 +177,17 @@ FUSED_CONTROL = "mutant.fused_base"
 """The correct fused-precision model the accumulation mutants edit; it must pass."""
 HIDDEN_DROPOUT_CONTROL = "mutant.hidden_rng_dropout"
 """The correct hidden-mask dropout the two dropout mutants edit; it must pass."""
-CONTROLS = (CONTROL, FUSED_CONTROL, HIDDEN_DROPOUT_CONTROL)
+SEEDED_DROPOUT_CONTROL = "mutant.hidden_seed_dropout"
+"""A correct kernel whose hidden mask is a function of the seed it is handed (a custom Triton
+kernel's): it must pass single-device, packed and CP/TP dropout cases alike."""
+CONTROLS = (CONTROL, FUSED_CONTROL, HIDDEN_DROPOUT_CONTROL, SEEDED_DROPOUT_CONTROL)
 LONG_SEQLEN = 1024
 """Cases with at least this many keys are "long": only ``long`` mutants take them over."""
 
 BACKENDS: dict[str, str] = {CONTROL: f"{M}.base:RecomputingNaive",
                             FUSED_CONTROL: f"{M}.fused:FusedModel",
                             HIDDEN_DROPOUT_CONTROL: f"{M}.dropout:HiddenTorchRngDropout",
+                            SEEDED_DROPOUT_CONTROL: f"{M}.dropout:HiddenSeedDropout",
                             **{m.name: m.ref for m in CATALOGUE}}
 
 

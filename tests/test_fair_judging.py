@@ -1,0 +1,101 @@
+"""Third-party kernels judged fairly (issue 26): a correct kernel whose dropout mask is a function
+of the seed it is handed passes (one device, packed, CP/TP); an exception is blamed on whoever
+raised it; forward-only backends run CP/TP cases.
+
+The CP/TP cases share one 2-rank gloo pool (about 10 s to start on 2 busy cores); shapes are the
+smallest the splits allow. Backends the ranks load are ``test_fair_judging:<Name>`` (the pool
+hands the ranks this process's sys.path, where pytest has put tests/).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from attnbench.accuracy.dropout_probe import RngState, judge_dropout
+from attnbench.backends import Unsupported
+from attnbench.backends.naive import NaiveBackend
+from attnbench.cluster.task import outcome_to_record
+from attnbench.execution.pool import RankPool
+from attnbench.execution.single import run_single_case
+from attnbench.mutants.dropout import HiddenSeedDropout
+from attnbench.problem.attn_spec import AttnSpec
+from attnbench.problem.inputs import make_inputs
+from attnbench.sweep.case import Case
+from attnbench.sweep.options import RunOptions, TimingOptions
+
+CASE_FUNC = "attnbench.execution.case_runner:run_payload"
+OPTIONS = RunOptions(timeout_s=60, timing=TimingOptions(warmup=0, min_samples=2, max_samples=3,
+                                                        max_seconds=0.05))
+SEEDED = "mutant.hidden_seed_dropout"
+SMALL = dict(backend=SEEDED, batch=1, seqlen_q=64, seqlen_kv=64, heads_q=4, heads_kv=2,
+             head_dim=16, head_dim_v=16, dtype="fp32", dropout=0.1)
+
+
+def case_of(**fields) -> Case:
+    return Case(**{**SMALL, **fields})
+
+
+@pytest.fixture(scope="module")
+def pool():
+    made = RankPool(2, threads=1, preload=["attnbench.execution.case_runner"])
+    yield made
+    made.close()
+
+
+def run(pool: RankPool, options: RunOptions = OPTIONS, **fields) -> dict:
+    case = case_of(**fields)
+    t0 = time.perf_counter()
+    outcome = pool.run(CASE_FUNC, {"case": case.to_dict(), "options": options.to_dict()},
+                       timeout=options.timeout_s)
+    return outcome_to_record(case, outcome, time.perf_counter() - t0, 1, options.timeout_s)
+
+
+def failed(record: dict) -> list[str]:
+    return [f"{c['check']}:{c['tensor']}:{c['metric']} {c['value']:.3g} > {c['bound']:.3g}"
+            for c in record["checks"] if not c["passed"]]
+
+
+# -- item 1: a seeded hidden mask under the statistics and under CP/TP --------------------------
+
+
+def test_statistics_vary_the_seed_so_a_seeded_mask_averages_out():
+    """Before: 8 runs under 8 RNG states but one ``dropout_seed`` gave a seeded kernel one mask
+    8 times, and its mean never converged (mean_bias 0.19 > 0.11 in the issue)."""
+    case = case_of(seqlen_q=32, seqlen_kv=48)
+    spec = AttnSpec.from_case(case)
+    q, k, v, _ = make_inputs(case)
+    backend = HiddenSeedDropout()
+    out = backend.forward(q, k, v, spec).out
+    judged = judge_dropout(backend, q, k, v, spec, out, RngState.capture("cpu"),
+                           force_statistics=True)
+    assert judged.method == "statistics"
+    assert judged.passed, [c.describe() for c in judged.checks if not c.passed]
+
+
+@pytest.mark.parametrize("fields", [dict(cp=2, cp_algo="ring", mask="causal"),
+                                    dict(tp=2, bias="alibi")], ids=["cp2-ring", "tp2"])
+def test_seeded_hidden_mask_passes_cp_tp_with_its_mask_recovered(pool, fields):
+    record = run(pool, **fields)
+    assert record["verdict"] == "pass", (record["reason"], failed(record), record.get("crash"))
+    assert record["accuracy"]["reference"] == "recovered-mask", record["accuracy"]["dropout"]
+
+
+# -- item 2: packed + hidden mask ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields", [
+    dict(seqlens_q=(24, 40), seqlens_kv=(24, 40), mask="causal"),
+    dict(seqlens_q=(16, 8, 24), seqlens_kv=(32, 8, 40), mask="window", window_left=5, window_right=0,
+         bias="alibi", heads_kv=1),
+], ids=["causal", "sq-ne-sk-window-alibi-mqa"])
+def test_packed_hidden_mask_is_recovered_per_document(fields):
+    """Before: ``IndexError: index out of range in self`` -- the pack's recovered mask has one
+    batch row, the reference asked for it by document."""
+    case = case_of(batch=1, seqlen_q=sum(fields["seqlens_q"]),
+                   seqlen_kv=sum(fields["seqlens_kv"]), **fields)
+    record = run_single_case(case, RunOptions(timeout_s=60, timing=TimingOptions(enabled=False)))
+    assert record["verdict"] == "pass", (record["reason"], failed(record))
+    assert record["accuracy"]["reference"] == "recovered-mask"
