@@ -99,3 +99,40 @@ def test_packed_hidden_mask_is_recovered_per_document(fields):
     record = run_single_case(case, RunOptions(timeout_s=60, timing=TimingOptions(enabled=False)))
     assert record["verdict"] == "pass", (record["reason"], failed(record))
     assert record["accuracy"]["reference"] == "recovered-mask"
+
+
+class SeededKeepProbability(HiddenSeedDropout):
+    """A seeded hidden mask handed the keep probability where the drop probability was meant
+    (TF1's ``keep_prob``; v-iashin/CS231n#8): keeps with probability p, scales by 1 / p."""
+
+    name = "testing.seeded_keep_probability"
+
+    def forward(self, q, k, v, spec):
+        return super().forward(q, k, v, spec.replace(dropout_p=1.0 - spec.dropout_p))
+
+
+PACKED = dict(seqlens_q=(16, 8, 24), seqlens_kv=(32, 8, 40), seqlen_q=48, seqlen_kv=80,
+              mask="causal", heads_kv=1)
+
+
+@pytest.mark.parametrize("force_statistics", [False, True], ids=["recovered", "statistics"])
+@pytest.mark.parametrize("backend, passes", [(HiddenSeedDropout, True),
+                                             (SeededKeepProbability, False)],
+                         ids=["control", "keep-probability"])
+def test_packed_hidden_mask_judged_both_ways(backend, passes, force_statistics):
+    """Both methods judge a pack per document: the control passes, a keep-rate bug fails its
+    keep rate by far more than 2 x (measured: 0.8 against bounds of 0.02-0.04)."""
+    case = case_of(**PACKED)
+    spec = AttnSpec.from_case(case)
+    q, k, v, _ = make_inputs(case)
+    judge = backend()
+    rng = RngState.capture("cpu")
+    out = judge.forward(q, k, v, spec).out
+    judged = judge_dropout(judge, q, k, v, spec, out, rng, force_statistics=force_statistics)
+    assert judged.method == ("statistics" if force_statistics else "recovered-mask"), \
+        judged.details
+    if passes:
+        assert judged.passed, [c.describe() for c in judged.checks if not c.passed]
+    else:
+        rate = next(c for c in judged.checks if c.metric == "keep_rate_deviation")
+        assert rate.value > 2 * rate.bound, rate.describe()

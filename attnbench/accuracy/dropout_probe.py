@@ -67,6 +67,7 @@ from attnbench.accuracy.bounds import ABSOLUTE_BOUND, Check
 from attnbench.backends.capabilities import Capabilities
 from attnbench.problem.attn_spec import AttnSpec, KeepMaskFn
 from attnbench.problem.fp8 import torch_dtype
+from attnbench.problem.packing import per_sequence
 
 # The reference's own score blocks: softcap, ALiBi, windows and alignment stay defined once.
 from attnbench.problem.reference import ScoreBlocks, block_sizes, grouped_f64, reference_forward
@@ -198,10 +199,26 @@ class RecoveredKeepMask:
     def __call__(self, spec: AttnSpec, b: torch.Tensor, h: torch.Tensor, i: torch.Tensor,
                  j: torch.Tensor) -> torch.Tensor:
         o, dev = self.origin, self.keep.device
+        if o.is_packed:
+            return torch.cat([self.document(int(n), h, i, j) for n in b], 0).to(b.device)
         keep = self.keep.index_select(0, (b - o.batch_start).to(dev))
         keep = keep.index_select(1, (h - o.head_start).to(dev))
         keep = keep.index_select(2, (i - o.q_start).to(dev))
         return keep.index_select(3, (j - o.kv_start).to(dev)).to(b.device)
+
+    def document(self, doc: int, h: torch.Tensor, i: torch.Tensor,
+                 j: torch.Tensor) -> torch.Tensor:
+        """(1, len(h), len(i), len(j)) of a pack's document ``doc`` (its batch index, as
+        :func:`attnbench.problem.packing.sequence_spec` numbers it), at positions i, j within
+        that document: the pack holds them at rows cu_q[n] + i - seq_q_start[n] of its one
+        batch row (keys likewise), n = doc - batch_start."""
+        o, dev = self.origin, self.keep.device
+        n = doc - o.batch_start
+        row0 = o.cu_seqlens_q[n] - (o.seq_q_start[n] if o.seq_q_start else 0)
+        col0 = o.cu_seqlens_kv[n] - (o.seq_kv_start[n] if o.seq_kv_start else 0)
+        keep = self.keep[:1].index_select(1, (h - o.head_start).to(dev))
+        keep = keep.index_select(2, (i + row0).to(dev))
+        return keep.index_select(3, (j + col0).to(dev))
 
     def __repr__(self) -> str:
         return f"RecoveredKeepMask({tuple(self.keep.shape)}, kept {self.keep.float().mean():.4f})"
@@ -448,7 +465,12 @@ class _Exact:
 
     def blocks(self) -> Iterator[tuple[tuple[int, int, int, int], torch.Tensor]]:
         """((i0, i1, j0, j1), P[i0:i1, j0:j1] as (B, Hkv, G, bq, bk)) for every block with a
-        visible key; P = exp(scores - lse), 0 where masked."""
+        visible key; P = exp(scores - lse), 0 where masked. A pack: each document's blocks as
+        a dense call of its own (:func:`attnbench.problem.packing.per_sequence`), placed at
+        its rows and keys of the pack; blocks across documents are all 0 and never yielded."""
+        if self.spec.is_packed:
+            yield from self.document_blocks()
+            return
         q5, k5, _, batch, heads_kv, group = grouped_f64(self.q, self.k, self.v)
         sq, sk = q5.shape[3], k5.shape[3]
         blocks = ScoreBlocks(self.spec, batch, heads_kv, group, self.q.device, None)
@@ -466,6 +488,16 @@ class _Exact:
                     continue
                 s, _, _ = blocks.scores(q5[:, :, :, i0:i1], k5[:, :, :, j0:j1], q_pos, k_pos)
                 yield (i0, i1, j0, j1), torch.exp(s - lse[:, :, :, i0:i1, None])
+
+
+    def document_blocks(self) -> Iterator[tuple[tuple[int, int, int, int], torch.Tensor]]:
+        out, lse = self.solution
+        for seg, sub in per_sequence(self.spec):
+            rows, keys = slice(seg.q0, seg.q1), slice(seg.k0, seg.k1)
+            part = _Exact(self.q[:, :, rows], self.k[:, :, keys], self.v[:, :, keys], sub)
+            part.__dict__["solution"] = (out[:, :, rows], lse[:, :, rows])  # computed once
+            for (i0, i1, j0, j1), p in part.blocks():
+                yield (i0 + seg.q0, i1 + seg.q0, j0 + seg.k0, j1 + seg.k0), p
 
 
 def visible_floor(dtype: torch.dtype) -> float:
