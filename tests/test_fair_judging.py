@@ -136,3 +136,39 @@ def test_packed_hidden_mask_judged_both_ways(backend, passes, force_statistics):
     else:
         rate = next(c for c in judged.checks if c.metric == "keep_rate_deviation")
         assert rate.value > 2 * rate.bound, rate.describe()
+
+
+# -- item 4: backward: false under CP/TP --------------------------------------------------------
+
+
+class ForwardOnly(NaiveBackend):
+    """A forward-only library (an inference kernel): backward raises ``Unsupported`` and there
+    is no ``backward_from_stats``."""
+
+    name = "testing.forward_only"
+    backward_from_stats = None
+
+    def backward(self, ctx, dout):
+        raise Unsupported("testing.forward_only has no backward")
+
+
+@pytest.mark.parametrize("fields", [dict(cp=2, cp_algo="ring", mask="causal"),
+                                    dict(cp=2, cp_algo="allgather"), dict(tp=2)],
+                         ids=["cp2-ring", "cp2-allgather", "tp2"])
+def test_forward_only_backend_runs_cp_tp_forward_only(pool, fields):
+    """Before: the runner always ran backward -- ``error`` here (Unsupported in backward), and
+    dq/dk/dv with a backward timing for a correct backend."""
+    record = run(pool, backend="test_fair_judging:ForwardOnly", dropout=0.0, backward=False,
+                 **fields)
+    assert record["verdict"] == "pass", (record["reason"], failed(record), record.get("crash"))
+    assert set(record["accuracy"]["tensors"]) == {"out"}
+    assert set(record["accuracy"]["parity"]) == {"out"}
+    assert record["accuracy"]["backward"].startswith("not applicable")
+    assert record["timing"]["bwd"] is None and record["timing"]["flops_bwd"] is None
+    assert {c["tensor"] for c in record["checks"]} == {"out"}
+
+
+def test_forward_only_case_of_a_full_backend_computes_no_gradient(pool):
+    record = run(pool, backend="naive", dropout=0.1, backward=False, cp=2, tp=1)
+    assert record["verdict"] == "pass", (record["reason"], failed(record))
+    assert set(record["accuracy"]["tensors"]) == {"out"} and record["timing"]["bwd"] is None
