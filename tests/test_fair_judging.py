@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
-from attnbench.accuracy.dropout_probe import RngState, judge_dropout
+from attnbench.accuracy.dropout_probe import judge_dropout
+from attnbench.accuracy.rng import RngState
 from attnbench.backends import Unsupported
 from attnbench.backends.naive import NaiveBackend
 from attnbench.cluster.task import outcome_to_record
@@ -172,3 +172,53 @@ def test_forward_only_case_of_a_full_backend_computes_no_gradient(pool):
     record = run(pool, backend="naive", dropout=0.1, backward=False, cp=2, tp=1)
     assert record["verdict"] == "pass", (record["reason"], failed(record))
     assert set(record["accuracy"]["tensors"]) == {"out"} and record["timing"]["bwd"] is None
+
+
+# -- item 3: blame ------------------------------------------------------------------------------
+
+
+class RaisesInBackwardFromStats(NaiveBackend):
+    """A backend whose own ring backward fails."""
+
+    name = "testing.raises_in_backward_from_stats"
+
+    def backward_from_stats(self, q, k, v, out, lse, dout, spec):
+        raise RuntimeError("boom in backward_from_stats")
+
+
+class WrongShapedOut(NaiveBackend):
+    """Returns an output one query row short: the harness's own code raises on it (our
+    exception, not the backend's)."""
+
+    name = "testing.wrong_shaped_out"
+
+    def forward(self, q, k, v, spec):
+        fwd = super().forward(q, k, v, spec)
+        return fwd.__class__(out=fwd.out[:, :, 1:], lse=fwd.lse, ctx=fwd.ctx)
+
+
+def test_exception_in_the_backends_own_code_is_its_error_with_its_frame(pool):
+    """Before: ``harness error: RuntimeError: boom in backward_from_stats``."""
+    record = run(pool, backend="test_fair_judging:RaisesInBackwardFromStats", cp=2,
+                 dropout=0.0)
+    assert record["verdict"] == "error"
+    assert record["reason"].startswith("RuntimeError: boom in backward_from_stats (raised in the "
+                                       "backend at tests/test_fair_judging.py:"), record["reason"]
+    assert record["reason"].endswith("in backward_from_stats)")
+
+
+def test_exception_in_the_harness_is_a_harness_error(pool):
+    record = run(pool, backend="test_fair_judging:WrongShapedOut", cp=2, dropout=0.0)
+    assert record["verdict"] == "error"
+    assert record["reason"].startswith("harness error: "), record["reason"]
+
+
+@pytest.mark.parametrize("backend, reason", [
+    ("testing.raises", "RuntimeError: deliberate failure (raised in the backend at "
+                       "attnbench/execution/testing.py:"),
+    ("test_fair_judging:WrongShapedOut", "harness error: "),
+])
+def test_single_device_blame(backend, reason):
+    record = run_single_case(case_of(backend=backend, dropout=0.0),
+                             RunOptions(timeout_s=60, timing=TimingOptions(enabled=False)))
+    assert record["verdict"] == "error" and record["reason"].startswith(reason), record["reason"]

@@ -64,6 +64,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from attnbench.accuracy.bounds import ABSOLUTE_BOUND, Check
+from attnbench.accuracy.rng import RngState
 from attnbench.backends.capabilities import Capabilities
 from attnbench.problem.attn_spec import AttnSpec, KeepMaskFn
 from attnbench.problem.fp8 import torch_dtype
@@ -118,66 +119,6 @@ SEED_REPLAY_STATES = (0x5EED, 0xD1CE)
 (a mask that still agrees between them does not come from the generator)."""
 
 _DTYPE_NAMES = {torch_dtype(name): name for name in ABSOLUTE_BOUND}
-
-
-# -- the RNG the mask is drawn from --------------------------------------------------------------
-
-
-def default_generator(device: torch.device | str) -> torch.Generator:
-    """The generator a kernel on ``device`` draws dropout from when given none: torch's CPU
-    generator (``torch.get_rng_state()``) or the device's CUDA generator
-    (``torch.cuda.get_rng_state(device)``: Philox seed and offset)."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return torch.default_generator
-    if device.type == "cuda":
-        torch.cuda.init()
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return torch.cuda.default_generators[index]
-    raise NotImplementedError(f"no RNG replay for {device.type!r} devices")
-
-
-@dataclass(frozen=True)
-class RngState:
-    """A snapshot of the generator a backend's dropout draws from.
-
-    The harness captures one right before the forward call it judges::
-
-        rng = RngState.capture(device)
-        fwd = backend.forward(q, k, v, spec)
-
-    and :func:`judge_dropout` reruns forwards under it (``with rng.replayed(): ...``).
-    """
-
-    generator: torch.Generator
-    state: torch.Tensor
-    """``generator.get_state()`` at capture (CPU: Mersenne Twister; CUDA: seed and offset)."""
-
-    @classmethod
-    def capture(cls, device: torch.device | str) -> "RngState":
-        generator = default_generator(device)
-        return cls(generator, generator.get_state())
-
-    @classmethod
-    def seeded(cls, device: torch.device | str, seed: int) -> "RngState":
-        """The state ``manual_seed(seed)`` would give the device's generator, leaving it as is."""
-        generator = default_generator(device)
-        scratch = torch.Generator(device=generator.device).manual_seed(seed)
-        return cls(generator, scratch.get_state())
-
-    def restore(self) -> None:
-        self.generator.set_state(self.state)
-
-    @contextlib.contextmanager
-    def replayed(self) -> Iterator[None]:
-        """Run the body under this state; afterwards the generator is where it was before, so
-        probing does not shift what the rest of the run draws."""
-        before = self.generator.get_state()
-        self.restore()
-        try:
-            yield
-        finally:
-            self.generator.set_state(before)
 
 
 # -- the recovered mask, as the reference wants it -----------------------------------------------

@@ -31,6 +31,7 @@ so and ``tflops`` / ``pct_peak`` are null.
 from __future__ import annotations
 
 import os
+import traceback
 from types import ModuleType
 from typing import Any, Optional
 
@@ -40,6 +41,8 @@ from attnbench.accuracy import bounds as acc
 from attnbench.accuracy.evaluate import Judgement, evaluate, timed_only
 from attnbench.backends import Capabilities, Unsupported, World, get_backend, refusal
 from attnbench.backends.masks import release_prepared
+from attnbench.errors import BackendError, is_oom
+from attnbench.execution.blame import blame
 from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
                                        pick_device, release_memory, sync)
 from attnbench.parallel import allgather, layout, ring, tp
@@ -71,6 +74,11 @@ def algorithm(case: Case, backend: Any = None) -> ModuleType:
             return allgather
         case _:
             raise NotImplementedError(f"cp_algo {case.cp_algo!r} is not implemented")
+
+
+def _own(algo: ModuleType, backend: Any) -> tuple[ModuleType, ...]:
+    """The split module when the backend brought it (its frames are then the backend's)."""
+    return () if algo in (ring, allgather, tp) else (algo,)
 
 
 def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
@@ -105,6 +113,13 @@ def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
         return record("unsupported", reason)
     try:
         return _run(case, options, device, backend, algo, rank, record, make)
+    except Exception as exc:
+        # It escapes (the pool rebuilds the group: collectives may be half done), named: the
+        # backend's own exception is its error, anything else a harness error.
+        mine, reason = blame(exc, backend, _own(algo, backend))
+        if not mine or is_oom(exc):
+            raise
+        raise BackendError(reason) from exc
     finally:
         release_prepared(backend)
         release_memory(device)
@@ -161,7 +176,12 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
     try:
         judgement = evaluate_parallel(case, backend, q, k, v, dout, full)
     except Exception as exc:  # the checks' own failure (say, OOM in the single-device run)
-        return make.exception("error", exc, "evaluating the gathered result: ", timing=timing)
+        if is_oom(exc):
+            return make.exception("error", exc, "evaluating the gathered result: ",
+                                  timing=timing)
+        _, reason = blame(exc, backend, _own(algo, backend))
+        return make("error", "evaluating the gathered result: " + reason, timing=timing,
+                    crash={"traceback": traceback.format_exc()[-4000:]})
     return record(judgement.verdict, judgement.reason, timing=timing,
                   **judgement.record_fields())
 
