@@ -88,8 +88,8 @@ def test_seeded_hidden_mask_passes_cp_tp_with_its_mask_recovered(pool, fields):
 
 @pytest.mark.parametrize("fields", [
     dict(seqlens_q=(24, 40), seqlens_kv=(24, 40), mask="causal"),
-    dict(seqlens_q=(16, 8, 24), seqlens_kv=(32, 8, 40), mask="window", window_left=5, window_right=0,
-         bias="alibi", heads_kv=1),
+    dict(seqlens_q=(16, 8, 24), seqlens_kv=(32, 8, 40), mask="window", window_left=5,
+         window_right=0, bias="alibi", heads_kv=1),
 ], ids=["causal", "sq-ne-sk-window-alibi-mqa"])
 def test_packed_hidden_mask_is_recovered_per_document(fields):
     """Before: ``IndexError: index out of range in self`` -- the pack's recovered mask has one
@@ -222,3 +222,34 @@ def test_single_device_blame(backend, reason):
     record = run_single_case(case_of(backend=backend, dropout=0.0),
                              RunOptions(timeout_s=60, timing=TimingOptions(enabled=False)))
     assert record["verdict"] == "error" and record["reason"].startswith(reason), record["reason"]
+
+
+# -- the bug the harness's seed now exposes: a seeded mask that ignores its seed ----------------
+
+
+@pytest.mark.parametrize("force_statistics", [False, True], ids=["recovered", "statistics"])
+def test_a_mask_that_ignores_its_seed_is_caught_by_a_margin(force_statistics):
+    """Recovered: the redraw agrees on every visible entry (excess 0.18 at p = 0.1 against a
+    bound of ~0.03); statistics: the mean of 8 identical draws does not converge."""
+    from attnbench.mutants.dropout import DropoutSeedIgnored
+
+    case = case_of(mask="causal")
+    spec = AttnSpec.from_case(case)
+    q, k, v, _ = make_inputs(case)
+    backend = DropoutSeedIgnored()
+    rng = RngState.capture("cpu")
+    out = backend.forward(q, k, v, spec).out
+    judged = judge_dropout(backend, q, k, v, spec, out, rng, force_statistics=force_statistics)
+    metric = "mask_unchanged_by_redraw"
+    check = next(c for c in judged.checks if c.metric == metric)
+    assert check.value > 2 * check.bound, check.describe()
+    control = HiddenSeedDropout()
+    judged = judge_dropout(control, q, k, v, spec, control.forward(q, k, v, spec).out, rng,
+                           force_statistics=force_statistics)
+    assert judged.passed, [c.describe() for c in judged.checks if not c.passed]
+
+
+def test_a_mask_that_ignores_its_seed_is_caught_under_cp(pool):
+    record = run(pool, backend="mutant.dropout_seed_ignored", cp=2, mask="causal")
+    assert record["verdict"] == "fail", record["reason"]
+    assert "mask_unchanged_by_redraw" in record["reason"], record["reason"]

@@ -116,6 +116,11 @@ CATALOGUE: tuple[Mutant, ...] = (
            report="facebookresearch/fairseq#351; huggingface/transformers#31468",
            exposed_by="dropout (a hidden mask: recovered by probing, or statistics)",
            single=True),
+    Mutant(name="mutant.dropout_seed_ignored", ref=f"{M}.dropout:DropoutSeedIgnored",
+           number="extra", bug="seeded hidden mask ignores the seed it is handed: the same "
+           "mask at every call", report="facebookresearch/xformers#173 (the seed's address "
+           "used as the seed); vllm-project/vllm#55009 (a seed from a data pointer)",
+           exposed_by="dropout (a hidden mask: redrawn with another seed, or statistics)"),
     Mutant(name="mutant.pv_accumulator_in_dtype", ref=f"{M}.fused:PvAccumulatorInDtype",
            number="15", bug="forward's P·V accumulator kept in bf16/fp16 across key blocks",
            report="Dao-AILab/flash-attention#2250 (FP8 accumulator not fp32: long-context "

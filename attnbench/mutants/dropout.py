@@ -91,3 +91,20 @@ class HiddenSeedDropout(NaiveBackend):
 
     name = "mutant.hidden_seed_dropout"
     keep_mask = None
+
+
+class DropoutSeedIgnored(HiddenSeedDropout):
+    """The seeded kernel reads a seed that never changes instead of the one it is handed: the
+    same mask at every call, every step (xformers#173: the seed's memory address used as the
+    seed; vllm-project/vllm#55009: a seed taken from a data pointer). Forward and backward
+    agree, every mask is a fine draw on its own: the redraw check of a recovered mask, or the
+    mean of the statistics' runs, shows it."""
+
+    name = "mutant.dropout_seed_ignored"
+
+    def masks(self, spec, q, k):
+        return super().masks(spec.replace(dropout_seed=_STUCK_SEED), q, k)
+
+
+_STUCK_SEED = 1234
+"""The seed the mutant reads whatever it is handed (any constant is the bug)."""
