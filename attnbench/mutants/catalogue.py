@@ -37,6 +37,9 @@ class Mutant:
     fp8: bool = False
     """Takes the fp8 cases (``dtype: fp8_*``, forward only) and only those; other mutants
     skip them."""
+    dropout: bool = False
+    """Takes only the dropout cases (a bug of the dropout mask alone: elsewhere it is its
+    correct control, and the case time is spent for nothing)."""
     long: bool = False
     """Needs the long cases of the sweep (seqlen >= LONG_SEQLEN): an error that grows with
     length. Other mutants skip those cases (they cost seconds each on a CPU)."""
@@ -120,7 +123,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            number="extra", bug="seeded hidden mask ignores the seed it is handed: the same "
            "mask at every call", report="facebookresearch/xformers#173 (the seed's address "
            "used as the seed); vllm-project/vllm#55009 (a seed from a data pointer)",
-           exposed_by="dropout (a hidden mask: redrawn with another seed, or statistics)"),
+           exposed_by="dropout (a hidden mask: redrawn with another seed, or statistics)",
+           dropout=True),
     Mutant(name="mutant.pv_accumulator_in_dtype", ref=f"{M}.fused:PvAccumulatorInDtype",
            number="15", bug="forward's P·V accumulator kept in bf16/fp16 across key blocks",
            report="Dao-AILab/flash-attention#2250 (FP8 accumulator not fp32: long-context "
