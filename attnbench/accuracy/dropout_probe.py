@@ -330,9 +330,15 @@ class _Judge:
         row_p2, row_p4 = (p_all * p_all).sum(-1), (p_all ** 4).sum(-1)
         checks.append(_row_sum_check(first.to(F64).sum(-1)[None], row_p2, row_p4, self.p,
                                      self.details))
-        head = keys[:self.v.shape[-1]]
-        checks.append(self.redraw_check(head, first[..., head], p_all[..., head]))
+        spread = self.spread_keys()  # the first keys may be hidden (a window's far end)
+        checks.append(self.redraw_check(spread, first[..., spread], p_all[..., spread]))
         return keep, checks, ""
+
+    def spread_keys(self) -> torch.Tensor:
+        """Up to Dv keys spread evenly over Sk (one identity-column call reads them all)."""
+        sk, dv = self.k.shape[2], self.v.shape[-1]
+        keys = torch.linspace(0, sk - 1, min(dv, sk), device=self.q.device).round().long()
+        return keys.unique()
 
     def redraw_check(self, keys: torch.Tensor, probe: torch.Tensor,
                      p_cols: torch.Tensor) -> Check:
@@ -362,9 +368,7 @@ class _Judge:
 
     # -- statistics ----------------------------------------------------------------------------
     def statistics(self) -> list[Check]:
-        sk, dv = self.k.shape[2], self.v.shape[-1]
-        keys = torch.linspace(0, sk - 1, min(dv, sk), device=self.q.device).round().long()
-        keys = keys.unique()
+        keys = self.spread_keys()
         # The case's V with its last column replaced by ones: every run then also gives the
         # row sums of P * keep / (1 - p), and the fp64 quantities are those of this V.
         v_runs = self.v.clone()
