@@ -13,9 +13,12 @@ Phases, and what a failure in each becomes:
    from the case seed (same seed, same tensors), this rank's shard.
 3. The first forward step, then an agreement (:meth:`Comm.agree`): a backend that raises
    ``Unsupported`` or returns no log-sum-exp there is ``unsupported`` on every rank.
-4. The rest of forward, backward, gathering out/dq/dk/dv to rank 0 and timing: any exception
-   escapes, so the pool records ``error`` (or ``oom``) naming the rank and rebuilds the group --
-   collectives may be half done. Crashes and hangs are the pool's as for any case.
+4. The rest of forward, backward (not for a forward-only case, ``backward: false``), gathering
+   out/dq/dk/dv to rank 0 and timing: any exception escapes, so the pool records ``error`` (or
+   ``oom``) naming the rank and rebuilds the group -- collectives may be half done. The
+   backend's own exception escapes as a :class:`~attnbench.errors.BackendError` naming its
+   frame (its ``error``), any other is a harness error (:mod:`attnbench.execution.blame`).
+   Crashes and hangs are the pool's as for any case.
 5. Rank 0 alone: accuracy of the gathered full tensors against fp64 (the usual checks,
    :func:`attnbench.accuracy.evaluate.evaluate`) and parity against the same backend at CP = 1,
    TP = 1 on the same inputs (:mod:`attnbench.parallel.parity`).
@@ -76,7 +79,7 @@ def algorithm(case: Case, backend: Any = None) -> ModuleType:
             raise NotImplementedError(f"cp_algo {case.cp_algo!r} is not implemented")
 
 
-def _own(algo: ModuleType, backend: Any) -> tuple[ModuleType, ...]:
+def _own(algo: ModuleType) -> tuple[ModuleType, ...]:
     """The split module when the backend brought it (its frames are then the backend's)."""
     return () if algo in (ring, allgather, tp) else (algo,)
 
@@ -116,7 +119,7 @@ def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
     except Exception as exc:
         # It escapes (the pool rebuilds the group: collectives may be half done), named: the
         # backend's own exception is its error, anything else a harness error.
-        mine, reason = blame(exc, backend, _own(algo, backend))
+        mine, reason = blame(exc, backend, _own(algo))
         if not mine or is_oom(exc):
             raise
         raise BackendError(reason) from exc
@@ -169,7 +172,7 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
 
     # 5. rank 0: accuracy and parity of the whole result
     if not options.accuracy:
-        judgement = timed_only(full["out"], [full[t] for t in ("dq", "dk", "dv") if t in full]
+        judgement = timed_only(full["out"], [full[t] for t in ("dq", "dk", "dv")]
                                if case.backward else None)
         return record(judgement.verdict, judgement.reason, timing=timing,
                       **judgement.record_fields())
@@ -179,7 +182,7 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
         if is_oom(exc):
             return make.exception("error", exc, "evaluating the gathered result: ",
                                   timing=timing)
-        _, reason = blame(exc, backend, _own(algo, backend))
+        _, reason = blame(exc, backend, _own(algo))
         return make("error", "evaluating the gathered result: " + reason, timing=timing,
                     crash={"traceback": traceback.format_exc()[-4000:]})
     return record(judgement.verdict, judgement.reason, timing=timing,
@@ -189,8 +192,7 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
 # -- gathering -----------------------------------------------------------------------------------
 
 
-def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor,
-            grads) -> Optional[dict]:
+def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> Optional[dict]:
     """Full out/dq/dk/dv on rank 0 (None elsewhere), in the case's dtype, from every rank's
     local parts: one flat message per rank. ``grads`` None (forward only): out alone."""
     dtype = out.dtype
