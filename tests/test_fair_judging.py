@@ -253,3 +253,30 @@ def test_a_mask_that_ignores_its_seed_is_caught_under_cp(pool):
     record = run(pool, backend="mutant.dropout_seed_ignored", cp=2, mask="causal")
     assert record["verdict"] == "fail", record["reason"]
     assert "mask_unchanged_by_redraw" in record["reason"], record["reason"]
+
+
+class _ParsesBadJson:
+    """A backend whose call fails inside a library (json, standing for torch or triton)."""
+
+    def forward(self):
+        import json
+
+        return json.loads("{")
+
+
+def test_a_library_frame_belongs_to_the_backend_that_called_it():
+    from attnbench.execution.blame import blame
+
+    try:
+        _ParsesBadJson().forward()
+    except ValueError as exc:
+        mine, reason = blame(exc, _ParsesBadJson())
+    assert mine and "tests/test_fair_judging.py:" in reason and reason.endswith("in forward)")
+    try:
+        from attnbench.problem.packing import segments
+
+        segments((0, 1), (0,))  # our own code raises: ours, even with a backend at hand
+    except ValueError as exc:
+        mine, reason = blame(exc, _ParsesBadJson())
+    assert not mine and reason.startswith("harness error: ValueError: cu_seqlens")
+    assert "attnbench/problem/packing.py:" in reason
