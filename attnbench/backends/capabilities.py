@@ -54,8 +54,10 @@ class Capabilities:
     dropout mask the backend used (its seed and the spec's global offsets). Declared: the fp64
     reference reuses it (``exact-mask``) in :mod:`attnbench.accuracy.evaluate` and in the CP/TP
     check (:func:`attnbench.execution.multi.evaluate_parallel`). None (hidden, as in flash-attn
-    and cuDNN): the single-device runner captures the generator's state before the forward and
-    :mod:`attnbench.accuracy.dropout_probe` recovers the mask or falls back to statistics."""
+    and cuDNN, or drawn from ``spec.dropout_seed`` as a seeded Triton kernel does): the
+    single-device runner captures the generator's state before the forward and
+    :mod:`attnbench.accuracy.dropout_probe` recovers the mask (under CP/TP: a mask that follows
+    the seed) or falls back to statistics."""
 
     input_precision: Optional[Callable[["Case", "torch.device"], tuple[str, ...]]] = None
     """``input_precision(case, device) -> tuple`` of the tensors (of out, dq, dk, dv) this
