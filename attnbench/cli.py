@@ -147,6 +147,13 @@ def run_status(records: list[dict], findings: list[str]) -> int:
 
 # -- validate ---------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.coverage is not None:  # the sweeps together: which pairs of values never meet
+        from attnbench.sweep.coverage import pair_coverage
+
+        sweeps = [load_sweep(path, check_backend_name, args.set or ())
+                  for path in [args.sweep, *args.coverage]]
+        print(pair_coverage(c for sweep in sweeps for c in sweep.cases).report())
+        return 0
     sweep = load_sweep(args.sweep, check_backend_name, args.set or ())
     counts = collections.Counter(c.backend for c in sweep.cases)
     print(f"{sweep.path}: ok: sweep {sweep.name!r}, {len(sweep.cases)} cases "
@@ -302,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
                                   "[fp32,bf16], {pow2: [512,4096]}) in every case; also "
                                   "options.KEY=VALUE; repeatable")
     val.add_argument("--list", action="store_true", help="list every case with its id")
+    val.add_argument("--coverage", nargs="*", metavar="SWEEP", default=None,
+                     help="with these sweeps too: which pairs of feature values (mask x bias x "
+                          "dropout x GQA x packed x ...) no case puts together "
+                          "(docs/coverage.md)")
     val.set_defaults(func=cmd_validate)
 
     show = sub.add_parser("show", help="summary of a run directory")

@@ -96,6 +96,14 @@ def os_error_text(exc: OSError, what: str = "") -> str:
     return printable(f"{where}: {text}" if where else text, 2000)
 
 
+class BackendError(RuntimeError):
+    """A rank's report of an exception a backend raised in its own code
+    (:mod:`attnbench.execution.blame`): the case is that backend's ``error`` and ``str()`` is
+    the record's reason, with the backend's frame; any other exception that escapes a rank is a
+    harness error. Raised in rank processes, read by name where their outcome becomes a record
+    (:func:`attnbench.cluster.task.outcome_to_record`), so it imports nothing."""
+
+
 def exception_summary(exc: BaseException, limit: int = 300) -> str:
     """``Type: first line of the message`` -- how an exception reads in a record's reason."""
     text = str(exc).strip()

@@ -3,7 +3,8 @@
 It runs the standard sweep (``sweeps/standard.yaml``) twice over:
 
 * **controls** -- every case of the sweep with its own (correct) backend, plus ``mutant.base``
-  (the correct code most mutants edit) on the template backend's cases: every one must pass
+  (the correct code most mutants edit) on the template backend's cases, and the two correct
+  hidden-mask dropouts (torch's RNG; a seed) on its dropout cases: every one must pass
   (``unsupported`` is fine, with its reason);
 * **mutants** -- every entry of :mod:`attnbench.mutants.catalogue` on the template backend's
   cases (``naive``'s; mutants that only edit the CP/TP code on its CP/TP cases): every one must
@@ -36,7 +37,8 @@ from typing import Iterable, Optional, Sequence, TextIO
 from attnbench.dtypes import BY_NAME, FAMILIES, is_fp8
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_OK, ClusterError
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
-                                        HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN, Mutant, by_name)
+                                        HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN,
+                                        SEEDED_DROPOUT_CONTROL, Mutant, by_name)
 from attnbench.report.trends import SLOPE_BOUND, findings, trends
 from attnbench.resources import ENV_DEVICE, ENV_THREADS
 from attnbench.results.records import BAD_VERDICTS, DIED_VERDICTS
@@ -87,6 +89,9 @@ def make_plan(sweep: Sweep, *, seeds: int = 1, mutants: Sequence[Mutant] = CATAL
                      + [c.replace(backend=FUSED_CONTROL) for c in short if c.world_size == 1]
                      + [c.replace(backend=HIDDEN_DROPOUT_CONTROL) for c in short
                         if c.world_size == 1 and c.dropout > 0]
+                     # a seeded hidden mask replays on CP/TP ranks and in packs too
+                     + [c.replace(backend=SEEDED_DROPOUT_CONTROL) for c in short
+                        if c.dropout > 0 and not c.decode and not is_fp8(c.dtype)]
                      ) if controls else []
     chosen: dict[str, tuple[Case, ...]] = {}
     for mutant in mutants:
@@ -101,6 +106,8 @@ def make_plan(sweep: Sweep, *, seeds: int = 1, mutants: Sequence[Mutant] = CATAL
             pool = [c for c in (base if mutant.long else short) if not c.decode
                     and not is_fp8(c.dtype)
                     and (c.world_size == 1 or not (mutant.long or mutant.single))]
+        if mutant.dropout:
+            pool = [c for c in pool if c.dropout > 0]
         chosen[mutant.name] = tuple(c.replace(backend=mutant.name) for c in pool)
     return Plan(controls=tuple(control_cases), mutants=chosen)
 

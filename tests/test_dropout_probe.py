@@ -125,7 +125,7 @@ def test_sdpa_mask_is_recovered_and_the_reference_judges_it(dtype, dropout, shap
     judged, run = _run(SdpaDefault(), case)
     assert judged.method == "recovered-mask", judged.details
     assert judged.details["probe_mask_mismatches"] == 0
-    assert judged.forward_calls == 2 * math.ceil(case.seqlen_kv / case.head_dim_v)
+    assert judged.forward_calls == 2 * math.ceil(case.seqlen_kv / case.head_dim_v) + 1  # redraw
     assert judged.passed, [c.describe() for c in judged.checks if not c.passed]
     # the judged output is probe @ V to rounding: measured <= 3.5 u in fp32, 0.7 u in bf16
     unit = torch.finfo(run[1].dtype).eps / 2
@@ -243,7 +243,7 @@ def test_large_cases_and_missing_state_use_statistics(monkeypatch, limit, value)
     assert judged.method == "statistics"
     assert limit in judged.details["why_not_recovered"]
     assert json.loads(json.dumps(judged.to_dict()))["method"] == "statistics"
-    assert judged.forward_calls == dropout_probe.UNBIASED_RUNS + 1
+    assert judged.forward_calls == dropout_probe.UNBIASED_RUNS + 2  # probe, its redraw, runs
     spec = AttnSpec.from_case(case)
     q, k, v, _ = make_inputs(case)
     out = SdpaDefault().forward(q, k, v, spec).out

@@ -20,7 +20,8 @@ from attnbench.dtypes import FP8_DTYPES
 from attnbench.execution.case_runner import run_case
 from attnbench.execution.pool import RankPool
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
-                                        HIDDEN_DROPOUT_CONTROL, by_name)
+                                        HIDDEN_DROPOUT_CONTROL, SEEDED_DROPOUT_CONTROL,
+                                        by_name)
 from attnbench.selftest import (Evidence, evidence, is_long, judge_controls, judge_mutant,
                                 make_plan, run_in_pools, summary)
 from attnbench.sweep.case import Case, make_case
@@ -67,6 +68,7 @@ EXPOSE = {
     # hidden-mask forward dropout: the keep rate (recovered mask) / the reference with it
     "mutant.dropout_keep_p": (dict(dropout=0.1), {"dropout"}, None),
     "mutant.dropout_renormalised": (dict(dropout=0.1), REFERENCE | {"dropout"}, None),
+    "mutant.dropout_seed_ignored": (dict(dropout=0.1), {"dropout"}, None),
     # accumulators in the input dtype: a bug in half precision only, visible at long lengths
     "mutant.pv_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
     "mutant.dq_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
@@ -136,6 +138,8 @@ def control_of(name: str) -> str:
         return FUSED_CONTROL  # the fp8 path of the fused model
     if name in ("mutant.dropout_keep_p", "mutant.dropout_renormalised"):
         return HIDDEN_DROPOUT_CONTROL
+    if name == "mutant.dropout_seed_ignored":
+        return SEEDED_DROPOUT_CONTROL
     if by_name(name).long:
         return FUSED_CONTROL
     if by_name(name).parallel and name != "mutant.lse_log2":

@@ -4,7 +4,9 @@
 error metrics and every bound, each beside the measurement behind it; :mod:`~.fused_baseline`
 the precision of a correct fused kernel (blockwise, at every length); :mod:`~.invariants` the
 reference-free gradient identities; :mod:`~.dropout_probe` hidden dropout masks, recovered or
-judged by statistics; :mod:`~.fp8_split` an fp8 case's error split into quantization and kernel.
+judged by statistics (the generator replayed by :mod:`~.rng`, the fp64 side in
+:mod:`~.dropout_exact`); :mod:`~.fp8_split` an fp8 case's error split into quantization and
+kernel.
 """
 
 from attnbench import package_face
@@ -12,8 +14,10 @@ from attnbench import package_face
 __all__, __getattr__ = package_face(__name__, {
     "bounds": ("Check", "RATIO_FACTOR", "RATIO_FLOOR", "REFERENCE_SELF_BOUND", "identity_bounds",
                "split_sum_roundings", "tensor_errors"),
-    "dropout_probe": ("RecoveredKeepMask", "RngState", "judge_dropout"),
+    "dropout_exact": ("ExactCall", "identity_columns", "visible_floor"),
+    "dropout_probe": ("RecoveredKeepMask", "judge_dropout"),
     "evaluate": ("Judgement", "References", "timed_only"),
     "fused_baseline": ("FusedBaseline", "fused_backward", "fused_forward"),
     "invariants": ("identity_residuals",),
+    "rng": ("RngState", "default_generator"),
 })

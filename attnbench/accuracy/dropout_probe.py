@@ -17,19 +17,24 @@ draws the judged forward's mask. That is checked, not assumed: see ``recovered-m
 
 :func:`judge_dropout` uses the first method that applies:
 
-``recovered-mask``  with a captured state, B * Hq * Sq * Sk <= PROBE_ENTRY_LIMIT and
-    2 * ceil(Sk / Dv) <= PROBE_CALL_LIMIT. Probe every key in chunks of Dv (the last chunk padded
-    with zero columns), each call under the restored state; probe again with the keys in reverse
-    order (every call then sees other V values). The two masks must agree exactly, and the
-    judged output must equal probe @ V to rounding. Then the recovered mask is a
+``recovered-mask``  with a captured state -- or without one (CP/TP) for a mask that follows
+    the spec's ``dropout_seed`` instead of the generator, as a kernel handed a seed draws it --
+    B * Hq * Sq * Sk <= PROBE_ENTRY_LIMIT and 2 * ceil(Sk / Dv) <= PROBE_CALL_LIMIT. Probe every
+    key in chunks of Dv (the last chunk padded with zero columns), each call under the restored
+    state (no state: under two different seeded ones, see :meth:`_Judge.replay_states`); probe
+    again with the keys in reverse order (every call then sees other V values). The two masks
+    must agree exactly, and the judged output must equal probe @ V to rounding. Then the recovered mask is a
     :data:`KeepMaskFn` for the exact fp64 reference, which judges out, dQ, dK, dV as for a
     backend that exposes its mask; the keep rate, the kept-entry scale and the row-sum variance
-    are checked from the probe at no extra cost. Cost: 2 * ceil(Sk / Dv) forward calls.
-``statistics``  when the mask is not reproducible, no state was captured, or the case is
+    are checked from the probe at no extra cost.
+    One more call, an independent draw, must change the mask (``mask_unchanged_by_redraw``).
+    Cost: 2 * ceil(Sk / Dv) + 1 forward calls.
+``statistics``  when the mask is not reproducible or not replayable, or the case is
     larger. Needs no replay: one identity-column probe of Dv keys spread over Sk (keep rate,
-    kept-entry scale), then UNBIASED_RUNS calls under different seeded RNG states with the
-    case's V whose last column is ones (row-sum variance from that column; the mean output
-    against the fp64 no-dropout output). Cost: UNBIASED_RUNS + 1 forward calls, plus fp64 work
+    kept-entry scale) and one redraw of it, then UNBIASED_RUNS calls, each under its own
+    seeded RNG state *and* its own ``dropout_seed`` (independent draws for both kinds of hidden
+    mask), with the case's V whose last column is ones (row-sum variance from that column; the mean output
+    against the fp64 no-dropout output). Cost: UNBIASED_RUNS + 2 forward calls, plus fp64 work
     of about three reference forwards; O(S * D) memory at any length.
 
 What each check sees (p = dropout probability):
@@ -52,21 +57,19 @@ What each check sees (p = dropout probability):
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 
 from attnbench.accuracy.bounds import ABSOLUTE_BOUND, Check
+from attnbench.accuracy.dropout_exact import ExactCall, identity_columns, visible_floor
+from attnbench.accuracy.rng import RngState
 from attnbench.backends.capabilities import Capabilities
 from attnbench.problem.attn_spec import AttnSpec, KeepMaskFn
 from attnbench.problem.fp8 import torch_dtype
-
-# The reference's own score blocks: softcap, ALiBi, windows and alignment stay defined once.
-from attnbench.problem.reference import ScoreBlocks, block_sizes, grouped_f64, reference_forward
 
 F64 = torch.float64
 
@@ -109,67 +112,11 @@ kernels (the same sweep): at most 3.5 u fp32, 0.7 u fp16 and bf16. Another mask 
 judged one misses by ~sqrt(2 p / (1 - p)): seen 0.48 at p = 0.1, 0.14 at p = 0.01 (bf16's
 8 u = 0.031 is reached near p = 0.0005)."""
 
+SEED_REPLAY_STATES = (0x5EED, 0xD1CE)
+"""Generator seeds of the two probe passes when no state was captured: any two different ones
+(a mask that still agrees between them does not come from the generator)."""
+
 _DTYPE_NAMES = {torch_dtype(name): name for name in ABSOLUTE_BOUND}
-
-
-# -- the RNG the mask is drawn from --------------------------------------------------------------
-
-
-def default_generator(device: torch.device | str) -> torch.Generator:
-    """The generator a kernel on ``device`` draws dropout from when given none: torch's CPU
-    generator (``torch.get_rng_state()``) or the device's CUDA generator
-    (``torch.cuda.get_rng_state(device)``: Philox seed and offset)."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return torch.default_generator
-    if device.type == "cuda":
-        torch.cuda.init()
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return torch.cuda.default_generators[index]
-    raise NotImplementedError(f"no RNG replay for {device.type!r} devices")
-
-
-@dataclass(frozen=True)
-class RngState:
-    """A snapshot of the generator a backend's dropout draws from.
-
-    The harness captures one right before the forward call it judges::
-
-        rng = RngState.capture(device)
-        fwd = backend.forward(q, k, v, spec)
-
-    and :func:`judge_dropout` reruns forwards under it (``with rng.replayed(): ...``).
-    """
-
-    generator: torch.Generator
-    state: torch.Tensor
-    """``generator.get_state()`` at capture (CPU: Mersenne Twister; CUDA: seed and offset)."""
-
-    @classmethod
-    def capture(cls, device: torch.device | str) -> "RngState":
-        generator = default_generator(device)
-        return cls(generator, generator.get_state())
-
-    @classmethod
-    def seeded(cls, device: torch.device | str, seed: int) -> "RngState":
-        """The state ``manual_seed(seed)`` would give the device's generator, leaving it as is."""
-        generator = default_generator(device)
-        scratch = torch.Generator(device=generator.device).manual_seed(seed)
-        return cls(generator, scratch.get_state())
-
-    def restore(self) -> None:
-        self.generator.set_state(self.state)
-
-    @contextlib.contextmanager
-    def replayed(self) -> Iterator[None]:
-        """Run the body under this state; afterwards the generator is where it was before, so
-        probing does not shift what the rest of the run draws."""
-        before = self.generator.get_state()
-        self.restore()
-        try:
-            yield
-        finally:
-            self.generator.set_state(before)
 
 
 # -- the recovered mask, as the reference wants it -----------------------------------------------
@@ -191,10 +138,26 @@ class RecoveredKeepMask:
     def __call__(self, spec: AttnSpec, b: torch.Tensor, h: torch.Tensor, i: torch.Tensor,
                  j: torch.Tensor) -> torch.Tensor:
         o, dev = self.origin, self.keep.device
+        if o.is_packed:
+            return torch.cat([self.document(int(n), h, i, j) for n in b], 0).to(b.device)
         keep = self.keep.index_select(0, (b - o.batch_start).to(dev))
         keep = keep.index_select(1, (h - o.head_start).to(dev))
         keep = keep.index_select(2, (i - o.q_start).to(dev))
         return keep.index_select(3, (j - o.kv_start).to(dev)).to(b.device)
+
+    def document(self, doc: int, h: torch.Tensor, i: torch.Tensor,
+                 j: torch.Tensor) -> torch.Tensor:
+        """(1, len(h), len(i), len(j)) of a pack's document ``doc`` (its batch index, as
+        :func:`attnbench.problem.packing.sequence_spec` numbers it), at positions i, j within
+        that document: the pack holds them at rows cu_q[n] + i - seq_q_start[n] of its one
+        batch row (keys likewise), n = doc - batch_start."""
+        o, dev = self.origin, self.keep.device
+        n = doc - o.batch_start
+        row0 = o.cu_seqlens_q[n] - (o.seq_q_start[n] if o.seq_q_start else 0)
+        col0 = o.cu_seqlens_kv[n] - (o.seq_kv_start[n] if o.seq_kv_start else 0)
+        keep = self.keep[:1].index_select(1, (h - o.head_start).to(dev))
+        keep = keep.index_select(2, (i + row0).to(dev))
+        return keep.index_select(3, (j + col0).to(dev))
 
     def __repr__(self) -> str:
         return f"RecoveredKeepMask({tuple(self.keep.shape)}, kept {self.keep.float().mean():.4f})"
@@ -264,8 +227,6 @@ class _Judge:
         calls = 2 * -(-self.k.shape[2] // self.v.shape[-1])
         if force_statistics:
             why = "statistics forced"
-        elif self.rng is None:
-            why = "no RNG state captured before the judged forward"
         elif entries > PROBE_ENTRY_LIMIT:
             why = f"B*Hq*Sq*Sk = {entries} > PROBE_ENTRY_LIMIT = {PROBE_ENTRY_LIMIT}"
         elif calls > PROBE_CALL_LIMIT:
@@ -284,41 +245,73 @@ class _Judge:
                                 time.perf_counter() - started, self.details)
 
     # -- calls ---------------------------------------------------------------------------------
-    def forward(self, v_probe: torch.Tensor, state: Optional[RngState]) -> torch.Tensor:
+    def forward(self, v_probe: torch.Tensor, state: Optional[RngState],
+                spec: Optional[AttnSpec] = None) -> torch.Tensor:
         self.calls += 1
         with state.replayed() if state is not None else contextlib.nullcontext():
-            return self.backend.forward(self.q, self.k, v_probe, self.spec).out
+            return self.backend.forward(self.q, self.k, v_probe, spec or self.spec).out
 
-    def seeded(self, n: int) -> Optional[RngState]:
-        """The state for statistics call ``n``: seeded from the case's dropout seed, so a rerun
-        of the case draws the same masks (None where the device has no generator this module
-        knows: the calls then draw whatever comes)."""
+    def state(self, seed: int) -> Optional[RngState]:
+        """The generator state ``manual_seed(seed)`` gives (None where the device has no
+        generator this module knows: the calls then draw whatever comes)."""
         try:
-            return RngState.seeded(self.q.device, (self.spec.dropout_seed + 7919 * (n + 1))
-                                   & 0x7FFFFFFF)
+            return RngState.seeded(self.q.device, seed)
         except NotImplementedError:
             return None
 
-    def probe_pass(self, order: torch.Tensor) -> torch.Tensor:
+    def draw(self, n: int) -> tuple[Optional[RngState], AttnSpec]:
+        """Statistics call ``n``: an independent draw for either kind of hidden mask -- its own
+        generator state (torch-RNG kernels) and its own ``dropout_seed`` (kernels that take the
+        seed they are handed), both derived from the case's seed, so a rerun draws the same
+        masks. The harness owns the seed (:mod:`attnbench.backends.base`)."""
+        seed = (self.spec.dropout_seed + 7919 * (n + 1)) & 0x7FFFFFFF
+        return self.state(seed), self.spec.replace(dropout_seed=seed)
+
+    def probe_pass(self, order: torch.Tensor, state: Optional[RngState]) -> torch.Tensor:
         """P * keep / (1 - p) as the kernel computes it, (B, Hq, Sq, Sk) in the dtype, from
-        ceil(Sk / Dv) calls under the judged state, keys in ``order``."""
+        ceil(Sk / Dv) calls under ``state`` and the judged spec, keys in ``order``."""
         dv = self.v.shape[-1]
         found = self.out.new_zeros(*self.out.shape[:3], self.k.shape[2])
         for start in range(0, len(order), dv):
             keys = order[start:start + dv]
-            found[..., keys] = self.forward(_identity_columns(self.v, keys), self.rng)[
+            found[..., keys] = self.forward(identity_columns(self.v, keys), state)[
                 ..., :len(keys)]
         return found
 
     # -- recovered-mask ------------------------------------------------------------------------
+    def replay_states(self, keys: torch.Tensor) -> tuple[tuple, str]:
+        """The generator states of the two probe passes, or ((), why there is no replay).
+
+        With a state captured before the judged forward, both passes run under it: a
+        torch-RNG kernel draws the judged mask again, a seeded kernel draws it from the spec.
+        Without one (a CP/TP case: its ranks drew from their own generators), only a mask that
+        follows the spec's seed can be replayed: the passes run under two *different* states,
+        so their agreement proves the mask ignores the generator. One call of the first keys
+        under each state first: a generator-driven mask differs there, and statistics take
+        over after 2 calls instead of 2 * ceil(Sk / Dv)."""
+        if self.rng is not None:
+            self.details["replayed_by"] = "rng-state"
+            return (self.rng, self.rng), ""
+        states = (self.state(SEED_REPLAY_STATES[0]), self.state(SEED_REPLAY_STATES[1]))
+        head = keys[:self.v.shape[-1]]
+        a, b = (self.forward(identity_columns(self.v, head), s) != 0 for s in states)
+        if not torch.equal(a, b):
+            return (), ("no RNG state captured before the judged forward, and the mask follows "
+                        "the generator's state, not the spec's dropout_seed")
+        self.details["replayed_by"] = "seed"
+        return states, ""
+
     def recover(self) -> tuple[Optional[torch.Tensor], list[Check], str]:
         """(keep mask, checks, "") when the mask is recovered and validated, else
         (None, [], why not)."""
         sk = self.k.shape[2]
         keys = torch.arange(sk, device=self.q.device)
-        first = self.probe_pass(keys)
-        second = self.probe_pass(keys.flip(0))
-        p_all = _Exact(self.q, self.k, self.v, self.spec).probabilities()
+        states, why = self.replay_states(keys)
+        if not states:
+            return None, [], why
+        first = self.probe_pass(keys, states[0])
+        second = self.probe_pass(keys.flip(0), states[1])
+        p_all = ExactCall(self.q, self.k, self.v, self.spec).probabilities()
         visible = p_all >= visible_floor(self.q.dtype)
         differ = int(((first != 0) != (second != 0))[visible].sum())
         self.details.update(probe_entries=int(visible.numel()), probe_visible=int(visible.sum()),
@@ -337,114 +330,61 @@ class _Judge:
         row_p2, row_p4 = (p_all * p_all).sum(-1), (p_all ** 4).sum(-1)
         checks.append(_row_sum_check(first.to(F64).sum(-1)[None], row_p2, row_p4, self.p,
                                      self.details))
+        spread = self.spread_keys()  # the first keys may be hidden (a window's far end)
+        checks.append(self.redraw_check(spread, first[..., spread], p_all[..., spread]))
         return keep, checks, ""
+
+    def spread_keys(self) -> torch.Tensor:
+        """Up to Dv keys spread evenly over Sk (one identity-column call reads them all)."""
+        sk, dv = self.k.shape[2], self.v.shape[-1]
+        keys = torch.linspace(0, sk - 1, min(dv, sk), device=self.q.device).round().long()
+        return keys.unique()
+
+    def redraw_check(self, keys: torch.Tensor, probe: torch.Tensor,
+                     p_cols: torch.Tensor) -> Check:
+        """One more identity-column call of ``keys`` as an independent draw (another generator
+        state and another ``dropout_seed``, :meth:`draw`): its mask must differ from
+        ``probe``'s (B, Hq, Sq, len(keys); fp64 P of those columns ``p_cols``) as two
+        independent masks do. They agree on a visible entry with probability
+        a = p^2 + (1 - p)^2; a mask that ignores both (a seed read from the wrong place,
+        xformers#173; a seed taken from a pointer, vllm#55009: the same mask at every step)
+        agrees everywhere. Value: agreement in excess of a; bound: KEEP_RATE_SIGMAS binomial
+        sigmas. One mask alone is a fine draw: without this a recovered mask passes that bug,
+        and statistics see it only as a mean that converges slowly (1.07 x its bound)."""
+        other = self.forward(identity_columns(self.v, keys), *self.draw(UNBIASED_RUNS + 1))
+        visible = p_cols >= visible_floor(self.q.dtype)
+        same = ((other[..., :len(keys)] != 0) == (probe != 0))[visible]
+        n, expected = same.numel(), self.p ** 2 + (1 - self.p) ** 2
+        if not n:
+            return _check("mask_unchanged_by_redraw", 0.0, 0.0, "no visible entry to compare")
+        agree = same.double().mean().item()
+        sigma = math.sqrt(expected * (1 - expected) / n)
+        self.details.update(redraw_agreement=agree)
+        return _check("mask_unchanged_by_redraw", max(0.0, agree - expected),
+                      KEEP_RATE_SIGMAS * sigma,
+                      f"an independent draw (another seed and generator state) kept the same "
+                      f"{agree:.4f} of {n} visible entries, expected {expected:.4f} "
+                      f"+- {KEEP_RATE_SIGMAS:g} sigma")
 
     # -- statistics ----------------------------------------------------------------------------
     def statistics(self) -> list[Check]:
-        sk, dv = self.k.shape[2], self.v.shape[-1]
-        keys = torch.linspace(0, sk - 1, min(dv, sk), device=self.q.device).round().long()
-        keys = keys.unique()
+        keys = self.spread_keys()
         # The case's V with its last column replaced by ones: every run then also gives the
         # row sums of P * keep / (1 - p), and the fp64 quantities are those of this V.
         v_runs = self.v.clone()
         v_runs[..., -1] = 1
-        exact = _Exact(self.q, self.k, v_runs, self.spec)
-        probe = self.forward(_identity_columns(self.v, keys), self.seeded(0))[..., :len(keys)]
-        checks = _entry_checks(probe, exact.columns(keys), self.p, self.u, self.details)
+        exact = ExactCall(self.q, self.k, v_runs, self.spec)
+        probe = self.forward(identity_columns(self.v, keys), *self.draw(0))[..., :len(keys)]
+        p_cols = exact.columns(keys)
+        checks = _entry_checks(probe, p_cols, self.p, self.u, self.details)
+        checks.append(self.redraw_check(keys, probe, p_cols))
         row_p2, row_p4, p2v2 = exact.moments()
-        runs = [self.forward(v_runs, self.seeded(1 + n)) for n in range(UNBIASED_RUNS)]
+        runs = [self.forward(v_runs, *self.draw(1 + n)) for n in range(UNBIASED_RUNS)]
         row_sums = torch.stack([run[..., -1] for run in runs]).to(F64)
         checks.append(_row_sum_check(row_sums, row_p2, row_p4, self.p, self.details))
         checks.append(_bias_check(runs, exact.solution[0], p2v2, self.p, self.q.dtype,
                                   self.details))
         return checks
-
-
-# -- fp64 quantities -----------------------------------------------------------------------------
-
-
-class _Exact:
-    """fp64 attention of one call without dropout: output, log-sum-exp, P and the moments of P
-    the statistics need, from the reference's own score blocks (O(S * D) memory, except
-    :meth:`probabilities`, which is the whole of P)."""
-
-    def __init__(self, q, k, v, spec: AttnSpec):
-        self.q, self.k, self.v = q, k, v
-        self.spec = spec.replace(dropout_p=0.0)
-
-    @functools.cached_property
-    def solution(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(out (B, Hq, Sq, Dv), lse (B, Hq, Sq)) without dropout."""
-        return reference_forward(self.q, self.k, self.v, self.spec)
-
-    def columns(self, keys: torch.Tensor) -> torch.Tensor:
-        """P[..., keys] (B, Hq, Sq, len(keys)) fp64: the reference's output for V = identity
-        columns, the same identity the probe uses."""
-        like = self.v.new_zeros(*self.v.shape[:3], len(keys), dtype=F64)
-        return reference_forward(self.q, self.k, _identity_columns(like, keys), self.spec)[0]
-
-    def probabilities(self) -> torch.Tensor:
-        """All of P (B, Hq, Sq, Sk) fp64."""
-        batch, heads_q, sq, _ = self.q.shape
-        probs = torch.zeros(batch, heads_q, sq, self.k.shape[2], dtype=F64, device=self.q.device)
-        for (i0, i1, j0, j1), p in self.blocks():
-            probs[:, :, i0:i1, j0:j1] = p.flatten(1, 2)
-        return probs
-
-    def moments(self):
-        """Per row sum_j P^2 and sum_j P^4 (B, Hq, Sq); per output element sum_j P^2 V^2
-        (B, Hq, Sq, Dv): the variance of a correct dropout's row sums and outputs."""
-        batch, heads_q, sq, _ = self.q.shape
-        heads_kv, dv = self.v.shape[1], self.v.shape[-1]
-        row_p2 = torch.zeros(batch, heads_kv, heads_q // heads_kv, sq, dtype=F64,
-                             device=self.q.device)
-        row_p4 = torch.zeros_like(row_p2)
-        p2v2 = torch.zeros(*row_p2.shape, dv, dtype=F64, device=self.q.device)
-        v_sq = (self.v.to(F64) ** 2).unsqueeze(2)
-        for (i0, i1, j0, j1), p in self.blocks():
-            p_sq = p * p
-            row_p2[..., i0:i1] += p_sq.sum(-1)
-            row_p4[..., i0:i1] += (p_sq * p_sq).sum(-1)
-            p2v2[..., i0:i1, :] += torch.matmul(p_sq, v_sq[:, :, :, j0:j1])
-        return (row_p2.view(batch, heads_q, sq), row_p4.view(batch, heads_q, sq),
-                p2v2.view(batch, heads_q, sq, dv))
-
-    def blocks(self) -> Iterator[tuple[tuple[int, int, int, int], torch.Tensor]]:
-        """((i0, i1, j0, j1), P[i0:i1, j0:j1] as (B, Hkv, G, bq, bk)) for every block with a
-        visible key; P = exp(scores - lse), 0 where masked."""
-        q5, k5, _, batch, heads_kv, group = grouped_f64(self.q, self.k, self.v)
-        sq, sk = q5.shape[3], k5.shape[3]
-        blocks = ScoreBlocks(self.spec, batch, heads_kv, group, self.q.device, None)
-        bq, bk = block_sizes(batch * heads_kv * group, sq, sk)
-        lse = self.solution[1].view(batch, heads_kv, group, sq)
-        lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-        start_q, start_k, device = self.spec.q_start, self.spec.kv_start, self.q.device
-        for i0 in range(0, sq, bq):
-            i1 = min(sq, i0 + bq)
-            q_pos = torch.arange(start_q + i0, start_q + i1, device=device)
-            for j0 in range(0, sk, bk):
-                j1 = min(sk, j0 + bk)
-                k_pos = torch.arange(start_k + j0, start_k + j1, device=device)
-                if not blocks.any_visible(q_pos, k_pos):
-                    continue
-                s, _, _ = blocks.scores(q5[:, :, :, i0:i1], k5[:, :, :, j0:j1], q_pos, k_pos)
-                yield (i0, i1, j0, j1), torch.exp(s - lse[:, :, :, i0:i1, None])
-
-
-def visible_floor(dtype: torch.dtype) -> float:
-    """Smallest fp64 P whose kept entry cannot come out of the probe as 0: 16 x the dtype's
-    smallest subnormal and fp32's smallest normal (a kernel may flush fp32 subnormals), room for
-    a kernel's P to be 16 x too small. fp16: 9.5e-7; bf16 / fp32: 1.9e-37."""
-    info = torch.finfo(dtype)
-    return 16.0 * max(info.tiny * info.eps, torch.finfo(torch.float32).tiny)
-
-
-def _identity_columns(like: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """Zeros like ``like`` (B, Hkv, Sk, Dv) with V[..., keys[c], c] = 1, c < len(keys) <= Dv;
-    the remaining columns (the last chunk's padding) stay 0."""
-    probe = torch.zeros_like(like)
-    probe[:, :, keys, torch.arange(len(keys), device=like.device)] = 1
-    return probe
 
 
 def _apply(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

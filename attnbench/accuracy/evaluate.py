@@ -18,7 +18,8 @@ from typing import Any, Optional, Sequence
 import torch
 
 from attnbench.accuracy import bounds as acc
-from attnbench.accuracy.dropout_probe import RngState, judge_dropout
+from attnbench.accuracy.dropout_probe import judge_dropout
+from attnbench.accuracy.rng import RngState
 from attnbench.accuracy.fp8_split import quantization_split
 from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
 from attnbench.accuracy.invariants import identity_residuals

@@ -21,6 +21,16 @@ bias, tables) should be built once per case, not per call (:mod:`attnbench.backe
 every call is timed. A backend that finds at run time that it cannot handle a case raises
 :class:`Unsupported`.
 
+Dropout: the harness owns the seed. A backend that hides its mask (``keep_mask = None``) may
+draw it from the device's generator (torch's RNG, as flash-attn and SDPA do) or from
+``spec.dropout_seed`` and the spec's global offsets (as a kernel that takes a seed argument
+does); both are judged fairly. Calls the harness means as independent draws (the dropout
+statistics' repeats) differ in both the generator's state and ``dropout_seed``; calls that must
+replay a forward's mask (probes, backward, CP/TP steps) repeat both. So a seeded mask must
+follow ``dropout_seed`` (the same seed, the same mask; another seed, another mask), and under
+CP/TP the harness recovers it from a single-device call with the same seed
+(:mod:`attnbench.accuracy.dropout_probe`).
+
 Everything else a backend may declare -- ``keep_mask`` above, packed, packed CP chunks, paged
 KV, fp8, input precision, determinism, ``backward_from_stats`` for ring CP, its own CP/TP split --
 is a plain attribute or method, listed and documented once, with what declaring it means and who

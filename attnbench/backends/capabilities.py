@@ -54,8 +54,10 @@ class Capabilities:
     dropout mask the backend used (its seed and the spec's global offsets). Declared: the fp64
     reference reuses it (``exact-mask``) in :mod:`attnbench.accuracy.evaluate` and in the CP/TP
     check (:func:`attnbench.execution.multi.evaluate_parallel`). None (hidden, as in flash-attn
-    and cuDNN): the single-device runner captures the generator's state before the forward and
-    :mod:`attnbench.accuracy.dropout_probe` recovers the mask or falls back to statistics."""
+    and cuDNN, or drawn from ``spec.dropout_seed`` as a seeded Triton kernel does): the
+    single-device runner captures the generator's state before the forward and
+    :mod:`attnbench.accuracy.dropout_probe` recovers the mask (under CP/TP: a mask that follows
+    the seed) or falls back to statistics."""
 
     input_precision: Optional[Callable[["Case", "torch.device"], tuple[str, ...]]] = None
     """``input_precision(case, device) -> tuple`` of the tensors (of out, dq, dk, dv) this
@@ -103,7 +105,8 @@ class Capabilities:
     no key at all); the dropout mask is the one ``spec`` gives (its seed and global offsets), so
     a caller that replays forward's ``spec`` replays forward's mask. Gradients come back in the
     input dtype or wider; callers sum blocks in float32. Ring and zigzag CP
-    (:mod:`attnbench.parallel.ring`) need it and a ``Forward.lse`` (checked on the first block);
+    (:mod:`attnbench.parallel.ring`) need it (unless the case is forward only) and a
+    ``Forward.lse`` (checked on the first block);
     without it :func:`refusal` refuses them (all-gather CP and TP need neither)."""
 
     parallel_algorithm: Optional[Callable[["Case"], Optional["ModuleType"]]] = None
@@ -159,7 +162,8 @@ def refusal(backend: Any, case: "Case", device: "torch.device",
     3. the backend's own ``supports(case, device)``;
     4. paged case, no ``paged_kv`` (decode cases run on one device);
     5. with a ``world``: packed case split by CP, no ``supports_packed_chunks``;
-    6. with a ``world`` whose split is our ring/zigzag: no ``backward_from_stats``.
+    6. with a ``world`` whose split is our ring/zigzag: no ``backward_from_stats`` (and the
+       case runs backward).
 
     What is not here: a split the case's heads or lengths do not allow
     (:func:`attnbench.parallel.layout.unsupported_reason`, a fact of the case and the ranks that
@@ -170,7 +174,7 @@ def refusal(backend: Any, case: "Case", device: "torch.device",
               or _paged(caps, case))
     if reason or world is None:
         return reason
-    return _packed_chunks(caps, case, world) or _ring(caps, backend, world)
+    return _packed_chunks(caps, case, world) or _ring(caps, backend, case, world)
 
 
 def _packed(caps: Capabilities, case: "Case") -> Optional[str]:
@@ -200,8 +204,10 @@ def _packed_chunks(caps: Capabilities, case: "Case", world: World) -> Optional[s
     return None
 
 
-def _ring(caps: Capabilities, backend: Any, world: World) -> Optional[str]:
-    if world.ring and caps.backward_from_stats is None:
+def _ring(caps: Capabilities, backend: Any, case: "Case", world: World) -> Optional[str]:
+    # A forward-only case (backward: false) merges the blocks' outputs and never recomputes a
+    # block's gradients: it needs no backward_from_stats.
+    if world.ring and case.backward and caps.backward_from_stats is None:
         return (f"ring/zigzag CP: backend {backend.name!r} has no backward_from_stats(q, k, v, "
                 "out, lse, dout, spec) to recompute a block's gradients from the merged softmax "
                 "statistics (see attnbench.backends.base); cp_algo: allgather needs none")

@@ -14,6 +14,7 @@ import json
 import time
 from typing import Optional
 
+from attnbench.errors import BackendError
 from attnbench.results.records import make_record
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions
@@ -98,11 +99,17 @@ def outcome_to_record(case: Case, outcome, wall_s: float, attempt: int, timeout_
             reason += "; killed from outside, possibly the kernel's OOM killer"
     elif outcome.kind == "oom":
         reason = "out of memory: " + _last_line(outcome.traceback or outcome.stderr_tail)
+    elif outcome.summary.startswith(_BACKEND_ERROR):  # the backend's own, named by its rank
+        reason = outcome.summary[len(_BACKEND_ERROR):]
     else:
         reason = "harness error: " + _last_line(outcome.traceback or outcome.stderr_tail)
     verdict = outcome.kind if outcome.kind in ("crash", "timeout", "oom") else "error"
     return make_record(case, verdict=verdict, reason=reason, crash=crash, duration_s=wall_s,
                        wall_s=wall_s, attempt=attempt)
+
+
+_BACKEND_ERROR = BackendError.__name__ + ": "
+"""How a rank's summary of a :class:`~attnbench.errors.BackendError` starts."""
 
 
 def _last_line(text: Optional[str]) -> str:

@@ -13,9 +13,12 @@ Phases, and what a failure in each becomes:
    from the case seed (same seed, same tensors), this rank's shard.
 3. The first forward step, then an agreement (:meth:`Comm.agree`): a backend that raises
    ``Unsupported`` or returns no log-sum-exp there is ``unsupported`` on every rank.
-4. The rest of forward, backward, gathering out/dq/dk/dv to rank 0 and timing: any exception
-   escapes, so the pool records ``error`` (or ``oom``) naming the rank and rebuilds the group --
-   collectives may be half done. Crashes and hangs are the pool's as for any case.
+4. The rest of forward, backward (not for a forward-only case, ``backward: false``), gathering
+   out/dq/dk/dv to rank 0 and timing: any exception escapes, so the pool records ``error`` (or
+   ``oom``) naming the rank and rebuilds the group -- collectives may be half done. The
+   backend's own exception escapes as a :class:`~attnbench.errors.BackendError` naming its
+   frame (its ``error``), any other is a harness error (:mod:`attnbench.execution.blame`).
+   Crashes and hangs are the pool's as for any case.
 5. Rank 0 alone: accuracy of the gathered full tensors against fp64 (the usual checks,
    :func:`attnbench.accuracy.evaluate.evaluate`) and parity against the same backend at CP = 1,
    TP = 1 on the same inputs (:mod:`attnbench.parallel.parity`).
@@ -31,6 +34,7 @@ so and ``tflops`` / ``pct_peak`` are null.
 from __future__ import annotations
 
 import os
+import traceback
 from types import ModuleType
 from typing import Any, Optional
 
@@ -40,6 +44,8 @@ from attnbench.accuracy import bounds as acc
 from attnbench.accuracy.evaluate import Judgement, evaluate, timed_only
 from attnbench.backends import Capabilities, Unsupported, World, get_backend, refusal
 from attnbench.backends.masks import release_prepared
+from attnbench.errors import BackendError, is_oom
+from attnbench.execution.blame import blame
 from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
                                        pick_device, release_memory, sync)
 from attnbench.parallel import allgather, layout, ring, tp
@@ -71,6 +77,11 @@ def algorithm(case: Case, backend: Any = None) -> ModuleType:
             return allgather
         case _:
             raise NotImplementedError(f"cp_algo {case.cp_algo!r} is not implemented")
+
+
+def _own(algo: ModuleType) -> tuple[ModuleType, ...]:
+    """The split module when the backend brought it (its frames are then the backend's)."""
+    return () if algo in (ring, allgather, tp) else (algo,)
 
 
 def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
@@ -105,6 +116,13 @@ def run_parallel_case(case: Case, options: RunOptions) -> Optional[dict]:
         return record("unsupported", reason)
     try:
         return _run(case, options, device, backend, algo, rank, record, make)
+    except Exception as exc:
+        # It escapes (the pool rebuilds the group: collectives may be half done), named: the
+        # backend's own exception is its error, anything else a harness error.
+        mine, reason = blame(exc, backend, _own(algo))
+        if not mine or is_oom(exc):
+            raise
+        raise BackendError(reason) from exc
     finally:
         release_prepared(backend)
         release_memory(device)
@@ -138,12 +156,15 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
         return record("unsupported", str(exc))
     except PeerFailed as exc:
         return record("error", str(exc))
-    grads = run_backward(ctx)
+    # A forward-only case (``backward: false``) asks for no gradient: none is computed,
+    # gathered, judged or timed, and a forward-only backend is never asked for one.
+    grads = run_backward(ctx) if case.backward else None
     sync(device)
     full = _gather(comm, case, shard, ctx.out, grads)
     timing = None
     if options.timing.enabled:
-        timing = time_case(case, device, run_forward, lambda: run_backward(ctx), options.timing,
+        timing = time_case(case, device, run_forward,
+                           (lambda: run_backward(ctx)) if case.backward else None, options.timing,
                            peaks=device_peaks(device, case.dtype), ranks=comm,
                            world_size=case.world_size, note=world.timing_note)
     if rank != 0:
@@ -151,13 +172,19 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
 
     # 5. rank 0: accuracy and parity of the whole result
     if not options.accuracy:
-        judgement = timed_only(full["out"], [full[t] for t in ("dq", "dk", "dv")])
+        judgement = timed_only(full["out"], [full[t] for t in ("dq", "dk", "dv")]
+                               if case.backward else None)
         return record(judgement.verdict, judgement.reason, timing=timing,
                       **judgement.record_fields())
     try:
         judgement = evaluate_parallel(case, backend, q, k, v, dout, full)
     except Exception as exc:  # the checks' own failure (say, OOM in the single-device run)
-        return make.exception("error", exc, "evaluating the gathered result: ", timing=timing)
+        if is_oom(exc):
+            return make.exception("error", exc, "evaluating the gathered result: ",
+                                  timing=timing)
+        _, reason = blame(exc, backend, _own(algo))
+        return make("error", "evaluating the gathered result: " + reason, timing=timing,
+                    crash={"traceback": traceback.format_exc()[-4000:]})
     return record(judgement.verdict, judgement.reason, timing=timing,
                   **judgement.record_fields())
 
@@ -167,11 +194,12 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
 
 def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> Optional[dict]:
     """Full out/dq/dk/dv on rank 0 (None elsewhere), in the case's dtype, from every rank's
-    local parts: one flat message per rank."""
+    local parts: one flat message per rank. ``grads`` None (forward only): out alone."""
     dtype = out.dtype
-    parts = [out, *(g.to(dtype) for g in grads)]
+    parts = [out, *(g.to(dtype) for g in grads or ())]
     # Uneven packed chunks: every rank's message padded to the largest one's size.
-    size = max(sum(s.numel() for s in _local_shapes(case, Shard.of(case, *divmod(r, case.tp))))
+    size = max(sum(s.numel() for s in
+                   _local_shapes(case, Shard.of(case, *divmod(r, case.tp)))[:len(parts)])
                for r in range(case.world_size))
     flat = torch.cat([p.reshape(-1) for p in parts])
     gathered = comm.gather_to_first(torch.cat([flat, flat.new_zeros(size - flat.numel())]))
@@ -184,18 +212,21 @@ def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> O
         "dk": out.new_empty(b, case.heads_kv, sk, case.head_dim),
         "dv": out.new_empty(b, case.heads_kv, sk, case.head_dim_v),
     }
+    if grads is None:
+        full = {"out": full["out"]}
     for r, flat in enumerate(gathered):
         cp_rank, tp_rank = divmod(r, case.tp)
         theirs = Shard.of(case, cp_rank, tp_rank)
         pieces, at = [], 0
-        for shape in _local_shapes(case, theirs):
+        for shape in _local_shapes(case, theirs)[:len(parts)]:
             n = shape.numel()
             pieces.append(flat[at:at + n].view(shape))
             at += n
         theirs.place_q(full["out"], pieces[0])
-        theirs.place_q(full["dq"], pieces[1])
-        theirs.place_kv(full["dk"], pieces[2])  # MQA: every TP rank holds the same sum
-        theirs.place_kv(full["dv"], pieces[3])
+        if grads is not None:
+            theirs.place_q(full["dq"], pieces[1])
+            theirs.place_kv(full["dk"], pieces[2])  # MQA: every TP rank holds the same sum
+            theirs.place_kv(full["dv"], pieces[3])
     return full
 
 
@@ -216,7 +247,8 @@ def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict) -> Judgeme
     """The usual accuracy checks on the gathered tensors, plus parity against the same backend
     at CP = 1, TP = 1 on the same inputs."""
     spec = AttnSpec.from_case(case)
-    results = (full["out"], full["dq"], full["dk"], full["dv"])
+    tensors = TENSORS if case.backward else ("out",)
+    grads = tuple(full[t] for t in tensors[1:]) if case.backward else None
     judged_as = case
     if case.backend == "reference" and algorithm(case) is ring:
         # "fp64 rounded once" no longer describes a ring of the reference: its blocks merge
@@ -227,23 +259,24 @@ def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict) -> Judgeme
     ref = None
     if spec.dropout_p == 0 or keep_mask is not None:
         out64, lse64 = reference_forward(q, k, v, spec, keep_mask=keep_mask)
-        ref = dict(zip(TENSORS, (out64, *reference_backward(q, k, v, out64, lse64, dout, spec,
-                                                            keep_mask=keep_mask))))
+        ref = dict(zip(tensors, (out64, *(reference_backward(
+            q, k, v, out64, lse64, dout, spec, keep_mask=keep_mask) if case.backward else ()))))
     roundings = None
-    if case.backend == "reference" and judged_as is case:
+    if case.backend == "reference" and judged_as is case and case.backward:
         # Each rank rounds its partial dK/dV before the sum: not "rounded once" (a packed TP
         # case showed it first; dense MQA TP sat at 0.6 of that bound).
         roundings = reference_roundings(case, q, k, v, dout, out64, lse64, spec, keep_mask, ref,
                                         summed_partials(case, algorithm(case) is allgather))
-    judgement = evaluate(judged_as, backend, spec, q, k, v, dout, results[0], results[1:],
+    judgement = evaluate(judged_as, backend, spec, q, k, v, dout, full["out"], grads,
                          reference_roundings=roundings)
     fwd = backend.forward(q, k, v, spec)
-    single = dict(zip(TENSORS, (fwd.out, *backend.backward(fwd.ctx, dout))))
+    single = dict(zip(tensors, (fwd.out, *(backend.backward(fwd.ctx, dout)
+                                           if case.backward else ()))))
     if ref is None:
         _, table = parity(full, single, None, case.dtype)
         return judgement.merged([], parity=table, parity_note=(
             "not judged: the backend does not expose its dropout mask, so the split run's "
             "masks need not be the single run's"))
-    single_errors = {t: acc.tensor_errors(single[t], ref[t])["rel_l2"] for t in TENSORS}
+    single_errors = {t: acc.tensor_errors(single[t], ref[t])["rel_l2"] for t in tensors}
     checks, table = parity(full, single, single_errors, case.dtype)
     return judgement.merged(checks, "parity: ", parity=table)

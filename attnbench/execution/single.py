@@ -1,6 +1,7 @@
 """One single-device case, inside a rank process: inputs -> backend -> judgement -> timing.
 
-Python exceptions of the backend become ``error`` (or ``oom``) records here; segfaults, aborts
+Python exceptions become ``error`` (or ``oom``) records here, the backend's named by its frame and
+ours as harness errors (:mod:`attnbench.execution.blame`); segfaults, aborts
 and hangs kill or stall the process and are turned into records by the pool
 (:mod:`attnbench.execution.pool`). Multi-rank cases run in :mod:`attnbench.execution.multi`;
 :mod:`attnbench.execution.case_runner` sends each case to one of the two.
@@ -8,16 +9,18 @@ and hangs kill or stall the process and are turned into records by the pool
 
 from __future__ import annotations
 
+import traceback
 from typing import Optional
 
 import torch
 
 from attnbench.accuracy import evaluate as evaluation
-from attnbench.accuracy.dropout_probe import RngState
+from attnbench.accuracy.rng import RngState
 from attnbench.backends import Capabilities, Unsupported, get_backend, refusal
 from attnbench.backends.masks import release_prepared
 from attnbench.dtypes import is_fp8
 from attnbench.errors import is_oom
+from attnbench.execution.blame import blame
 from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
                                        pick_device, release_memory, sync)
 from attnbench.problem.attn_spec import AttnSpec
@@ -56,7 +59,10 @@ def run_single_case(case: Case, options: RunOptions,
             from attnbench.execution.child import recycle_after_call
 
             recycle_after_call(f"CUDA state unknown after {type(exc).__name__}")
-        return record.exception(verdict, exc)
+        if verdict == "oom":
+            return record.exception(verdict, exc)
+        _, reason = blame(exc, backend)  # the backend's own error, or ours (a harness error)
+        return record(verdict, reason, crash={"traceback": traceback.format_exc()[-4000:]})
     finally:
         release_prepared(backend)
         release_memory(device)

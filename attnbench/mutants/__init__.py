@@ -14,7 +14,8 @@ from attnbench import package_face
 __all__, __getattr__ = package_face(__name__, {
     "backward": ("NanTailBlock",),
     "catalogue": ("CATALOGUE", "CONTROL", "FUSED_CONTROL", "HIDDEN_DROPOUT_CONTROL", "LONG_SEQLEN",
-                  "Mutant", "by_name"),
-    "dropout": ("DropoutKeepP", "DropoutRenormalised", "HiddenTorchRngDropout"),
+                  "SEEDED_DROPOUT_CONTROL", "Mutant", "by_name"),
+    "dropout": ("DropoutKeepP", "DropoutRenormalised", "DropoutSeedIgnored", "HiddenSeedDropout",
+                "HiddenTorchRngDropout"),
     "patch": ("MutationError", "mutated"),
 })

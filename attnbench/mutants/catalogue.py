@@ -37,6 +37,9 @@ class Mutant:
     fp8: bool = False
     """Takes the fp8 cases (``dtype: fp8_*``, forward only) and only those; other mutants
     skip them."""
+    dropout: bool = False
+    """Takes only the dropout cases (a bug of the dropout mask alone: elsewhere it is its
+    correct control, and the case time is spent for nothing)."""
     long: bool = False
     """Needs the long cases of the sweep (seqlen >= LONG_SEQLEN): an error that grows with
     length. Other mutants skip those cases (they cost seconds each on a CPU)."""
@@ -116,6 +119,12 @@ CATALOGUE: tuple[Mutant, ...] = (
            report="facebookresearch/fairseq#351; huggingface/transformers#31468",
            exposed_by="dropout (a hidden mask: recovered by probing, or statistics)",
            single=True),
+    Mutant(name="mutant.dropout_seed_ignored", ref=f"{M}.dropout:DropoutSeedIgnored",
+           number="extra", bug="seeded hidden mask ignores the seed it is handed: the same "
+           "mask at every call", report="facebookresearch/xformers#173 (the seed's address "
+           "used as the seed); vllm-project/vllm#55009 (a seed from a data pointer)",
+           exposed_by="dropout (a hidden mask: redrawn with another seed, or statistics)",
+           dropout=True),
     Mutant(name="mutant.pv_accumulator_in_dtype", ref=f"{M}.fused:PvAccumulatorInDtype",
            number="15", bug="forward's P·V accumulator kept in bf16/fp16 across key blocks",
            report="Dao-AILab/flash-attention#2250 (FP8 accumulator not fp32: long-context "
@@ -177,13 +186,17 @@ FUSED_CONTROL = "mutant.fused_base"
 """The correct fused-precision model the accumulation mutants edit; it must pass."""
 HIDDEN_DROPOUT_CONTROL = "mutant.hidden_rng_dropout"
 """The correct hidden-mask dropout the two dropout mutants edit; it must pass."""
-CONTROLS = (CONTROL, FUSED_CONTROL, HIDDEN_DROPOUT_CONTROL)
+SEEDED_DROPOUT_CONTROL = "mutant.hidden_seed_dropout"
+"""A correct kernel whose hidden mask is a function of the seed it is handed (a custom Triton
+kernel's): it must pass single-device, packed and CP/TP dropout cases alike."""
+CONTROLS = (CONTROL, FUSED_CONTROL, HIDDEN_DROPOUT_CONTROL, SEEDED_DROPOUT_CONTROL)
 LONG_SEQLEN = 1024
 """Cases with at least this many keys are "long": only ``long`` mutants take them over."""
 
 BACKENDS: dict[str, str] = {CONTROL: f"{M}.base:RecomputingNaive",
                             FUSED_CONTROL: f"{M}.fused:FusedModel",
                             HIDDEN_DROPOUT_CONTROL: f"{M}.dropout:HiddenTorchRngDropout",
+                            SEEDED_DROPOUT_CONTROL: f"{M}.dropout:HiddenSeedDropout",
                             **{m.name: m.ref for m in CATALOGUE}}
 
 

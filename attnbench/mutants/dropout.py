@@ -1,6 +1,6 @@
 """Forward dropout bugs behind a hidden mask, and the correct hidden-mask kernel they edit.
 
-All three are ``naive`` with one change: every forward draws a fresh keep mask from torch's RNG
+The first three are ``naive`` with one change: every forward draws a fresh keep mask from torch's RNG
 (``torch.rand`` on the device's default generator, as SDPA's math path draws its
 ``bernoulli_``) and does not expose it (``keep_mask = None``), like flash-attn, cuDNN, SDPA and
 TransformerEngine. The mask is then a function of the RNG state and the shapes (B, Hq, Sq, Sk)
@@ -8,6 +8,12 @@ only. Backward is autograd through the forward's own mask, consistent with forwa
 gradient identities of :mod:`attnbench.accuracy.invariants` hold: only
 :mod:`attnbench.accuracy.dropout_probe` (the recovered mask under the fp64 reference, or the keep
 rate / scale / row-sum / bias statistics) can see the two bugs.
+
+The last, :class:`HiddenSeedDropout`, is the other kind of hidden mask: a pure function of the
+seed the kernel is handed (``spec.dropout_seed``) and of global positions, as a custom Triton
+kernel that takes a seed argument draws it. A correct one; the harness must judge it as fairly
+as the torch-RNG kind (issue 26: it failed every CP/TP dropout case before the harness varied
+the seed across its statistics runs).
 
 Legend: B = batch, Hq = query heads, Sq / Sk = lengths.
 """
@@ -75,3 +81,30 @@ class DropoutRenormalised(HiddenTorchRngDropout):
         "probs = probs * (keep.to(q_in.dtype) / (1.0 - spec.dropout_p)).to(q_in.dtype)",
         "kept = probs.float() * keep  # BUG: renormalised over the kept keys, not / (1 - p)\n"
         "            probs = (kept / kept.sum(-1, keepdim=True).clamp_min(1e-30)).to(q_in.dtype)")
+
+
+class HiddenSeedDropout(NaiveBackend):
+    """Control: ``naive`` (correct, fp32 in fp32 cases) with its mask hidden (``keep_mask =
+    None``): the mask is :func:`attnbench.problem.dropout.hash_keep_mask` of ``spec.dropout_seed``
+    and global positions, so it ignores torch's RNG and replays whenever the seed does. Packed
+    and CP/TP as ``naive``. Must pass every dropout case of every default sweep."""
+
+    name = "mutant.hidden_seed_dropout"
+    keep_mask = None
+
+
+class DropoutSeedIgnored(HiddenSeedDropout):
+    """The seeded kernel reads a seed that never changes instead of the one it is handed: the
+    same mask at every call, every step (xformers#173: the seed's memory address used as the
+    seed; vllm-project/vllm#55009: a seed taken from a data pointer). Forward and backward
+    agree, every mask is a fine draw on its own: the redraw check of a recovered mask, or the
+    mean of the statistics' runs, shows it."""
+
+    name = "mutant.dropout_seed_ignored"
+
+    def masks(self, spec, q, k):
+        return super().masks(spec.replace(dropout_seed=_STUCK_SEED), q, k)
+
+
+_STUCK_SEED = 1234
+"""The seed the mutant reads whatever it is handed (any constant is the bug)."""

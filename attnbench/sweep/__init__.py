@@ -7,13 +7,15 @@ zipped groups and ``-s`` overrides; :mod:`~.options` the harness options; :mod:`
 :mod:`~.length_mix`, :mod:`~.decode_rules` and :mod:`~.fp8_rules` the rules of packed, decode and
 fp8 cases; :mod:`~.flops` the one work model (FLOPs and minimal bytes of a case, read by the
 timing on the ranks and by the reports); :mod:`~.schema` the JSON Schema editors check sweeps
-with.
+with; :mod:`~.coverage` which pairs of feature values a set of sweeps never puts together.
 """
 
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
     "case": ("CASE_FIELDS", "Case", "MAX_CASES", "PUBLIC_FIELDS", "check_case_dict", "make_case"),
+    "coverage": ("FEATURES", "Coverage", "excluded", "meaningful_pairs", "pair_coverage",
+                 "values"),
     "flops": ("BACKWARD_FACTOR", "case_bytes", "case_flops", "decode_bytes", "visible_pairs"),
     "length_mix": ("expand",),
     "load": ("Sweep", "load_sweep", "parse_sweep", "single_case_sweep"),
