@@ -24,6 +24,7 @@ __all__ = ["Backend", "Forward", "Unsupported", "Capabilities", "World", "refusa
 _IMPLEMENTATIONS, __getattr__ = package_face(__name__, {
     "adapters": ("FlashAttnBackend", "XformersBackend"),
     "flash_attn3": ("FlashAttn3Backend",),
+    "flex": ("FlexBackend",),
     "masks": ("PreparesOnce", "dense_masks", "release_prepared"),
     "naive": ("NaiveBackend",),
     "reference_backend": ("ReferenceBackend",),
@@ -43,6 +44,7 @@ BUILTIN: dict[str, str] = {
     "sdpa_flash": "attnbench.backends.sdpa:SdpaFlash",
     "sdpa_efficient": "attnbench.backends.sdpa:SdpaEfficient",
     "sdpa_cudnn": "attnbench.backends.sdpa:SdpaCudnn",
+    "flex": "attnbench.backends.flex:FlexBackend",
     "triton": "attnbench.backends.triton_entry:make_triton_backend",  # stand-in without triton
     "flash_attn": "attnbench.backends.adapters:FlashAttnBackend",
     "flash_attn3": "attnbench.backends.flash_attn3:FlashAttn3Backend",
