@@ -17,10 +17,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from attnbench.report.code_changes import backend_code, backend_warnings, options_warnings
+from attnbench.timing.loop import make_clock
 from helpers import attnbench_cmd
 
 THRESHOLD = 0.25  # see the module docstring: reruns moved by up to 20 % here
@@ -97,3 +101,50 @@ def test_an_unchanged_rerun_is_not_slow(runs):
     assert rc == 0, out
     assert "SLOW" not in _fwd_classes(out), out
     assert "gatebk:Backend' differs" not in out, out
+
+
+# -- the parts, without runs ------------------------------------------------------------------
+
+def _record(backend: str, code: dict) -> dict:
+    return {"case": {"backend": backend}, "env": {"backend": code}}
+
+
+def test_backend_code_changes_are_warnings_naming_the_backend():
+    mine = {"module": "flexbk", "distribution": None, "version": None,
+            "source_sha256": "763ae9d4ddeb"}
+    a = [_record("flexbk:Flex", mine), _record("naive", {"module": "attnbench.backends.naive",
+                                                         "version": "0.1.0"})]
+    b = [_record("flexbk:Flex", {**mine, "source_sha256": "4e21dcc8c544"}),
+         _record("naive", {"module": "attnbench.backends.naive", "version": "0.2.0"}),
+         _record("sdpa", mine)]  # only in B: nothing to compare
+    assert backend_warnings(a, b) == [
+        "backend 'flexbk:Flex' differs: source 763ae9d4ddeb -> 4e21dcc8c544 (its times and "
+        "verdicts compare different code)",
+        "backend 'naive' differs: version 0.1.0 -> 0.2.0 (its times and verdicts compare "
+        "different code)"]
+    assert backend_warnings(a, a) == []
+    assert backend_warnings([{"case": {"backend": "naive"}, "env": {}}], b) == []  # old records
+
+
+def test_a_resumed_run_is_represented_by_the_code_most_of_its_cases_ran():
+    old, new = ({"source_sha256": "aaaa"}, {"source_sha256": "bbbb"})
+    run = [_record("x:Y", old), _record("x:Y", new), _record("x:Y", new)]
+    assert backend_code(run) == {"x:Y": {"source_sha256": "bbbb"}}
+
+
+def test_option_changes_are_one_warning():
+    a = {"options": {"timeout_s": 300, "timing": {"min_samples": 3, "cpu_clock": "wall"}}}
+    b = {"options": {"timeout_s": 300, "timing": {"min_samples": 20, "cpu_clock": "cpu"}}}
+    assert options_warnings(a, b) == [
+        "runs differ in options: timing.cpu_clock wall -> cpu; timing.min_samples 3 -> 20 "
+        "(every backend is timed or judged under other settings)"]
+    assert options_warnings(a, a) == [] and options_warnings({}, b) == []
+
+
+def test_the_cpu_clock_counts_work_not_waiting():
+    """A call that sleeps 20 ms does no work: the CPU clock says ~0, the wall clock ~20 ms
+    (margin: the CPU clock reads under a quarter of the sleep)."""
+    sleep = lambda: time.sleep(0.02)  # noqa: E731
+    assert make_clock(torch.device("cpu"), "cpu").sample(sleep) < 5.0
+    assert make_clock(torch.device("cpu")).sample(sleep) >= 20.0
+    assert make_clock(torch.device("cpu"), "cpu").name == "process_time"

@@ -25,6 +25,7 @@ _IMPLEMENTATIONS, __getattr__ = package_face(__name__, {
     "adapters": ("FlashAttnBackend", "XformersBackend"),
     "flash_attn3": ("FlashAttn3Backend",),
     "flex": ("FlexBackend",),
+    "flex_mods": ("Mods", "call_mods"),
     "masks": ("PreparesOnce", "dense_masks", "release_prepared"),
     "naive": ("NaiveBackend",),
     "reference_backend": ("ReferenceBackend",),
