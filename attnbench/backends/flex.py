@@ -13,8 +13,10 @@ Compiled once per shape: ``torch.compile(flex_attention, fullgraph=True, dynamic
 compiling, FlexAttention runs an unfused reference that materializes every score -- not the kernel
 anyone would ship, so never measured here. The first call of a new shape (and features) compiles;
 it is the case's accuracy forward, before anything is timed, and its seconds go to the record's
-``compile`` section (:meth:`FlexBackend.compile_report`), apart from the timed figures. The block
-mask is built once per case (:class:`attnbench.backends.masks.Prepared`), untimed.
+``compile`` section (:meth:`FlexBackend.compile_report`), apart from the timed figures, and out
+of the case's ``timeout_s`` (:func:`attnbench.backends.base.compiling`: the pool stops the case's
+clock, giving a compile up to its own limit). The block mask is built once per case
+(:class:`attnbench.backends.masks.Prepared`), untimed.
 
 Dynamo keeps at most ``recompile_limit`` (8) compiled variants of one function and then -- unless
 the compile is ``fullgraph`` -- silently runs it uncompiled: a long-lived rank that met 9 shapes
@@ -38,7 +40,7 @@ from typing import Any, Optional
 
 import torch
 
-from attnbench.backends.base import Forward, Unsupported
+from attnbench.backends.base import Forward, Unsupported, compiling
 from attnbench.backends.flex_mods import Mods, call_mods
 from attnbench.backends.masks import PreparesOnce, call_key
 
@@ -105,9 +107,10 @@ class _Compiler:
             torch._dynamo.reset()  # before dynamo's limit, never at it: see the module doc
             self.variants.clear()
         start = time.perf_counter()
-        result = self.function(*args, **kwargs)
-        if args[0].device.type == "cuda":
-            torch.cuda.synchronize(args[0].device)
+        with compiling():  # the case's timeout stands still meanwhile (execution.pool)
+            result = self.function(*args, **kwargs)
+            if args[0].device.type == "cuda":
+                torch.cuda.synchronize(args[0].device)
         self.seconds += time.perf_counter() - start
         self.compiled += _graphs_compiled() - graphs
         self.variants.add(key)

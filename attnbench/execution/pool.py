@@ -89,7 +89,38 @@ _PEER_DEATH_WAIT_S = 0.5
 """When a rank of a multi-rank pool answers with an error, how long to look for another rank
 that died: a peer's death makes the survivors' collectives fail (gloo: "Connection closed by
 peer") about as soon as the dead rank's sockets close, often before its exit is visible."""
+COMPILE_GRACE_S = 900.0
+"""How long a backend's compile (:func:`attnbench.backends.base.compiling`) may run with its
+case's timeout stopped: a cold FlexAttention compile took 87.5 s on a user's box (issue 27) and
+71 s here on 2 busy cores; ten times the former, so a compile that hangs still ends."""
 EnvSpec = Union[None, Mapping[str, str], Sequence[Mapping[str, str]]]
+
+
+class _CallClock:
+    """A call's deadline, stopped while any rank compiles (up to :data:`COMPILE_GRACE_S`)."""
+
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.compiling: set[int] = set()
+        self.since = 0.0
+        self.compiled_s = 0.0
+
+    def note(self, rank: int, start: bool) -> None:
+        now = time.monotonic()
+        if start:
+            if not self.compiling:
+                self.since = now
+            self.compiling.add(rank)
+        elif rank in self.compiling:
+            self.compiling.discard(rank)
+            if not self.compiling:
+                self.deadline += now - self.since
+                self.compiled_s += now - self.since
+
+    def remaining(self) -> float:
+        if self.compiling:
+            return self.since + COMPILE_GRACE_S - time.monotonic()
+        return self.deadline - time.monotonic()
 
 # Bootstrap of a rank: make this attnbench importable whatever the worker's cwd, then hand over.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -343,7 +374,7 @@ class RankPool:
     def _collect(self, call_id: int, deadline: float, timeout: Optional[float]) -> Outcome:
         replies, failed = self._gather(
             lambda m: m["type"] == "undecodable" or (m["type"] == "reply" and m["id"] == call_id),
-            deadline, timeout)
+            deadline, timeout, call_id)
         if failed is not None:
             return failed
         for rank, message in sorted(replies.items()):
@@ -382,11 +413,13 @@ class RankPool:
                        summary=message["summary"], duration_s=message["duration_s"],
                        stderr_tail=self._ranks[rank].tail(), recycle=message.get("recycle", ""))
 
-    def _gather(self, wanted, deadline: float,
-                timeout: Optional[float] = None) -> tuple[dict[int, dict], Optional[Outcome]]:
+    def _gather(self, wanted, deadline: float, timeout: Optional[float] = None,
+                call_id: Optional[int] = None) -> tuple[dict[int, dict], Optional[Outcome]]:
         """Wait for one ``wanted`` message from every rank. Returns early when a rank sends a
         bad one (the caller finds it in the replies), dies without answering, or the deadline
-        passes (then the failure outcome is returned)."""
+        passes (then the failure outcome is returned). While a rank of call ``call_id`` says it
+        compiles, the deadline stands still (:class:`_CallClock`)."""
+        clock = _CallClock(deadline)
         replies: dict[int, dict] = {}
         poller = select.poll()
         by_fd: dict[int, Rank] = {}
@@ -399,9 +432,16 @@ class RankPool:
         slice_s = 3600.0 if all(r.pidfd is not None for r in self._ranks) else _POLL_SLICE_S
         pending = list(self._ranks)
         while pending:
-            remaining = deadline - time.monotonic()
+            remaining = clock.remaining()
             if remaining <= 0:
-                return replies, self._timeout_outcome(pending, timeout)
+                outcome = self._timeout_outcome(pending, timeout)
+                if clock.compiling:
+                    outcome.summary = (f"still compiling after {COMPILE_GRACE_S:g} s (a "
+                                       "compile's own limit, apart from the case's timeout)")
+                elif clock.compiled_s:
+                    outcome.note += (f"; {clock.compiled_s:.1f} s of compiling were not "
+                                     "counted against the timeout")
+                return replies, outcome
             events = poller.poll(max(1, math.ceil(min(remaining, slice_s) * 1000)))
             active = {by_fd[fd].rank for fd, _ in events} if events else {r.rank for r in pending}
             for rank in pending:
@@ -410,6 +450,8 @@ class RankPool:
                 for message in rank.reader.read():
                     if wanted(message):  # others are stale replies of abandoned calls
                         replies[rank.rank] = message
+                    elif message["type"] == "compile" and message.get("id") == call_id:
+                        clock.note(rank.rank, bool(message.get("start")))
                 if rank.rank in replies:
                     if _is_bad(replies[rank.rank]):
                         return replies, None
