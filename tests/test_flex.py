@@ -125,3 +125,38 @@ def test_a_copy_with_causal_aligned_top_left_is_caught():
     assert record["verdict"] == "fail", (record["reason"], json.dumps(record["checks"]))
     out = [c for c in record["checks"] if c["tensor"] == "out" and not c["passed"]]
     assert out and all(c["value"] > 10 * c["bound"] for c in out), out  # margin: >10x
+
+
+def test_a_long_lived_rank_clears_dynamo_before_its_recompile_limit(monkeypatch):
+    """Dynamo runs a function uncompiled, silently, once it has ``recompile_limit`` (8) variants
+    (unless fullgraph): the rank's compiler resets dynamo before the 9th variant instead, and
+    counts compiles by dynamo's own counter. A stand-in for torch.compile (no real compile)."""
+    from torch._dynamo.utils import counters
+
+    import attnbench.backends.flex as flex
+
+    resets, compiled_with = [], {}
+
+    def fake_compile(fn, **kwargs):
+        compiled_with.update(kwargs)
+
+        def run(*args, **kw):  # a new shape: dynamo compiles a graph
+            counters["stats"]["unique_graphs"] += 1
+            return "out"
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(len(compiler.variants)))
+    compiler = flex._Compiler()
+    limit = flex.recompile_limit()
+    x = torch.zeros(1)
+    for shape in range(limit):
+        compiler.call(("shape", shape), x)
+    assert resets == [] and len(compiler.variants) == limit
+    compiler.call(("shape", limit), x)  # the 9th variant: reset first, never at the limit
+    assert resets == [limit] and len(compiler.variants) == 1
+    assert compiled_with == {"fullgraph": True, "dynamic": False}  # a limit hit raises
+    report = compiler.report()
+    assert report["kernels"] == limit + 1 and report["mode"] == "torch.compile"
+    compiler.call(("shape", limit), x)  # known: no compile, nothing new to report
+    assert compiler.report()["kernels"] == 0
