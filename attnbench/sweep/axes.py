@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from attnbench.errors import SweepError, short_repr, shown_key
+from attnbench.sweep.packed_rules import defaults_for
 from attnbench.validation import Int, Problems, fail, is_int, load_yaml, unknown_name
 
 RANGE_KINDS = ("pow2", "range")
@@ -246,16 +247,17 @@ def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tu
     names = [n for g in groups for n in g.fields]
     used = set()
     for combo in itertools.product(*(g.rows for g in groups)):
-        values = dict(defaults)
+        own: dict = {}
         for part in combo:
-            values.update(part)
+            own.update(part)
+        values = {**defaults_for(dict(defaults), own), **own}
         hits = {i for i, ex in excludes if _agrees(values, ex)}
         if hits:
             used |= hits
             continue
         add("axes(" + ", ".join(f"{n}={show(values, n)}" for n in names) + ")", values)
     for i, inc in enumerate(includes):
-        add(f"include[{i}]", {**defaults, **inc})
+        add(f"include[{i}]", {**defaults_for(dict(defaults), inc), **inc})
     for i, _ in excludes:
         if i not in used:
             problems.add(fail(f"exclude[{i}]", exclude_raw[i], "an entry that matches some "
