@@ -12,12 +12,12 @@ from importlib import metadata
 from typing import Any, Optional
 
 from attnbench import package_face
-from attnbench.backends.base import Backend, Forward, Unsupported
+from attnbench.backends.base import Backend, Forward, Unsupported, compiling, on_compile
 from attnbench.backends.capabilities import Capabilities, World, refusal
 from attnbench.validation import suggestion
 
-__all__ = ["Backend", "Forward", "Unsupported", "Capabilities", "World", "refusal", "BUILTIN",
-           "get_backend", "check_backend_name", "backend_names", "public_names", "registered",
+__all__ = ["Backend", "Forward", "Unsupported", "compiling", "on_compile", "Capabilities", "World",
+           "refusal", "BUILTIN", "get_backend", "check_backend_name", "backend_names", "public_names", "registered",
            "load_object"]
 # The implementations, for backends built on ours (the mutants, a user's subclass): imported
 # when first asked for, so the registry itself never imports torch.

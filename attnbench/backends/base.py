@@ -82,7 +82,7 @@ def compiling() -> Iterator[None]:
     """Around a backend's own compile (``torch.compile``'s first call of a new shape): the case's
     ``timeout_s`` stops counting meanwhile -- a rank process tells its pool
     (:mod:`attnbench.execution.child`), which gives the compile up to its own limit
-    (:data:`attnbench.execution.pool.COMPILE_GRACE_S`). Outside a rank process: nothing."""
+    (:data:`attnbench.execution.call_clock.COMPILE_GRACE_S`). Outside a rank process: nothing."""
     for listener in list(_compile_listeners):
         listener(True)
     try:

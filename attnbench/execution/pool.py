@@ -71,6 +71,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
+from attnbench.execution.call_clock import CallClock
 from attnbench.execution.child import write_frame, write_message
 from attnbench.execution.ranks import OUTCOME_KINDS, Outcome, Rank, signal_name
 from attnbench.resources import ENV_POOL_DIR, ENV_POOL_START
@@ -89,38 +90,7 @@ _PEER_DEATH_WAIT_S = 0.5
 """When a rank of a multi-rank pool answers with an error, how long to look for another rank
 that died: a peer's death makes the survivors' collectives fail (gloo: "Connection closed by
 peer") about as soon as the dead rank's sockets close, often before its exit is visible."""
-COMPILE_GRACE_S = 900.0
-"""How long a backend's compile (:func:`attnbench.backends.base.compiling`) may run with its
-case's timeout stopped: a cold FlexAttention compile took 87.5 s on a user's box (issue 27) and
-71 s here on 2 busy cores; ten times the former, so a compile that hangs still ends."""
 EnvSpec = Union[None, Mapping[str, str], Sequence[Mapping[str, str]]]
-
-
-class _CallClock:
-    """A call's deadline, stopped while any rank compiles (up to :data:`COMPILE_GRACE_S`)."""
-
-    def __init__(self, deadline: float):
-        self.deadline = deadline
-        self.compiling: set[int] = set()
-        self.since = 0.0
-        self.compiled_s = 0.0
-
-    def note(self, rank: int, start: bool) -> None:
-        now = time.monotonic()
-        if start:
-            if not self.compiling:
-                self.since = now
-            self.compiling.add(rank)
-        elif rank in self.compiling:
-            self.compiling.discard(rank)
-            if not self.compiling:
-                self.deadline += now - self.since
-                self.compiled_s += now - self.since
-
-    def remaining(self) -> float:
-        if self.compiling:
-            return self.since + COMPILE_GRACE_S - time.monotonic()
-        return self.deadline - time.monotonic()
 
 # Bootstrap of a rank: make this attnbench importable whatever the worker's cwd, then hand over.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -418,8 +388,8 @@ class RankPool:
         """Wait for one ``wanted`` message from every rank. Returns early when a rank sends a
         bad one (the caller finds it in the replies), dies without answering, or the deadline
         passes (then the failure outcome is returned). While a rank of call ``call_id`` says it
-        compiles, the deadline stands still (:class:`_CallClock`)."""
-        clock = _CallClock(deadline)
+        compiles, the deadline stands still (:class:`CallClock`)."""
+        clock = CallClock(deadline)
         replies: dict[int, dict] = {}
         poller = select.poll()
         by_fd: dict[int, Rank] = {}
@@ -436,7 +406,7 @@ class RankPool:
             if remaining <= 0:
                 outcome = self._timeout_outcome(pending, timeout)
                 if clock.compiling:
-                    outcome.summary = (f"still compiling after {COMPILE_GRACE_S:g} s (a "
+                    outcome.summary = (f"still compiling after {clock.grace_s():g} s (a "
                                        "compile's own limit, apart from the case's timeout)")
                 elif clock.compiled_s:
                     outcome.note += (f"; {clock.compiled_s:.1f} s of compiling were not "

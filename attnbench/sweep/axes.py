@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from attnbench.errors import SweepError, short_repr, shown_key
-from attnbench.sweep.packed_rules import defaults_for
 from attnbench.validation import Int, Problems, fail, is_int, load_yaml, unknown_name
 
 RANGE_KINDS = ("pow2", "range")
@@ -233,9 +232,11 @@ def count_points(axes_raw: Mapping, public: Sequence[str], rules: Mapping, limit
 
 def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tuple[int, dict]],
            exclude_raw: Sequence, includes: Sequence[dict], make: Callable[[str, dict], Any],
-           show: Callable[[Mapping, str], str], problems: Problems) -> list:
+           show: Callable[[Mapping, str], str], problems: Problems,
+           defaults_for: Callable[[dict, dict], Mapping] = lambda d, own: d) -> list:
     """The product of the axis groups, less the excludes, plus the includes; each case once
-    (``make(where, values)`` builds one, ``show(values, field)`` names a value in messages).
+    (``make(where, values)`` builds one, ``show(values, field)`` names a value in messages,
+    ``defaults_for(defaults, own)`` the defaults a case with its own values takes).
     An exclude that removes nothing is a mistake (a typo would otherwise go unnoticed)."""
     cases: dict[str, Any] = {}
 
