@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from attnbench.backends import get_backend, public_names, refusal
-from attnbench.backends.flex import CPU_FORWARD_ONLY, NO_DROPOUT, compile_unavailable
+from attnbench.backends.flex import (CPU_FORWARD_ONLY, CPU_NO_PARALLEL, NO_DROPOUT,
+                                     compile_unavailable)
 from attnbench.execution.single import run_single_case
 from attnbench.results.store import load_records
 from attnbench.sweep.case import make_case
@@ -61,6 +62,8 @@ def test_flex_is_a_listed_builtin():
 @pytest.mark.parametrize("fields, reason", [
     ({"dropout": 0.1}, NO_DROPOUT),
     ({"backward": True}, CPU_FORWARD_ONLY),
+    ({"cp": 2, "cp_algo": "allgather"}, CPU_NO_PARALLEL),  # it ran a backward: an error
+    ({"tp": 2, "heads_q": 4, "heads_kv": 2}, CPU_NO_PARALLEL),
     ({"decode": True, "seqlen_q": 1, "page_size": 16}, "reads a contiguous KV cache only"),
     ({"dtype": "fp8_e4m3"}, "has no fp8 path"),
 ])

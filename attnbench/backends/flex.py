@@ -52,6 +52,9 @@ NO_DROPOUT = ("FlexAttention has no dropout: flex_attention() takes no dropout_p
 CPU_FORWARD_ONLY = ("FlexAttention on CPU is forward only: PyTorch says \"torch.compile on CPU "
                     "only supports inference and `return_lse` is not supported yet\"; set "
                     "backward: false for CPU cases")
+CPU_NO_PARALLEL = ("FlexAttention on CPU is forward only, and a CP/TP case runs its backward "
+                   "whatever backward says (the multi-rank runner has no forward-only path): "
+                   "CP/TP of flex runs on a GPU")
 
 
 def flex_api() -> tuple[Any, Any, Any]:
@@ -157,6 +160,8 @@ class FlexBackend(PreparesOnce):
             return reason
         if device.type == "cpu" and case.backward:
             return CPU_FORWARD_ONLY
+        if device.type == "cpu" and case.world_size > 1:
+            return CPU_NO_PARALLEL
         return None
 
     def compile_report(self) -> dict[str, Any]:
