@@ -20,7 +20,8 @@ def _throughput(run_dir, out_dir):
 
 def test_a_forward_only_run_draws_no_backward_subplot(tiny, tmp_path):
     both = _throughput(tiny, tmp_path / "both")
-    assert any("backward" in f.svg.read_text() for f in both.figures)  # the control: a run with backward timings draws it
+    # the control: a run with backward timings draws it
+    assert any("backward" in f.svg.read_text() for f in both.figures)
     fwd_only = tmp_path / "fwd-only"
     shutil.copytree(tiny, fwd_only, ignore=shutil.ignore_patterns("dashboard", ".lock"))
     lines = []

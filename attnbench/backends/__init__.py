@@ -17,8 +17,8 @@ from attnbench.backends.capabilities import Capabilities, World, refusal
 from attnbench.validation import suggestion
 
 __all__ = ["Backend", "Forward", "Unsupported", "compiling", "on_compile", "Capabilities", "World",
-           "refusal", "BUILTIN", "get_backend", "check_backend_name", "backend_names", "public_names", "registered",
-           "load_object"]
+           "refusal", "BUILTIN", "get_backend", "check_backend_name", "backend_names",
+           "public_names", "registered", "load_object"]
 # The implementations, for backends built on ours (the mutants, a user's subclass): imported
 # when first asked for, so the registry itself never imports torch.
 _IMPLEMENTATIONS, __getattr__ = package_face(__name__, {
