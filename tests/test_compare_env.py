@@ -1,7 +1,8 @@
 """``attnbench compare`` on records with exact identity: "timed" is not judged (never a pass,
 never a regression by itself), a noisy timing is AMBIGUOUS unless the intervals are apart,
 H100 SXM against H100 PCIe is a ratio, and differences in driver, CUDA, torch, clocks, power
-limit or commit are warnings. Synthetic runs (attnbench.report.synthetic) in both record formats. About 20 s on 2 cores."""
+limit or commit are warnings. Synthetic runs (attnbench.report.synthetic) in both record
+formats. About 20 s on 2 cores."""
 
 from __future__ import annotations
 
