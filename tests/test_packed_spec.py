@@ -91,9 +91,13 @@ def test_too_many_sequences():
     assert f"expected at most {MAX_SEQUENCES}" in error(f"{{seqlens_q: [{lengths}]}}")
 
 
-def test_seqlen_in_defaults_must_agree():
-    assert "seqlen_q: got 128, expected 8" in error("{seqlens_q: [3, 5]}",
-                                                    "{backend: naive, seqlen_q: 128}")
+def test_seqlen_in_defaults_gives_way_to_the_packs_own_lengths():
+    """Issue 27: a pack's own lengths imply its sizes; defaults' seqlen_q is for dense cases
+    (tests/test_packed_defaults.py). Lengths and a size both in defaults must still agree."""
+    case = sweep("{seqlens_q: [3, 5]}", "{backend: naive, seqlen_q: 128}")[-1]
+    assert case.seqlen_q == 8 and case.batch == 2
+    with pytest.raises(SweepError, match="seqlen_q: got 128, expected 8"):
+        sweep("{backend: naive}", "{backend: naive, seqlens_q: [3, 5], seqlen_q: 128}")
 
 
 @pytest.mark.parametrize("spec", [

@@ -78,6 +78,7 @@ CLIENT_MAY_REACH = {
     "attnbench.backends", "attnbench.backends.base", "attnbench.backends.capabilities",
     "attnbench.execution", "attnbench.execution.pool", "attnbench.execution.ranks",
     "attnbench.execution.child",  # a worker's rank pools (the ranks are other processes)
+    "attnbench.execution.call_clock",  # the pool's deadline, stopped while a rank compiles
 }
 """Modules of rank-side or mixed packages that a client module may reach (torch-free)."""
 RANK_ONLY = {"attnbench.hardware.device"}

@@ -224,7 +224,7 @@ def test_override_mistakes_name_the_override():
         "-s options.timeout_s: got -1, expected a positive number <= 604800 (a week)",
         "-s options.timing.warmpu: unknown option 'warmpu' (did you mean warmup?), expected one "
         "of enabled, warmup, warmup_ms, min_sample_ms, mode, min_samples, max_samples, "
-        "target_rel_iqr, max_seconds",
+        "target_rel_iqr, max_seconds, cpu_clock",
     ]
 
 

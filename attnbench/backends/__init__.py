@@ -12,18 +12,20 @@ from importlib import metadata
 from typing import Any, Optional
 
 from attnbench import package_face
-from attnbench.backends.base import Backend, Forward, Unsupported
+from attnbench.backends.base import Backend, Forward, Unsupported, compiling, on_compile
 from attnbench.backends.capabilities import Capabilities, World, refusal
 from attnbench.validation import suggestion
 
-__all__ = ["Backend", "Forward", "Unsupported", "Capabilities", "World", "refusal", "BUILTIN",
-           "get_backend", "check_backend_name", "backend_names", "public_names", "registered",
-           "load_object"]
+__all__ = ["Backend", "Forward", "Unsupported", "compiling", "on_compile", "Capabilities", "World",
+           "refusal", "BUILTIN", "get_backend", "check_backend_name", "backend_names",
+           "public_names", "registered", "load_object"]
 # The implementations, for backends built on ours (the mutants, a user's subclass): imported
 # when first asked for, so the registry itself never imports torch.
 _IMPLEMENTATIONS, __getattr__ = package_face(__name__, {
     "adapters": ("FlashAttnBackend", "XformersBackend"),
     "flash_attn3": ("FlashAttn3Backend",),
+    "flex": ("FlexBackend",),
+    "flex_mods": ("Mods", "call_mods"),
     "masks": ("PreparesOnce", "dense_masks", "release_prepared"),
     "naive": ("NaiveBackend",),
     "reference_backend": ("ReferenceBackend",),
@@ -43,6 +45,7 @@ BUILTIN: dict[str, str] = {
     "sdpa_flash": "attnbench.backends.sdpa:SdpaFlash",
     "sdpa_efficient": "attnbench.backends.sdpa:SdpaEfficient",
     "sdpa_cudnn": "attnbench.backends.sdpa:SdpaCudnn",
+    "flex": "attnbench.backends.flex:FlexBackend",
     "triton": "attnbench.backends.triton_entry:make_triton_backend",  # stand-in without triton
     "flash_attn": "attnbench.backends.adapters:FlashAttnBackend",
     "flash_attn3": "attnbench.backends.flash_attn3:FlashAttn3Backend",

@@ -40,8 +40,9 @@ case at all is decided by :func:`attnbench.backends.capabilities.refusal`.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -79,3 +80,30 @@ class Backend(Protocol):
                                                                  "torch.Tensor"]: ...
 
 
+
+
+# -- what a backend may tell the harness -----------------------------------------------------
+
+_compile_listeners: list[Callable[[bool], None]] = []
+
+
+@contextmanager
+def compiling() -> Iterator[None]:
+    """Around a backend's own compile (``torch.compile``'s first call of a new shape): the case's
+    ``timeout_s`` stops counting meanwhile -- a rank process tells its pool
+    (:mod:`attnbench.execution.child`), which gives the compile up to its own limit
+    (:data:`attnbench.execution.call_clock.COMPILE_GRACE_S`). Outside a rank process: nothing."""
+    for listener in list(_compile_listeners):
+        listener(True)
+    try:
+        yield
+    finally:
+        for listener in list(_compile_listeners):
+            listener(False)
+
+
+def on_compile(listener: Callable[[bool], None]) -> None:
+    """Call ``listener(True)`` when a backend starts compiling, ``listener(False)`` when it
+    stops (the rank process registers one)."""
+    if listener not in _compile_listeners:
+        _compile_listeners.append(listener)

@@ -115,6 +115,14 @@ class Capabilities:
     for ours; read by :func:`attnbench.execution.multi.algorithm` (a library with its own CP,
     or a selftest mutant of ours)."""
 
+    compile_report: Optional[Callable[[], Optional[dict]]] = None
+    """``compile_report() -> dict | None``: what the backend compiled (``torch.compile``, a JIT)
+    since it was last asked -- ``{"mode", "seconds", "kernels", "note"}`` -- asked once per
+    case by the single-device runner (:mod:`attnbench.execution.single`), which makes it the
+    record's ``compile`` section. The compile happens in the case's first (accuracy) call,
+    before anything is timed; declaring it keeps its seconds apart and visible. Not declared:
+    no section (ours come from Triton's hooks, :mod:`attnbench.execution.kernel_settings`)."""
+
     @classmethod
     def of(cls, backend: Any) -> "Capabilities":
         """What ``backend`` declares, read as the harness always has: a flag counts when its
@@ -134,7 +142,8 @@ class Capabilities:
                    supports_fp8=flag("supports_fp8"),
                    paged_kv=flag("paged_kv"),
                    backward_from_stats=hook("backward_from_stats"),
-                   parallel_algorithm=hook("parallel_algorithm"))
+                   parallel_algorithm=hook("parallel_algorithm"),
+                   compile_report=hook("compile_report"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = N
     ``compile`` section when Triton kernels ran (:mod:`attnbench.execution.kernel_settings`)."""
     with kernel_settings(options) as watch:
         record = _run_case(case, options, device)
-    if record is not None:
+    if record is not None and "compile" not in record:  # the backend's own report comes first
         section = compile_section(case, options, watch)
         if section is not None:
             record["compile"] = section

@@ -17,6 +17,9 @@ Protocol: every message is one frame, an 8-byte little-endian length then a pick
                       {"type": "exit"}
     child -> parent   {"type": "ready", "pid", "rank", "startup_s"}
                       {"type": "failed", "traceback"}            (init or preload raised)
+                      {"type": "compile", "id", "start": bool}  (mid-call: a backend's compile
+                                                                 starts / ends, see
+                                                                 attnbench.backends.base.compiling)
                       {"type": "reply", "id", "kind": "ok" | "error" | "oom",
                        "result", "traceback", "summary", "duration_s",
                        "recycle": "" | why the rank wants to be replaced}
@@ -189,8 +192,23 @@ def _flush_std() -> None:
             pass
 
 
+_current_call: dict[str, int] = {}
+"""The call running now: {"id", "wfd"} (empty between calls)."""
+
+
+def _tell_compiling(start: bool) -> None:
+    """A backend's compile starts or ends inside the current call: the pool stops (restarts) the
+    call's timeout clock. Written from the calling thread, between calls' replies."""
+    if _current_call:
+        write_message(_current_call["wfd"],
+                      {"type": "compile", "id": _current_call["id"], "start": start})
+
+
 def serve(rfd: int, wfd: int) -> int:
     functions: dict[str, Callable] = {}
+    from attnbench.backends.base import on_compile  # torch-free
+
+    on_compile(_tell_compiling)
     while True:
         try:
             message = read_message(rfd)
@@ -200,7 +218,12 @@ def serve(rfd: int, wfd: int) -> int:
             return 0
         if message["type"] != "call":
             raise ValueError(f"unknown message type {message['type']!r}")
-        data = _encode(_call(functions, message))
+        _current_call.update(id=message["id"], wfd=wfd)
+        try:
+            reply = _call(functions, message)
+        finally:
+            _current_call.clear()
+        data = _encode(reply)
         _flush_std()
         write_frame(wfd, data)
 

@@ -71,6 +71,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
+from attnbench.execution.call_clock import CallClock
 from attnbench.execution.child import write_frame, write_message
 from attnbench.execution.ranks import OUTCOME_KINDS, Outcome, Rank, signal_name
 from attnbench.resources import ENV_POOL_DIR, ENV_POOL_START
@@ -343,7 +344,7 @@ class RankPool:
     def _collect(self, call_id: int, deadline: float, timeout: Optional[float]) -> Outcome:
         replies, failed = self._gather(
             lambda m: m["type"] == "undecodable" or (m["type"] == "reply" and m["id"] == call_id),
-            deadline, timeout)
+            deadline, timeout, call_id)
         if failed is not None:
             return failed
         for rank, message in sorted(replies.items()):
@@ -382,11 +383,13 @@ class RankPool:
                        summary=message["summary"], duration_s=message["duration_s"],
                        stderr_tail=self._ranks[rank].tail(), recycle=message.get("recycle", ""))
 
-    def _gather(self, wanted, deadline: float,
-                timeout: Optional[float] = None) -> tuple[dict[int, dict], Optional[Outcome]]:
+    def _gather(self, wanted, deadline: float, timeout: Optional[float] = None,
+                call_id: Optional[int] = None) -> tuple[dict[int, dict], Optional[Outcome]]:
         """Wait for one ``wanted`` message from every rank. Returns early when a rank sends a
         bad one (the caller finds it in the replies), dies without answering, or the deadline
-        passes (then the failure outcome is returned)."""
+        passes (then the failure outcome is returned). While a rank of call ``call_id`` says it
+        compiles, the deadline stands still (:class:`CallClock`)."""
+        clock = CallClock(deadline)
         replies: dict[int, dict] = {}
         poller = select.poll()
         by_fd: dict[int, Rank] = {}
@@ -399,9 +402,16 @@ class RankPool:
         slice_s = 3600.0 if all(r.pidfd is not None for r in self._ranks) else _POLL_SLICE_S
         pending = list(self._ranks)
         while pending:
-            remaining = deadline - time.monotonic()
+            remaining = clock.remaining()
             if remaining <= 0:
-                return replies, self._timeout_outcome(pending, timeout)
+                outcome = self._timeout_outcome(pending, timeout)
+                if clock.compiling:
+                    outcome.summary = (f"still compiling after {clock.grace_s():g} s (a "
+                                       "compile's own limit, apart from the case's timeout)")
+                elif clock.compiled_s:
+                    outcome.note += (f"; {clock.compiled_s:.1f} s of compiling were not "
+                                     "counted against the timeout")
+                return replies, outcome
             events = poller.poll(max(1, math.ceil(min(remaining, slice_s) * 1000)))
             active = {by_fd[fd].rank for fd, _ in events} if events else {r.rank for r in pending}
             for rank in pending:
@@ -410,6 +420,8 @@ class RankPool:
                 for message in rank.reader.read():
                     if wanted(message):  # others are stale replies of abandoned calls
                         replies[rank.rank] = message
+                    elif message["type"] == "compile" and message.get("id") == call_id:
+                        clock.note(rank.rank, bool(message.get("start")))
                 if rank.rank in replies:
                     if _is_bad(replies[rank.rank]):
                         return replies, None

@@ -79,6 +79,9 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
         originals = fp8.originals
     else:
         q, k, v, dout = make_inputs(case, device)
+    compile_report = Capabilities.of(backend).compile_report
+    if compile_report:
+        compile_report()  # forget what an earlier case that failed midway compiled
     # A backend that hides its dropout mask draws it from the device's generator: its state now
     # lets the judge replay this very forward's mask (attnbench.accuracy.dropout_probe).
     hidden = Capabilities.of(backend).keep_mask is None
@@ -102,5 +105,9 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
                            (lambda: backend.backward(fwd.ctx, dout)) if case.backward else None,
                            options.timing,
                            peaks=device_peaks(device, case.dtype))
-    return record(judgement.verdict, judgement.reason, timing=timing,
-                  **judgement.record_fields())
+    result = record(judgement.verdict, judgement.reason, timing=timing,
+                    **judgement.record_fields())
+    section = compile_report() if compile_report else None
+    if section:  # a backend that compiles (torch.compile): its seconds, apart from timing
+        result["compile"] = section
+    return result

@@ -90,6 +90,17 @@ class NoopBackend(_Misbehaving):
 # -- rank functions ------------------------------------------------------------------------------
 
 
+def compile_then_work(payload: dict) -> str:
+    """``compile_s`` seconds inside :func:`attnbench.backends.base.compiling` (as a backend's
+    torch.compile), then ``work_s`` seconds of ordinary work."""
+    from attnbench.backends.base import compiling
+
+    with compiling():
+        time.sleep(payload["compile_s"])
+    time.sleep(payload.get("work_s", 0.0))
+    return "done"
+
+
 def echo(payload: Any) -> Any:
     return payload
 

@@ -8,7 +8,8 @@
 Modules: ``data`` (run directory -> pandas frame), ``dashboard`` (YAML definitions),
 ``figures`` (what every figure shares: saving PNG + SVG, axes, legends, a page's colours),
 ``panels/`` (one module per panel kind, and ``draw_panel``), ``html`` / ``page`` /
-``compare_page`` (the pages), ``compare`` (matching and timing classes), ``environment`` (the
+``compare_page`` (the pages), ``compare`` (matching and timing classes), ``code_changes``
+(each backend's code and the run options, and what differs between runs), ``environment`` (the
 hardware and software a run's records name, and what differs between runs), ``style`` (colours
 and how verdicts read: "timed" is "not judged"),
 ``synthetic`` (made-up runs in the real schema, for tests and previews), ``commands`` (argparse
@@ -18,6 +19,7 @@ wiring and the functions behind ``attnbench report`` and ``attnbench compare``).
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
+    "code_changes": ("backend_code", "backend_warnings", "options_warnings"),
     "commands": ("add_report_commands", "run_compare", "write_report"),
     "compare": ("classify", "compare_runs", "describe", "run_facts"),
     "dashboard": ("PANEL_KINDS", "default_dashboard", "load_dashboard"),

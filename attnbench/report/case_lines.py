@@ -3,7 +3,8 @@
     pass  8d51d813c1  sdpa bf16 b1 s128/128 h8/2 d64 GQA causal seed0  fwd 0.212 ms 41.2 TFLOP/s
     4.2% peak | bwd 0.655 ms 33.4 TFLOP/s 3.4% peak
 
-(one line per case, so ``grep`` and ``sort`` work on it; an fp8 case adds its error split:
+(one line per case, so ``grep`` and ``sort`` work on it; a judged case adds its tensor closest
+to its bound, ``| error 0.45 of bound (dq 1.9e-03 / 4.1e-03)``; an fp8 case its error split:
 kernel vs quantization, :mod:`attnbench.accuracy.fp8_split`)
 
 ``% peak`` is against the datasheet peak of the exact GPU kind (``timing.<d>.pct_peak``), else
@@ -57,7 +58,24 @@ def case_lines(records: Iterable[dict]) -> Iterator[str]:
                                        for d in ("fwd", "bwd")) if t)
         reason = f"  {r['reason']}" if r.get("reason") else ""
         yield (f"  {r['verdict']:<11} {str(r['id'])[:10]}  {r.get('label', '')}  {times}"
-               f"{fp8_text(r)}{reason}")
+               f"{error_text(r)}{fp8_text(r)}{reason}")
+
+
+def error_text(record: dict) -> str:
+    """`` | error 0.45 of bound (dq 1.9e-03 / 4.1e-03)``: the judged tensor closest to its
+    bound, for passing cases too (issue 27: ``--all`` showed no error for a pass, so the
+    backend with the lowest error could not be told from one at its limit)."""
+    tensors = (record.get("accuracy") or {}).get("tensors")
+    worst = None
+    for name, m in (tensors.items() if isinstance(tensors, dict) else ()):
+        err, bound = (_number(m.get(k)) for k in ("rel_l2", "bound")) if isinstance(m, dict) \
+            else (math.nan, math.nan)
+        if math.isfinite(err) and math.isfinite(bound) and bound > 0 and \
+                (worst is None or err / bound > worst[0]):
+            worst = (err / bound, str(name)[:8], err, bound)
+    if worst is None:
+        return ""
+    return f" | error {worst[0]:.2g} of bound ({worst[1]} {worst[2]:.2g} / {worst[3]:.2g})"
 
 
 def fp8_text(record: dict) -> str:

@@ -11,8 +11,14 @@ With A the baseline, B the other run and ``t`` the threshold (default 5%)::
     SLOW       B.min > A.q3 * (1 + t)     B's best sample is slower than most of A's
     FAST       A.min > B.q3 * (1 + t)
     SAME       otherwise, when the medians are within t of each other
-    AMBIGUOUS  otherwise (the intervals overlap, the medians do not agree), or when either
-               side's timing is ``noisy`` (its spread never settled: no verdict on it)
+    AMBIGUOUS  otherwise (the intervals overlap, the medians do not agree), or when they
+               overlap and either side's timing is ``noisy`` (its spread never settled)
+
+SLOW and FAST need no settled spread: B's best sample slower than A's q3 by ``t`` is a
+slowdown however wide either spread was (a noisy shared box widens intervals, it does not move
+every sample of B past most of A's). Per backend, a change of its code between the runs (module,
+version, source hash) is a warning naming it, and so is a change of the run options
+(:mod:`attnbench.report.code_changes`).
 
 Across different GPU kinds there is no verdict, only the ratio (class ``RATIO``). A regression,
 which makes ``attnbench compare`` exit with status 1, is on the same GPU kind: a SLOW case, or a
@@ -36,6 +42,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from attnbench.report.code_changes import backend_warnings, options_warnings
 from attnbench.report.data import DIRECTIONS, Run, case_key
 from attnbench.report.doubt import why_ambiguous
 from attnbench.report.environment import (kind_text, mixed_kinds, representative, run_warnings,
@@ -53,17 +60,19 @@ NOISY_WHY = "too noisy: spread never settled"
 
 def classify(a: dict[str, float], b: dict[str, float], threshold: float) -> str:
     """FAST / SLOW / SAME / AMBIGUOUS for B against A; ``a`` and ``b`` hold median, min, q3
-    and optionally ``noisy`` (a timing whose spread never settled: AMBIGUOUS, whatever the
-    numbers say)."""
+    and optionally ``noisy`` (a timing whose spread never settled: SAME is then AMBIGUOUS;
+    intervals that do not overlap are SLOW or FAST all the same)."""
     vals = [a.get(k) for k in ("median", "min", "q3")] + [b.get(k) for k in ("median", "min", "q3")]
     if any(v is None or not math.isfinite(v) or v <= 0 for v in vals):
         return "n/a"
-    if a.get("noisy") or b.get("noisy"):
-        return "AMBIGUOUS"
+    # Intervals apart by the threshold settle it whatever either spread did: B's best sample
+    # slower than most of A's is a slowdown, noisy or not (a 10x one was AMBIGUOUS, issue 27).
     if b["min"] > a["q3"] * (1 + threshold):
         return "SLOW"
     if a["min"] > b["q3"] * (1 + threshold):
         return "FAST"
+    if a.get("noisy") or b.get("noisy"):
+        return "AMBIGUOUS"  # overlapping intervals of a spread that never settled: no verdict
     if abs(b["median"] / a["median"] - 1) <= threshold:
         return "SAME"
     return "AMBIGUOUS"
@@ -268,7 +277,8 @@ def environment_warnings(a: Run, b: Run) -> list[str]:
         for kind, n in mixed_kinds(run.records).items():
             lines.append(f"run {name} ({run.run_id}) mixes {n} environments on {kind}: "
                          "compared by its most common one")
-    return lines
+    return lines + backend_warnings(a.records, b.records) + options_warnings(a.manifest,
+                                                                              b.manifest)
 
 
 def describe(run: Run) -> str:

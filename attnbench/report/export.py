@@ -11,8 +11,11 @@ need no knowledge of the record schema::
     attnbench export results/A results/B --format json | jq '.[] | select(.verdict != "pass")'
 
 Several runs concatenate (``run_id`` tells them apart). Values that are not scalars (a sliding
-window mask ``{"window": 64}``) are JSON text in CSV and Parquet, themselves in JSON. Missing
-numbers are empty in CSV and null in JSON and Parquet. Imports neither torch nor matplotlib.
+window mask ``{"window": 64}``) are JSON text in CSV and Parquet, themselves in JSON; a packed
+case's lengths (``seqlens_q``) are a list of integers in JSON and Parquet, JSON text in CSV.
+Counts (samples ``fwd_n``, ``out_nonfinite``, calls per sample) are integers in every format,
+not floats. Missing numbers are empty in CSV and null in JSON and Parquet. Imports neither
+torch nor matplotlib.
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ from attnbench.results.files import refusal, write_atomic
 
 FORMATS = ("csv", "parquet", "json")
 FIRST_COLUMNS = ("run_id", "id", "label", "backend", "verdict", "reason")
+COUNT_SUFFIXES = ("_n", "_nonfinite", "_calls_per_sample", "_warmup_calls")
+"""Columns that count things: integers, though a missing value made pandas hold them as floats
+(``fwd_n`` exported as 6.0, issue 27)."""
+LENGTH_COLUMNS = ("seqlens_q", "seqlens_kv")
+"""A packed case's lengths: lists of integers where the format has lists (JSON, Parquet)."""
 
 
 def export_frame(run_dirs: Sequence[Path]) -> pd.DataFrame:
@@ -43,7 +51,20 @@ def export_frame(run_dirs: Sequence[Path]) -> pd.DataFrame:
     frames = [load_run(Path(d)).frame for d in run_dirs]
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     order = [c for c in FIRST_COLUMNS if c in df] + [c for c in df if c not in FIRST_COLUMNS]
-    return df[order]
+    return _counts_as_integers(df[order])
+
+
+def _counts_as_integers(df: pd.DataFrame) -> pd.DataFrame:
+    """Count columns as nullable integers (``Int64``), where every value present is whole."""
+    df = df.copy()
+    for col in df.columns:
+        if not col.endswith(COUNT_SUFFIXES) or not pd.api.types.is_numeric_dtype(df[col]) \
+                or pd.api.types.is_bool_dtype(df[col]):
+            continue
+        present = df[col].dropna()
+        if ((present % 1) == 0).all():
+            df[col] = df[col].astype("Int64")
+    return df
 
 
 def _scalar(value: Any) -> Any:
@@ -53,9 +74,18 @@ def _scalar(value: Any) -> Any:
     return value
 
 
+def _parquet_scalar(value: Any) -> Any:
+    """A cell as Parquet holds it: a list of integers (a pack's lengths) stays a list."""
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+        return list(value)
+    return _scalar(value)
+
+
 def _plain(value: Any) -> Any:
-    """A cell as strict JSON can hold it: NaN and infinities become null, numpy scalars
-    Python ones."""
+    """A cell as strict JSON can hold it: NaN, infinities and pandas' NA become null, numpy
+    scalars Python ones."""
+    if value is pd.NA:
+        return None
     if hasattr(value, "item") and not isinstance(value, (dict, list, str)):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -85,7 +115,11 @@ def to_parquet(df: pd.DataFrame) -> bytes:
         raise UsageError("--format parquet: needs the package pyarrow, which is not installed "
                          "here (pip install pyarrow, or attnbench[parquet])") from None
     buffer = io.BytesIO()
-    _cells(df, _scalar).to_parquet(buffer, index=False, engine="pyarrow")
+    cells = _cells(df.drop(columns=[c for c in LENGTH_COLUMNS if c in df]), _scalar)
+    for col in LENGTH_COLUMNS:  # list<int64> columns, null for dense cases
+        if col in df:
+            cells.insert(list(df.columns).index(col), col, df[col].map(_parquet_scalar))
+    cells.to_parquet(buffer, index=False, engine="pyarrow")
     return buffer.getvalue()
 
 

@@ -182,6 +182,31 @@ def fmt_len(v: float, _pos: Any = None) -> str:
     return f"{v // 1024}k" if v >= 1024 and v % 1024 == 0 else str(v)
 
 
+MAX_TICKS = 12
+"""Tick labels across one axis at most as far apart as 1/12 of its span: "1000" and "1k"
+(1024) sat on top of each other (issue 27); a 4-character label is ~1/12 of a 3-inch axis."""
+
+
+def spaced_ticks(vals: list, log: bool) -> list:
+    """``vals`` (sorted) less those closer to the last kept one than the span / MAX_TICKS (in
+    log2 units on a log axis); powers of two are kept first, so 1024 wins over 1000."""
+    where = (lambda v: math.log2(v)) if log else float
+    span = where(vals[-1]) - where(vals[0]) if len(vals) > 1 else 0.0
+    if span <= 0:
+        return list(vals)
+    gap = span / MAX_TICKS
+    ranked = sorted(vals, key=lambda v: (not _power_of_two(v), vals.index(v)))
+    kept: list = []
+    for v in ranked:
+        if all(abs(where(v) - where(k)) >= gap for k in kept):
+            kept.append(v)
+    return sorted(kept)
+
+
+def _power_of_two(v: Any) -> bool:
+    return float(v).is_integer() and int(v) > 0 and int(v) & (int(v) - 1) == 0
+
+
 def setup_x(ax, values: Iterable[Any], label: str, log2: bool = False) -> Callable[[Any], float]:
     """Log2 axis for positive numbers spanning 4x or more (or always, with ``log2``), linear for
     other numbers, categories otherwise. Returns value -> position."""
@@ -190,10 +215,11 @@ def setup_x(ax, values: Iterable[Any], label: str, log2: bool = False) -> Callab
     ax.set_xlabel(label)
     numeric = all(isinstance(v, (int, float, np.integer, np.floating)) for v in vals)
     if numeric and vals:
-        if min(vals) > 0 and (log2 or max(vals) / min(vals) >= 4):
+        log = min(vals) > 0 and (log2 or max(vals) / min(vals) >= 4)
+        if log:
             ax.set_xscale("log", base=2)
             ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticks(vals)
+        ax.set_xticks(spaced_ticks(vals, log))
         ax.xaxis.set_major_formatter(FuncFormatter(fmt_len))
         return float
     pos = {v: i for i, v in enumerate(vals)}

@@ -20,7 +20,8 @@ Everything downstream (``attnbench show``, reports, compare, pandas) reads these
         "backward": "not applicable: ..."  # forward-only cases (case.backward false: decode):
       },                                   # tensors holds "out" only, identities are {}
       "timing": {                          # null when timing was off or the case never ran
-        "clock": "cuda_events" | "perf_counter", "mode": "eager" | "graph", "world_size": 1,
+        "clock": "cuda_events" | "perf_counter" | "process_time",   # (CPU time: cpu_clock: cpu)
+        "mode": "eager" | "graph", "world_size": 1,
         "l2_flush_bytes": 268435456,       # flushed before every timed call (0 on CPU)
         "flops_fwd": 1.2e9, "flops_bwd": 3.0e9,   # attnbench.sweep.flops: exact pairs, exact bwd
         "bytes_fwd": 2.1e6, "bytes_bwd": 4.2e6,   # minimal traffic (each tensor once)

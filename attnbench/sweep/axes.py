@@ -232,9 +232,11 @@ def count_points(axes_raw: Mapping, public: Sequence[str], rules: Mapping, limit
 
 def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tuple[int, dict]],
            exclude_raw: Sequence, includes: Sequence[dict], make: Callable[[str, dict], Any],
-           show: Callable[[Mapping, str], str], problems: Problems) -> list:
+           show: Callable[[Mapping, str], str], problems: Problems,
+           defaults_for: Callable[[dict, dict], Mapping] = lambda d, own: d) -> list:
     """The product of the axis groups, less the excludes, plus the includes; each case once
-    (``make(where, values)`` builds one, ``show(values, field)`` names a value in messages).
+    (``make(where, values)`` builds one, ``show(values, field)`` names a value in messages,
+    ``defaults_for(defaults, own)`` the defaults a case with its own values takes).
     An exclude that removes nothing is a mistake (a typo would otherwise go unnoticed)."""
     cases: dict[str, Any] = {}
 
@@ -246,16 +248,17 @@ def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tu
     names = [n for g in groups for n in g.fields]
     used = set()
     for combo in itertools.product(*(g.rows for g in groups)):
-        values = dict(defaults)
+        own: dict = {}
         for part in combo:
-            values.update(part)
+            own.update(part)
+        values = {**defaults_for(dict(defaults), own), **own}
         hits = {i for i, ex in excludes if _agrees(values, ex)}
         if hits:
             used |= hits
             continue
         add("axes(" + ", ".join(f"{n}={show(values, n)}" for n in names) + ")", values)
     for i, inc in enumerate(includes):
-        add(f"include[{i}]", {**defaults, **inc})
+        add(f"include[{i}]", {**defaults_for(dict(defaults), inc), **inc})
     for i, _ in excludes:
         if i not in used:
             problems.add(fail(f"exclude[{i}]", exclude_raw[i], "an entry that matches some "

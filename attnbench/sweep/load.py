@@ -35,7 +35,7 @@ from attnbench.sweep.case import (CASE_RULES, MAX_CASES, MAX_NAME, MAX_SIZE, PUB
 from attnbench.sweep.length_mix import expand as expand_lengths
 from attnbench.sweep.options import RunOptions
 from attnbench.sweep.options import parse_options as _parse_options
-from attnbench.sweep.packed_rules import MAX_SEQUENCES
+from attnbench.sweep.packed_rules import MAX_SEQUENCES, defaults_for
 from attnbench.validation import Name, Problems, unknown_name
 from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int
@@ -198,7 +198,8 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
 
     excludes = [(i, ex) for i, ex in excludes if axes.reachable(ex, forced)]
     cases = axes.expand(groups, defaults, excludes, exclude_raw,
-                        axes.cross_includes(includes, forced), make_case, _show, problems)
+                        axes.cross_includes(includes, forced), make_case, _show, problems,
+                        defaults_for)
     problems.raise_any()
     if not cases:
         raise SweepError(f"{filename}: axes: the sweep expands to no cases (everything excluded?)")

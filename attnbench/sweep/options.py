@@ -43,6 +43,11 @@ class TimingOptions:
     """Stop sampling once (q3 - q1) / median falls under this."""
     max_seconds: float = field(default=1.0, metadata={"rule": Real(0.0, 3600.0, lo_open=True)})
     """Time cap per direction (forward, backward) per case."""
+    cpu_clock: str = field(default="wall", metadata={"rule": Choice(("wall", "cpu"))})
+    """On a CPU device (ignored on a GPU): ``wall``, the latency a user sees
+    (``time.perf_counter``); ``cpu``, the CPU time of the rank process (``time.process_time``):
+    the work done, which other processes on a shared box do not stretch -- what makes
+    ``attnbench compare --fail-on speed`` reliable there (docs/compare.md), not a latency."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,6 +19,22 @@ reference and the naive baseline loop over sequences in Python. 64k tokens of 16
 documents is 4096."""
 
 
+def defaults_for(defaults: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """The defaults a case with its ``own`` values (an include, an axes combination) takes. A
+    case that gives its own lengths does not inherit the sizes its lengths imply: with
+    ``seqlens_q`` (or ``varlen``, which becomes it), not the defaults' batch, seqlen_q and
+    seqlen_kv; with ``seqlens_kv`` alone, not batch and seqlen_kv (seqlen_q stays: the queries
+    of every sequence). Otherwise ``defaults: {seqlen_q: 128}`` refused every pack of another
+    total, naming a value the user never wrote there (issue 27)."""
+    if own.get("seqlens_q"):
+        implied = ("batch", "seqlen_q", "seqlen_kv")
+    elif own.get("seqlens_kv"):
+        implied = ("batch", "seqlen_kv")
+    else:
+        return defaults
+    return {k: v for k, v in defaults.items() if k not in implied}
+
+
 def resolve_packing(where: str, v: dict[str, Any], default_seqlen_q: int,
                     max_tokens: int) -> None:
     """A packed case's lengths against the fields they imply: batch = the number of sequences,

@@ -11,6 +11,6 @@ from attnbench import package_face
 __all__, __getattr__ = package_face(__name__, {
     "bench": ("bench_ms",),
     "case": ("time_case",),
-    "loop": ("CpuClock", "EventClock", "StopRule", "calls_per_sample", "make_clock", "measure",
-             "summarize"),
+    "loop": ("CpuClock", "EventClock", "ProcessClock", "StopRule", "calls_per_sample",
+             "make_clock", "measure", "summarize"),
 })

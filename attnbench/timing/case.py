@@ -28,7 +28,7 @@ def time_case(case: Case, device, forward: Callable[[], object],
     None} of one device in the case's dtype. ``backward`` None: a forward-only case (decode),
     whose ``bwd`` section and backward figures are null. ``note``: why the times say nothing
     about throughput (CPU ranks, shared GPUs): FLOP/s and percentages are then null."""
-    clock = make_clock(device)
+    clock = make_clock(device, options.cpu_clock)
     notes = [note] if note else []
     memory = {}
     directions = (("fwd", forward),) + ((("bwd", backward),) if backward else ())

@@ -76,8 +76,11 @@ def draw_accuracy_heatmap(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     if df.empty:
         out.notes.append("No accuracy data: accuracy was off for every case that ran.")
         return out
-    # A check no case of this run made (parity in a single-device run) is not a column.
-    tensors = [t for t in tensors if t in TENSORS or df[f"{t}_over"].notna().any()]
+    # A check no case of this run made (parity in a single-device run; dQ, dK, dV in a
+    # forward-only run) is not a column -- unless no tensor has a value at all (all died).
+    made = [t for t in tensors if df[f"{t}_over"].notna().any()]
+    tensors = made if any(t in TENSORS for t in made) else \
+        [t for t in tensors if t in TENSORS or t in made]
     n_parts = max(1, math.ceil(len(df) / panel["max_rows"]))
     per_part = math.ceil(len(df) / n_parts)
     decades = panel["decades"]
@@ -88,8 +91,9 @@ def draw_accuracy_heatmap(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         chunk = df.iloc[part * per_part:(part + 1) * per_part]
         suffix = f" (part {part + 1} of {n_parts})" if n_parts > 1 else ""
         fig = heatmap_figure(chunk, tensors, norm, cmap, annotate=len(chunk) <= 70)
-        fig.suptitle(f"Error over bound per case: tensors vs fp64, identities, parity{suffix}",
-                     fontsize=10, fontweight="bold")
+        fig.suptitle(f"Error over bound per case: tensors vs fp64, identities, parity{suffix}\n"
+                     "colour: error / that case's own bound (not the error itself); in "
+                     "brackets: the raw rel. L2 error", fontsize=10, fontweight="bold")
         caption = (f"{len(chunk)} cases{suffix}; {bad} of {len(df)} cases in this panel failed, "
                    "crashed, timed out or ran out of memory. Green: under the bound; red: over "
                    "it; hatched: no numbers (the case died).")
@@ -103,7 +107,9 @@ def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
     1 is written in its cell; rows of cases that died are one hatched cell naming the verdict."""
     rows = len(chunk)
     label_chars = max(len(str(s)) for s in chunk.label) if rows else 10
-    width = 2.6 + 0.055 * label_chars + 0.75 * len(tensors)
+    # annotated cells hold "0.45 (1.9e-03)": the ratio, and the raw error beside it, since a
+    # tight bound colours a small error deep (issue 27: the lowest error looked worst)
+    width = 2.6 + 0.055 * label_chars + (1.1 if annotate else 0.75) * len(tensors)
     height = 1.6 + 0.175 * rows
     fig = new_figure(width, height)
     ax = fig.add_subplot()
@@ -150,7 +156,10 @@ def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
                         color="#888888")
             elif annotate or v > 1:
                 fg = text_color_on(matplotlib.colors.to_hex(cell_rgba[i, j]))
-                ax.text(j + 0.5, i + 0.5, f"{v:.2g}", ha="center", va="center", fontsize=6.5,
+                raw = getattr(r, f"{t}_rel_l2", None) if annotate else None
+                shown = isinstance(raw, (int, float)) and np.isfinite(raw)
+                text = f"{v:.2g}" + (f" ({raw:.1e})" if shown else "")
+                ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=6.5,
                         color=fg, fontweight="bold" if v > 1 else "normal")
     for text in ax.texts:  # inside their cells: nothing for the layout to make room for
         text.set_in_layout(False)

@@ -9,6 +9,7 @@ hatched; a note gives each series' achieved GB/s and peak memory (per case: the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -37,6 +38,19 @@ def _throughput_frame(panel: Panel, run: Run) -> tuple[pd.DataFrame, pd.DataFram
     return every, df[timed]
 
 
+def _timed_directions(panel: Panel, df: pd.DataFrame, out: PanelOutput) -> tuple[Panel, list]:
+    """The panel with only the directions some case timed: a forward-only run (decode, fp8,
+    ``backward: false``) drew an empty backward subplot beside its forward (issue 27)."""
+    dirs = list(panel["directions"])
+    kept = [d for d in dirs if f"{d}_tflops" in df and df[f"{d}_tflops"].notna().any()]
+    if not kept or kept == dirs:
+        return panel, dirs
+    dropped = [DIRECTION_LABELS.get(d, d) for d in dirs if d not in kept]
+    out.notes.append(f"No case here timed the {' or '.join(dropped)} (forward-only cases): "
+                     "not drawn.")
+    return dataclasses.replace(panel, options={**panel.options, "directions": kept}), kept
+
+
 def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     """Throughput per facet (by default GPU kind x dtype x feature combination).
 
@@ -53,6 +67,7 @@ def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
             "No case of this run matches this panel's filter." if panel.include and every.empty
             else "No timed cases: timing was off, or no case ran to the end.")
         return out
+    panel, dirs = _timed_directions(panel, df, out)
     unit_scale, unit = (1.0, "TFLOP/s")
     top = np.nanmax(df[[f"{d}_tflops" for d in dirs]].to_numpy(dtype=float))
     if top < 1.0:  # CPU runs: GFLOP/s reads better than 0.00x TFLOP/s
