@@ -327,7 +327,9 @@ def test_not_judged_and_noisy_are_visible_and_filterable(browser, reports, base)
 
 def test_compare_dashboard_shows_environment_warnings(browser, base, tmp_path):
     rc = _open_compare(browser, base, tmp_path / "cmp", ["sxm", "sxm-upgraded", "pcie"])
-    assert rc == 0  # triton is slower on the upgraded run, but its timings never settled
+    # triton is 20% slower on the upgraded run and its timings never settled: SLOW where the
+    # intervals are apart (issue 27's rule), AMBIGUOUS elsewhere (test_compare_env pins which)
+    assert rc == 1
     warnings = browser.js("""Array.from(document.querySelectorAll('#pair1 ul.warn li'))
         .map(li => li.textContent)""")
     assert "runs differ in driver: 550.54.15 -> 560.35.03" in warnings
