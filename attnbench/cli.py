@@ -349,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from attnbench.dispatch.detach import add_detach_commands
     from attnbench.gpu_check.command import add_gpu_check_command
-    from attnbench.report.commands import add_report_commands
+    from attnbench.report.commands import add_report_commands, write_report
     from attnbench.report.export import add_export_command
     from attnbench.selftest import add_selftest_command
     from attnbench.sweep.schema import add_schema_command
@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_command(sub)
     add_schema_command(sub, public_names)
     add_selftest_command(sub)
-    add_detach_commands(sub, _seconds, _verdicts)
+    add_detach_commands(sub, _seconds, _verdicts, write_report)
     add_gpu_check_command(sub)
     return parser
 
