@@ -32,8 +32,9 @@ def third_party(backends: Iterable[str], registered: Iterable[str]) -> list[str]
 
 def unimportable(refs: Iterable[str]) -> dict[str, str]:
     """ref -> why its module cannot be found from here, for each ref that cannot. The search
-    path is a rank's: the current directory first (ranks start as ``python -c``, whose
-    ``sys.path[0]`` is their cwd, the worker's), then this process's ``sys.path``."""
+    path is a rank's: this process's ``sys.path`` (a rank puts its parent's first,
+    :mod:`attnbench.execution.child`), then the current directory (a rank starts as ``python
+    -c`` in its worker's directory: its own ``sys.path[0]``)."""
     missing = {}
     for ref in refs:
         module = ref.partition(":")[0]
@@ -67,7 +68,7 @@ def _find(name: str, search: Optional[list[str]]):
         return loaded.__spec__
     if search is None:  # a top-level name: the rank's path, then the other finders (editable
         # installs, zip imports) with theirs
-        spec = importlib.machinery.PathFinder.find_spec(name, [os.getcwd(), *sys.path])
+        spec = importlib.machinery.PathFinder.find_spec(name, [*sys.path, os.getcwd()])
         if spec is not None:
             return spec
     for finder in sys.meta_path:

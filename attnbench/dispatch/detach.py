@@ -39,6 +39,7 @@ from attnbench.validation import positive_int_argument
 def cmd_submit(args: argparse.Namespace) -> int:
     from attnbench.backends import check_backend_name
     from attnbench.cluster.connect import check_connection_arguments, connect, make_security
+    from attnbench.dispatch.preflight import check_workers_import
     from attnbench.sweep.load import load_sweep
     from attnbench.results.store import RunStore, default_run_dir
 
@@ -53,6 +54,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     conn = connect(args.scheduler, args.workers, security=security,
                    worker_wait_s=args.worker_wait)
     try:
+        check_workers_import(conn.client, (c.backend for c in sweep.cases))
         # What a run would refuse is refused here, in one line (the lock included); the
         # directory and its manifest are made by the user, on the shared filesystem. The lock
         # taken here is the driver's claim: held until the driver adopts it, so exactly one
