@@ -22,7 +22,8 @@ def test_attach_draws_the_dashboard_when_the_driver_has_finished(tmp_path):
     proc = subprocess.run([*attnbench_cmd(), "attach", str(run)], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == f"attnbench: dashboard {run}/dashboard/index.html"
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last == f"attnbench: dashboard {run}/dashboard/index.html"
     assert (run / "dashboard" / "index.html").is_file()
 
 
