@@ -59,6 +59,7 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
     from attnbench.cluster.connect import connect
     from attnbench.dispatch.driver import local_run_status
     from attnbench.dispatch.lanes import run_class
+    from attnbench.dispatch.preflight import check_workers_import
     from attnbench.cluster.performance_report import saved_performance_report
     from attnbench.dispatch.run import run_pending
 
@@ -81,6 +82,7 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
                 source = f" (from {scheduler.source})" if scheduler.address else ""
                 print(f"attnbench: running on {conn.where}{source}; Dask dashboard "
                       f"{conn.client.dashboard_link}")
+                check_workers_import(conn.client, (c.backend for c in pending))
                 status = local_run_status(store, conn.where)  # attnbench status / cancel
                 with saved_performance_report(run_dir, conn.client, " ".join(sys.argv)):
                     summary = run_pending(store, conn, worker_wait_s=args.worker_wait,
@@ -98,6 +100,9 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
             if run_dir.exists():
                 print(f"attnbench: resume with: {resume}", file=sys.stderr)
             return exc.exit_status
+        except UserError:  # a backend no worker can import: nothing ran, nothing is left
+            store.close(discard_unused=True)
+            raise
     records, foreign = store.records()
     store.close()
     if foreign:
@@ -155,6 +160,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(pair_coverage(c for sweep in sweeps for c in sweep.cases).report())
         return 0
     sweep = load_sweep(args.sweep, check_backend_name, args.set or ())
+    _check_importable(c.backend for c in sweep.cases)
     counts = collections.Counter(c.backend for c in sweep.cases)
     print(f"{sweep.path}: ok: sweep {sweep.name!r}, {len(sweep.cases)} cases "
           f"({', '.join(f'{b}: {n}' for b, n in sorted(counts.items()))})")
@@ -162,6 +168,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for case in sweep.cases:
             print(f"  {case.id}  {case.label}")
     return 0
+
+
+def _check_importable(backends) -> None:
+    """The sweep's ``module:object`` backends must be importable from here (imports nothing)."""
+    from attnbench.backends import backend_names
+    from attnbench.backends.importable import one_line, third_party, unimportable
+
+    missing = unimportable(third_party(backends, backend_names()))
+    if missing:
+        raise UserError("\n".join(one_line(ref, why) for ref, why in missing.items()))
 
 
 # -- show -------------------------------------------------------------------------------------
@@ -333,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from attnbench.dispatch.detach import add_detach_commands
     from attnbench.gpu_check.command import add_gpu_check_command
-    from attnbench.report.commands import add_report_commands
+    from attnbench.report.commands import add_report_commands, write_report
     from attnbench.report.export import add_export_command
     from attnbench.selftest import add_selftest_command
     from attnbench.sweep.schema import add_schema_command
@@ -342,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_command(sub)
     add_schema_command(sub, public_names)
     add_selftest_command(sub)
-    add_detach_commands(sub, _seconds, _verdicts)
+    add_detach_commands(sub, _seconds, _verdicts, write_report)
     add_gpu_check_command(sub)
     return parser
 

@@ -6,8 +6,8 @@ cluster, about a minute on 2 busy cores.
 Why these options (docs/compare.md says the same to users), measured at load 9 on 2 cores:
 ``cpu_clock: cpu`` (the rank's CPU time: wall-clock samples of one forward spread 4x there, and
 a 3x copy's fastest wall sample was faster than the original's q3), 20 samples at least, one
-torch thread per rank (the embedded cluster's default with 2 slots; ``--workers 1`` gives a rank
-2 threads, whose OpenMP spin-waits cost 15x the forward's CPU time on a busy box), and a 25 %
+torch thread per rank (every CPU rank's now; ``--workers 1`` used to give a rank 2 threads,
+whose OpenMP spin-waits cost 15x the forward's CPU time on a busy box), and a 25 %
 threshold: reruns of the same code moved their medians by up to 20 %; the 3x copy's fastest
 sample cleared the original's q3 x 1.25 by 1.8x, and an unchanged rerun's stayed 1.3x under it.
 """

@@ -608,7 +608,9 @@ def test_submit_with_lanes_on_a_tls_cluster(tmp_path, certificate):
         attach = subprocess.run([*attnbench_cmd(), "attach", str(out)], capture_output=True,
                                 text=True, env=env, cwd=ROOT, timeout=180)
         assert attach.returncode == 0, attach.stdout + attach.stderr
-        assert attach.stdout.rstrip().endswith("driver: finished")
+        # The driver's last line, then the dashboard attach draws when the driver finished.
+        assert attach.stdout.rstrip().splitlines()[-2:] == [
+            "driver: finished", f"attnbench: dashboard {out}/dashboard/index.html"]
         log = procs.started[1].log_path.read_text()
         assert "Traceback" not in log, log[-3000:]
     finally:

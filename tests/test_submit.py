@@ -112,7 +112,10 @@ def test_submit_returns_and_status_attach_follow_the_run(cluster, env, tmp_path)
     attach = _cli("attach", out, env=env)
     assert attach.returncode == 0, attach.stdout + attach.stderr
     assert f"[{CASES}/{CASES}]" in attach.stdout
-    assert attach.stdout.rstrip().endswith("driver: finished")
+    # The driver's last line, then the dashboard attach draws (the driver cannot: no report).
+    *_, finished, dashboard = attach.stdout.rstrip().splitlines()
+    assert finished == "driver: finished"
+    assert dashboard == f"attnbench: dashboard {out}/dashboard/index.html"
     assert _exact(out) == EXACT
     final = _cli("status", out, env=env).stdout
     assert f"{CASES}/{CASES} cases recorded ({CASES} pass)" in final and "driver: finished" in final
@@ -344,3 +347,15 @@ def test_status_counts_the_last_record_of_each_case_and_names_unreadable_lines(t
         "".join(json.dumps(r) + "\n" for r in lines) + "[1, 2]\n" + '{"id": "c", "verd')
     counts, unreadable = journal_verdicts(tmp_path)
     assert counts == {"pass": 1, "fail": 1} and unreadable == 1  # the torn last line is not
+
+
+def test_submit_refuses_a_backend_no_worker_can_import(cluster, env, tmp_path):
+    # Mutant: submit without the look hands the sweep over; every case is an error later.
+    address, _ = cluster
+    sweep = _sweep(tmp_path, "nomod", {"backend": ["sleepy_backend:make", "nosuchmod:B"]},
+                   gpu="any")
+    out = tmp_path / "run"
+    proc = _cli("submit", sweep, "--scheduler", address, "--out", out, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "'nosuchmod:B'" in proc.stderr, proc.stderr
+    assert "on worker" in proc.stderr and not out.exists()

@@ -26,6 +26,7 @@ _IMPLEMENTATIONS, __getattr__ = package_face(__name__, {
     "flash_attn3": ("FlashAttn3Backend",),
     "flex": ("FlexBackend",),
     "flex_mods": ("Mods", "call_mods"),
+    "importable": ("one_line", "third_party", "unimportable"),
     "masks": ("PreparesOnce", "dense_masks", "release_prepared"),
     "naive": ("NaiveBackend",),
     "reference_backend": ("ReferenceBackend",),
@@ -104,8 +105,8 @@ _REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$")
 def check_backend_name(name: str) -> Optional[str]:
     """None if ``name`` is a registered backend, an entry point or of the form
     ``module:object``, else a user-facing explanation. Imports nothing: validating a sweep must
-    not run code; a ``module:object`` that cannot be loaded becomes that case's ``error``
-    record when it runs."""
+    not run code. Whether a ``module:object``'s module can be found is a separate look
+    (:mod:`attnbench.backends.importable`, which imports nothing either: validate and run)."""
     if name in registered() or name in _entry_points():
         return None
     if ":" in name:

@@ -195,10 +195,12 @@ def detect_gpus() -> list[tuple[str, ...]]:
 
 def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
                 gpus: Optional[Sequence[tuple[str, ...]]] = None) -> NodeDevices:
-    """The units this node offers: its GPUs, else ``slots`` CPU slots (default: one per core,
-    each rank single-threaded: on 2 cores the 78-case smoke sweep took 9.0 s with 2 slots x 1
-    thread and 28.3 s with 1 slot x 2 threads -- small attention ops gain nothing from
-    intra-op threads, and CPU timings are for correctness runs, not for comparison).
+    """The units this node offers: its GPUs, else ``slots`` CPU slots (default: one per core),
+    each CPU rank single-threaded whatever the slots (``ATTNBENCH_THREADS`` overrides): on 2
+    cores the 78-case smoke sweep took 9.0 s with 2 slots x 1 thread and 28.3 s with 1 slot x 2
+    threads -- small attention ops gain nothing from intra-op threads, whose OpenMP spin-waits
+    cost a busy box 15x a forward's CPU time (docs/compare.md) -- and an ``attnbench worker
+    --slots 1`` then times cases as the embedded cluster does (it gave them 2 threads, issue 27).
     ``kind`` overrides the advertised kind (tests use it to pretend several kinds)."""
     from attnbench.hardware import kind_from_name
 
@@ -233,8 +235,7 @@ def detect_node(kind: Optional[str] = None, slots: Optional[int] = None,
         raise DetectionError(f"--slots: got {slots}, expected >= 1")
     slots = slots or cores
     return NodeDevices(kind=kind or CPU_KIND, detected_kind=CPU_KIND, gpu=False,
-                       ids=tuple(str(i) for i in range(slots)),
-                       threads=threads or max(1, cores // slots))
+                       ids=tuple(str(i) for i in range(slots)), threads=threads or 1)
 
 
 def simulated_node(kind: Optional[str], count: int) -> NodeDevices:

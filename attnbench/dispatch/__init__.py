@@ -13,5 +13,6 @@ __all__, __getattr__ = package_face(__name__, {
     "driver": ("drive", "local_run_status"),
     "lanes": ("DISPATCHES", "LaneRun", "make_run", "run_class"),
     "loop": ("Progress", "RunLoop"),
+    "preflight": ("check_workers_import",),
     "run": ("SweepRun", "run_pending"),
 })

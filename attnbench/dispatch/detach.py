@@ -23,11 +23,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from attnbench.dispatch.driver_state import (FINAL, LOG, load_state, read_state,
                                              request_cancel, write_state)
-from attnbench.errors import EXIT_CLUSTER, EXIT_OK, ClusterError, UsageError, printable
+from attnbench.errors import (EXIT_CLUSTER, EXIT_OK, ClusterError, UsageError, UserError,
+                              printable)
 from attnbench.results.journal import MAX_LINE_BYTES, journal_lines
 from attnbench.results.lock import RunLock, describe_holder
 from attnbench.results.store import load_manifest
@@ -38,6 +39,7 @@ from attnbench.validation import positive_int_argument
 def cmd_submit(args: argparse.Namespace) -> int:
     from attnbench.backends import check_backend_name
     from attnbench.cluster.connect import check_connection_arguments, connect, make_security
+    from attnbench.dispatch.preflight import check_workers_import
     from attnbench.sweep.load import load_sweep
     from attnbench.results.store import RunStore, default_run_dir
 
@@ -52,6 +54,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     conn = connect(args.scheduler, args.workers, security=security,
                    worker_wait_s=args.worker_wait)
     try:
+        check_workers_import(conn.client, (c.backend for c in sweep.cases))
         # What a run would refuse is refused here, in one line (the lock included); the
         # directory and its manifest are made by the user, on the shared filesystem. The lock
         # taken here is the driver's claim: held until the driver adopts it, so exactly one
@@ -135,8 +138,21 @@ def _wait_for_driver(future, run_dir: Path, submission: str, start_wait: float) 
 
 def _print_follow_up(run_dir: Path) -> None:
     print(f"  attnbench status {run_dir}     progress, ETA, who runs what\n"
-          f"  attnbench attach {run_dir}     the live progress lines (Ctrl-C detaches)\n"
+          f"  attnbench attach {run_dir}     the live progress lines (Ctrl-C detaches); "
+          "the dashboard when the run ends\n"
           f"  attnbench cancel {run_dir}     stop; the same submit --out resumes")
+
+
+def _draw_dashboard(draw: Optional[Callable[[Path], Path]], run_dir: Path) -> None:
+    """The dashboard of a finished run, drawn by the client that saw it end: the driver, a
+    task of this package, cannot draw it (the report package sits above dispatch), so the CLI
+    hands its drawing function to ``attach`` (:func:`add_detach_commands`)."""
+    if draw is None:
+        return
+    try:
+        print(f"attnbench: dashboard {draw(run_dir)}")
+    except UserError as exc:  # a run with nothing to draw yet, a full disk: say it, go on
+        print(f"attnbench: warning: no dashboard: {printable(exc, 2000)}", file=sys.stderr)
 
 
 # -- status -------------------------------------------------------------------------------------
@@ -216,6 +232,8 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{run_dir} names the first")
     line, state, alive = driver_line(run_dir)
     print(line)
+    if not alive and state and state.get("state") == "finished":
+        print(f"dashboard: attnbench attach {run_dir} (or attnbench report {run_dir}) draws it")
     if alive and state and state.get("state") == "running":
         eta = state.get("eta_s")
         print(f"progress: {state.get('done', 0)} done by this driver at "
@@ -256,6 +274,8 @@ def cmd_attach(args: argparse.Namespace) -> int:
             line, state, alive = driver_line(run_dir)
             if not alive and (state is None or state.get("state") in FINAL):
                 print(line)
+                if (state or {}).get("state") == "finished":
+                    _draw_dashboard(getattr(args, "draw", None), run_dir)
                 return EXIT_OK if (state or {}).get("state") != "failed" else EXIT_CLUSTER
             time.sleep(args.poll)
     except KeyboardInterrupt:
@@ -302,8 +322,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 # -- registration -------------------------------------------------------------------------------
-def add_detach_commands(sub, seconds, verdicts) -> None:
-    """Register the four commands (``seconds``, ``verdicts``: the CLI's argument types)."""
+def add_detach_commands(sub, seconds, verdicts,
+                        draw: Optional[Callable[[Path], Path]] = None) -> None:
+    """Register the four commands (``seconds``, ``verdicts``: the CLI's argument types;
+    ``draw(run_dir) -> index.html``: the dashboard ``attach`` draws when the driver finishes)."""
     submit = sub.add_parser("submit", help="run a sweep on a cluster without staying connected")
     submit.add_argument("sweep", help="sweep file (YAML)")
     submit.add_argument("--scheduler", help="a running Dask scheduler (tcp://host:8786)")
@@ -333,7 +355,7 @@ def add_detach_commands(sub, seconds, verdicts) -> None:
     attach.add_argument("run", help="run directory")
     attach.add_argument("--lines", type=int, default=10, help="earlier lines shown (default 10)")
     attach.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
-    attach.set_defaults(func=cmd_attach)
+    attach.set_defaults(func=cmd_attach, draw=draw)
 
     cancel = sub.add_parser("cancel", help="stop a run cleanly (the journal stays valid)")
     cancel.add_argument("run", help="run directory")

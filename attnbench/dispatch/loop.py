@@ -83,6 +83,10 @@ class Progress:
         self.total, self.already, self.stream, self.quiet = total, already, stream, quiet
         self.done = 0
         self.counts: collections.Counter = collections.Counter()
+        """This run's verdicts (the driver's status file says them as its own)."""
+        self.before: collections.Counter = collections.Counter()
+        """The verdicts the run directory held for the cases this run does not run again: the
+        line counts what the run directory holds (a resumed run read ``[24/24] pass 12``)."""
         self.start = time.perf_counter()
         self.tty = stream.isatty()
         self.last_print = 0.0
@@ -113,7 +117,7 @@ class Progress:
         elapsed = time.perf_counter() - self.start
         rate = self.done / elapsed if elapsed > 0 else 0
         eta = (self.total - self.done) / rate if rate else 0
-        parts = " ".join(f"{v} {n}" for v, n in sorted(self.counts.items()))
+        parts = " ".join(f"{v} {n}" for v, n in sorted((self.before + self.counts).items()))
         text = (f"[{self.done + self.already}/{self.total + self.already}] {parts}  "
                 f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s")
         if self.tty:
@@ -232,6 +236,10 @@ class RunLoop:
         self.attempts = {c.id: store.attempt(c) for c in self.cases}
         self.summary = RunSummary(cases=len(self.cases))
         progress.total = len(self.cases)
+        # What the journal already holds of this sweep and is not run again, counted once.
+        earlier = {c.id: store.done[c.id]["verdict"] for c in store.sweep.cases
+                   if c.id in store.done and c.id not in self.before}
+        progress.already, progress.before = len(earlier), collections.Counter(earlier.values())
         self.options = store.sweep.options.to_dict()
         self.todo: list[Case] = []  # next case last: pop() from the end
         self.in_flight: dict[str, _Flight] = {}
