@@ -182,7 +182,8 @@ CATALOGUE: tuple[Mutant, ...] = (
            number="extra", bug="fp8: descale_k and descale_v passed in each other's place",
            report="vllm-project/vllm#51363 (FA4 dropped the per-head Q/K/V descales; seen "
                   "only with descales that differ)",
-           exposed_by="fp8 with K and V of different scales (inputs: kv_apart)", fp8=True),
+           exposed_by="fp8 with K and V of different scales (inputs: kv_apart; also "
+                      "large_logits, outliers)", fp8=True),
 )
 
 CONTROL = "mutant.base"

@@ -85,7 +85,8 @@ def descales_kv_swapped(q, k, v, spec, dtype):
 class Fp8DescaleKvSwapped(FusedModel):
     """fp8: descale_k and descale_v swapped. Right by luck whenever K and V draw the same
     power-of-two scale -- as N(0, 1) inputs of one shape almost always do -- so only inputs
-    whose K and V magnitudes differ (``inputs: kv_apart``) show it. vllm-project/vllm#51363:
+    whose K and V magnitudes differ show it (``inputs: kv_apart`` by design; large_logits and
+    outliers by side effect; per-head scales of N(0, 1) draws by chance). vllm-project/vllm#51363:
     FA4 dropped the per-head Q/K/V descales; its regression test needed non-unity descales
     that differ to see it."""
 
