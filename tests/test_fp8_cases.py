@@ -127,6 +127,37 @@ def test_fp8_mutants_are_caught(mutant, fields):
     assert out["rel_l2"] > 5 * out["bound"]
 
 
+def test_kv_apart_gives_k_and_v_descales_apart():
+    """Normal inputs give K and V the same per-tensor power-of-two scale (a swapped pair is
+    invisible); kv_apart's v is 4x k, so its descale is 4x k's; per head, every v descale is
+    at least 2x its k's (amax of each head's draws varies: one binade of slack)."""
+    def descales(inputs, scaling):
+        fp8 = make_fp8_inputs(make_case("t", dict(backend="naive", **FP8, inputs=inputs,
+                                                  fp8_scaling=scaling)))
+        return fp8.k.descale, fp8.v.descale
+    k, v = descales("normal", "tensor")
+    assert torch.equal(v, k)
+    k, v = descales("kv_apart", "tensor")
+    assert torch.equal(v, 4 * k)
+    k, v = descales("kv_apart", "head")
+    assert bool((v >= 2 * k).all()), (k, v)
+
+
+@pytest.mark.parametrize("inputs, verdict, margin", [("normal", "pass", None),
+                                                     ("kv_apart", "fail", 10.0)])
+def test_swapped_k_v_descales_hide_under_normal_inputs_and_show_under_kv_apart(inputs, verdict,
+                                                                              margin):
+    """Per-tensor scaling, the mutant's out rel_l2 over its bound: 0.50 under normal inputs
+    (K and V share a scale: it is the correct kernel, bit for bit), 16.6 under kv_apart
+    (scores / 4, out x 4) -- measured, seed 0."""
+    case = make_case("t", dict(backend="mutant.fp8_descale_kv_swapped", **FP8, inputs=inputs))
+    record = run_case(case, NO_TIMING)
+    out = record["accuracy"]["tensors"]["out"]
+    assert record["verdict"] == verdict, record["reason"]
+    if margin:
+        assert out["rel_l2"] > margin * out["bound"]
+
+
 def test_descale_by_query_head_hides_under_per_tensor_scaling():
     """Why the sweep has per-head, loud-head cases: with one descale the bug is invisible."""
     case = make_case("t", dict(backend="mutant.fp8_descale_k_by_query_head", **FP8))

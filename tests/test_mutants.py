@@ -95,11 +95,14 @@ EXPOSE = {
     # e5m2's subnormals reach 2^-16, so the mass survives there (a bug of e4m3 only)
     "mutant.fp8_p_no_prescale": (dict(inputs="sink", seqlen_q=512, mask="causal"), REFERENCE,
                                  ("fp8_e4m3",)),
+    # K and V descales swapped: right by luck unless K and V draw different scales
+    "mutant.fp8_descale_kv_swapped": (dict(inputs="kv_apart"), REFERENCE, None),
 }
 DEFAULT_DTYPE = {"mutant.nondeterministic_dq": "fp32", "mutant.cp_lse_no_max": "fp16",
                  "mutant.split_merge_no_max": "fp16", "mutant.fp8_descale_v_twice": "fp8_e5m2",
                  "mutant.fp8_descale_k_by_query_head": "fp8_e4m3",
-                 "mutant.fp8_p_no_prescale": "fp8_e4m3"}
+                 "mutant.fp8_p_no_prescale": "fp8_e4m3",
+                 "mutant.fp8_descale_kv_swapped": "fp8_e4m3"}
 
 
 def case_of(backend: str, dtype: str, seed: int = 0, **fields) -> Case:

@@ -178,6 +178,12 @@ CATALOGUE: tuple[Mutant, ...] = (
            report="flashinfer-ai/flashinfer#5020; ROCm/FlyDSL#1020",
            exposed_by="fp8 with an attention sink (inputs: sink), the longer the row the more",
            fp8=True),
+    Mutant(name="mutant.fp8_descale_kv_swapped", ref=f"{M}.fp8:Fp8DescaleKvSwapped",
+           number="extra", bug="fp8: descale_k and descale_v passed in each other's place",
+           report="vllm-project/vllm#51363 (FA4 dropped the per-head Q/K/V descales; seen "
+                  "only with descales that differ)",
+           exposed_by="fp8 with K and V of different scales (inputs: kv_apart; also "
+                      "large_logits, outliers)", fp8=True),
 )
 
 CONTROL = "mutant.base"

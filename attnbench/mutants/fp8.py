@@ -73,3 +73,24 @@ class Fp8PNoPrescale(FusedModel):
 
     name = "mutant.fp8_p_no_prescale"
     model = dataclasses.replace(FusedModel.model, p_prescale=1.0)  # BUG: P not pre-scaled
+
+
+def descales_kv_swapped(q, k, v, spec, dtype):
+    """dequantize_call with the bug: K dequantized with V's descale and V with K's (the two
+    arguments passed in each other's place)."""
+    swapped = spec.replace(descales=(spec.descales[0], spec.descales[2], spec.descales[1]))
+    return dequantize_call(q, k, v, swapped, dtype)  # BUG: descale_k <-> descale_v
+
+
+class Fp8DescaleKvSwapped(FusedModel):
+    """fp8: descale_k and descale_v swapped. Right by luck whenever K and V draw the same
+    power-of-two scale -- as N(0, 1) inputs of one shape almost always do -- so only inputs
+    whose K and V magnitudes differ show it (``inputs: kv_apart`` by design; large_logits and
+    outliers by side effect; per-head scales of N(0, 1) draws by chance). vllm-project/vllm#51363:
+    FA4 dropped the per-head Q/K/V descales; its regression test needed non-unity descales
+    that differ to see it."""
+
+    name = "mutant.fp8_descale_kv_swapped"
+
+    def dequantized(self, q, k, v, spec):
+        return descales_kv_swapped(q, k, v, spec, torch.float32)

@@ -13,6 +13,12 @@ Distributions:
                 outliers of large language models: x20 in v (stresses the P @ V accumulation)
                 and x4 in q and k (logits ~16x larger on those channels; x20 there made
                 logits of several hundred, where even bf16 inputs carry no usable softmax)
+  loud_heads    q, k, v heads scaled x1/2, x1, x2 (head h by 2^(h % 3 - 1)), alike in q, k, v
+  sink          one key per sequence every query leans to (SINK_GAP above the rest)
+  kv_apart      k's heads x1/2, x1, x2 and v's KV_APART times k's, head by head: K and V
+                (and heads) 4x apart, so their power-of-two fp8 scales differ -- under
+                normal inputs K and V draw the same scale and a kernel that swaps their
+                descales is right by luck (issue 26)
 """
 
 from __future__ import annotations
@@ -52,7 +58,17 @@ def _draw(case: Case) -> dict[str, torch.Tensor]:
         for name in ("q", "k", "v"):
             heads = tensors[name].shape[1]
             tensors[name] *= (2.0 ** (torch.arange(heads) % 3 - 1.0))[None, :, None, None]
+    elif case.inputs == "kv_apart":
+        heads = 2.0 ** (torch.arange(case.heads_kv) % 3 - 1.0)[None, :, None, None]
+        tensors["k"] *= heads
+        tensors["v"] *= heads * KV_APART
     return tensors
+
+
+KV_APART = 4.0
+"""How much larger v is than k in ``kv_apart``, head by head: 4 = 2^2, two binades, so the
+power-of-two fp8 scales differ however the two tensors' largest draws happen to fall (a
+draw's amax varies by well under 2x at these sizes: one binade of slack)."""
 
 
 SINK_GAP = 8.0

@@ -27,7 +27,7 @@ from attnbench.validation import fail as _fail
 
 MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
-INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink")
+INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink", "kv_apart")
 CP_ALGOS = ("ring", "zigzag", "allgather")
 
 # -- limits (every one is checked where a sweep is validated, before anything runs) ------------

@@ -122,7 +122,8 @@ class Coverage:
     def report(self) -> str:
         lines = [f"coverage: {len(self.meaningful) - len(self.missing)} of "
                  f"{len(self.meaningful)} meaningful pairs of feature values "
-                 f"({100 * self.fraction:.1f}%); {len(self.missing)} never met:"]
+                 f"({100 * self.fraction:.1f}%); {len(self.missing)} never met"
+                 + (":" if self.missing else "")]
         lines += [f"  {a[0]}={a[1]} x {b[0]}={b[1]}" for a, b in self.missing]
         return "\n".join(lines)
 
