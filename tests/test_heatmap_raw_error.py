@@ -55,3 +55,13 @@ def test_a_forward_only_run_has_no_empty_gradient_columns(tiny, tmp_path):
     svg = out.figures[0].svg.read_text()
     assert ">out<" in svg or "out" in svg
     assert "dQ" not in svg and "dK" not in svg and "dV" not in svg
+
+
+def test_the_title_promises_brackets_only_where_the_cells_carry_them():
+    """A 78-row smoke heatmap is not annotated: its title said "in brackets: the raw error"
+    over cells with no brackets."""
+    from attnbench.report.panels.accuracy_heatmap import heatmap_title
+
+    assert "in brackets" in heatmap_title("", annotate=True)
+    assert "in brackets" not in heatmap_title("", annotate=False)
+    assert "own bound" in heatmap_title(" (part 1 of 2)", annotate=False)

@@ -90,15 +90,21 @@ def draw_accuracy_heatmap(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     for part in range(n_parts):
         chunk = df.iloc[part * per_part:(part + 1) * per_part]
         suffix = f" (part {part + 1} of {n_parts})" if n_parts > 1 else ""
-        fig = heatmap_figure(chunk, tensors, norm, cmap, annotate=len(chunk) <= 70)
-        fig.suptitle(f"Error over bound per case: tensors vs fp64, identities, parity{suffix}\n"
-                     "colour: error / that case's own bound (not the error itself); in "
-                     "brackets: the raw rel. L2 error", fontsize=10, fontweight="bold")
+        annotate = len(chunk) <= 70  # past that the cells are too small to read
+        fig = heatmap_figure(chunk, tensors, norm, cmap, annotate=annotate)
+        fig.suptitle(heatmap_title(suffix, annotate), fontsize=10, fontweight="bold")
         caption = (f"{len(chunk)} cases{suffix}; {bad} of {len(df)} cases in this panel failed, "
                    "crashed, timed out or ran out of memory. Green: under the bound; red: over "
                    "it; hatched: no numbers (the case died).")
         out.figures.append(save_figure(fig, ctx, f"{panel.slug}-part{part + 1}", caption))
     return out
+
+
+def heatmap_title(suffix: str, annotate: bool) -> str:
+    """What the colour means, where the eye lands; the brackets only where cells carry them."""
+    return (f"Error over bound per case: tensors vs fp64, identities, parity{suffix}\n"
+            "colour: error / that case's own bound (not the error itself)"
+            + ("; in brackets: the raw rel. L2 error" if annotate else ""))
 
 
 def heatmap_figure(chunk: pd.DataFrame, tensors: list[str], norm: LogNorm, cmap,
