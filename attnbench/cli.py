@@ -66,7 +66,7 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
     if store.resume_note:
         print(f"attnbench: warning: {store.resume_note}", file=sys.stderr, flush=True)
     pending = store.pending()
-    again = collections.Counter(store.done[c.id]["verdict"] for c in pending if c.id in store.done)
+    again = collections.Counter(store.done[c.id].verdict for c in pending if c.id in store.done)
     print(f"attnbench: sweep {sweep.name!r}: {len(sweep.cases)} cases, "
           f"{sum(c.id in store.done for c in sweep.cases)} already in {run_dir}, "
           f"{len(pending)} to run" + (" (again: " + ", ".join(

@@ -232,12 +232,12 @@ class RunLoop:
         self.worker_wait_s = worker_wait_s
         self.cases = list({c.id: c for c in store.pending()}.values())  # listed twice: run once
         self.before = {c.id: store.done.get(c.id) for c in self.cases}
-        """Each case's record when the run began (None: none): another is a duplicate."""
+        """Each case's ledger entry when the run began (None: none): another is a duplicate."""
         self.attempts = {c.id: store.attempt(c) for c in self.cases}
         self.summary = RunSummary(cases=len(self.cases))
         progress.total = len(self.cases)
         # What the journal already holds of this sweep and is not run again, counted once.
-        earlier = {c.id: store.done[c.id]["verdict"] for c in store.sweep.cases
+        earlier = {c.id: store.done[c.id].verdict for c in store.sweep.cases
                    if c.id in store.done and c.id not in self.before}
         progress.already, progress.before = len(earlier), collections.Counter(earlier.values())
         self.options = store.sweep.options.to_dict()

@@ -4,7 +4,8 @@
 manifest checked when read: run directories travel between people), :mod:`~.store` (the run
 directory: ``manifest.json`` and ``records.jsonl``, appended and flushed as records arrive) and
 :mod:`~.lock` (one writer per run directory, also across hosts); :mod:`~.journal` (the one
-journal reader: streamed, each line capped) and :mod:`~.files` (every file written in a run
+journal reader: streamed, each line capped), :mod:`~.ledger` (what a run keeps of each recorded
+case: verdict and attempt, never the record) and :mod:`~.files` (every file written in a run
 directory: a new temporary file, then a rename; no link followed).
 """
 
@@ -14,6 +15,7 @@ __all__, __getattr__ = package_face(__name__, {
     "files": ("create_temp", "open_append", "open_update", "refusal", "write_atomic"),
     "journal": ("JournalLine", "MAX_FIELD_CHARS", "MAX_LINE_BYTES", "fit_line", "journal_lines",
                 "journal_records", "read_lines"),
+    "ledger": ("Entry", "read_ledger"),
     "lock": ("Cancelled", "LOCK", "RunLock", "describe_holder"),
     "records": ("BAD_VERDICTS", "DIED_VERDICTS", "JUDGED_VERDICTS", "NOT_JUDGED_VERDICTS",
                 "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS", "VERDICTS", "make_record"),

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator, Optional
 from attnbench.errors import DiskError, RunDirError, os_error_text, printable, short_repr
 from attnbench.results.files import open_append, open_update, refusal, write_atomic
 from attnbench.results.journal import MAX_LINE_BYTES, fit_line, journal_records
+from attnbench.results.ledger import Entry, read_ledger
 from attnbench.results.lock import LOCK, RunLock, utc_now as _now
 from attnbench.results.schema import ENV_KEYS, check_manifest, check_record
 from attnbench.sweep.case import Case
@@ -198,7 +199,9 @@ class RunStore:
         if self.records_path.exists() and not self.records_path.is_file():
             raise RunDirError(f"{self.records_path}: not a file; the journal must be one")
         self._repair_tail()
-        self.done: dict[str, dict] = {r["id"]: r for r in load_records(self.dir)}
+        self.done: dict[str, Entry] = read_ledger(self.records_path)
+        """Case id -> verdict and attempt of its last record: the records stay in the journal
+        (a driver's memory must not grow with it: :mod:`~attnbench.results.ledger`)."""
         if not self.new and self.manifest.get("sweep", {}).get("digest") != sweep.digest:
             self._extend()
         try:
@@ -213,7 +216,7 @@ class RunStore:
         old = self.manifest.get("sweep", {})
         if old.get("digest") == self.sweep.digest:
             return
-        dropped = outside(load_records(self.dir), self.sweep)
+        dropped = outside(self._journal(), self.sweep)  # streamed: only these are kept
         if dropped:
             example = printable(dropped[0].get("label") or dropped[0]["id"], 120)
             raise RunDirError(
@@ -309,7 +312,7 @@ class RunStore:
         self._dirty = True
         if flush:
             self.flush()
-        self.done[record["id"]] = record
+        self.done[record["id"]] = Entry.of(record)
         with self._disk():  # a new environment rewrites the manifest: the same disk
             return self._note_env(record.get("env") or {})
 
@@ -396,19 +399,30 @@ class RunStore:
             chosen = set(self.sweep.selected)
             return [c for c in self.sweep.cases if c.id in chosen]
         return [c for c in self.sweep.cases
-                if c.id not in self.done or self.done[c.id]["verdict"] in self.retry]
+                if c.id not in self.done or self.done[c.id].verdict in self.retry]
 
     def attempt(self, case: Case) -> int:
         """The attempt number of the next record of ``case`` (1, or the last record's + 1)."""
         before = self.done.get(case.id)
-        return 1 if before is None else int(before.get("attempt") or 1) + 1
+        return 1 if before is None else before.attempt + 1
 
     def records(self) -> tuple[list[dict], int]:
         """The records of this sweep's cases, and how many other records the journal holds
-        (pasted from another run; they are neither shown nor counted)."""
+        (pasted from another run; they are neither shown nor counted). Read back from the
+        journal (what this run appended is handed to it first): the run keeps no record."""
+        if self._fh is not None and self._broken is None:
+            self.flush()
         ids = {c.id for c in self.sweep.cases}
-        mine = [r for r in self.done.values() if r["id"] in ids]
-        return mine, len(self.done) - len(mine)
+        last: dict[str, dict] = {}
+        for record in self._journal():
+            last[record["id"]] = record
+        mine = [r for r in last.values() if r["id"] in ids]
+        return mine, len(last) - len(mine)
+
+    def _journal(self) -> Iterator[dict]:
+        """The journal's records, streamed (none yet: nothing)."""
+        if self.records_path.exists():
+            yield from (record for _, record in journal_records(self.records_path))
 
     def close(self, discard_unused: bool = False, keep_lock: bool = False) -> None:
         """Close the journal and release the lock. ``discard_unused``: a run directory this run
