@@ -1,0 +1,58 @@
+"""``attnbench status`` streams the journal (issue 29): what it holds per case is an id and a
+shared verdict string, never the record, so a 1M-record journal is read in ~0.25 GiB
+(benchmarks/make_journal.py)."""
+
+import json
+import sys
+import tracemalloc
+from pathlib import Path
+
+import attnbench.dispatch.detach as detach
+from attnbench.dispatch.detach import journal_verdicts
+
+LINES = 2000
+"""Enough lines that per-line growth dwarfs the reader's own buffers; ~0.2 s."""
+BOUND_BYTES = 512
+"""Peak growth allowed per line. Measured 103 B (the id string and its dict slot): ~5x under;
+a reader that keeps each record (a 1.2 KB line parsed) measured 7,523 B: ~15x over."""
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from make_journal import template  # noqa: E402  (the benchmark's own record shape)
+
+
+def _journal(tmp_path: Path) -> Path:
+    from attnbench.sweep.case import make_case
+
+    line = template(make_case("memory", {"backend": "naive", "dtype": "bf16", "gpu": "SIM-A"}),
+                    "pass")
+    with open(tmp_path / "records.jsonl", "w") as fh:
+        for i in range(LINES):
+            fh.write(json.dumps({**line, "id": f"{i:016x}"}) + "\n")
+    return tmp_path
+
+
+def _peak_per_line(run_dir: Path) -> float:
+    tracemalloc.start()
+    try:
+        counts, unreadable = journal_verdicts(run_dir)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert counts == {"pass": LINES} and unreadable == 0
+    return peak / LINES
+
+
+def test_status_holds_no_record(tmp_path):
+    assert _peak_per_line(_journal(tmp_path)) < BOUND_BYTES
+
+
+def test_the_bound_catches_a_reader_that_keeps_records(tmp_path, monkeypatch):
+    kept = []
+    real_loads = json.loads
+
+    def keeping_loads(data):  # mutant: every record parsed is also kept
+        kept.append(real_loads(data))
+        return kept[-1]
+
+    monkeypatch.setattr(detach.json, "loads", keeping_loads)
+    assert _peak_per_line(_journal(tmp_path)) > 3 * BOUND_BYTES
