@@ -1,7 +1,8 @@
 """Plain helpers the test modules share (no fixtures, no hooks: those live in conftest.py).
 
 ``ROOT`` is the repository root; ``attnbench_cmd()`` is the command line that runs the CLI
-with the test's own Python; ``alive(pid)`` says whether a process still runs. Test modules import them as ``from helpers import ...``; pytest
+with the test's own Python; ``alive(pid)`` says whether a process still runs; ``simulated_record(case)`` is a record
+shaped like a simulated worker's. Test modules import them as ``from helpers import ...``; pytest
 puts tests/ on sys.path (``pythonpath`` in pyproject.toml's [tool.pytest.ini_options]).
 """
 
@@ -23,3 +24,19 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state not in ("Z", "X")
+
+
+def simulated_record(case, verdict: str = "pass") -> dict:
+    """A record shaped like a simulated worker's (attnbench/cluster/simulation.py): ~1.2 KB
+    as a journal line; benchmarks/make_journal.py writes the same shape."""
+    from attnbench.results.records import make_record
+
+    side = {"median_ms": 1.0, "q1_ms": 1.0, "q3_ms": 1.1, "n": 5, "tflops": 400.0,
+            "noisy": False}
+    timing = {"clock": "simulated", "world_size": 1, "flops_fwd": 1.0e9, "flops_bwd": 2.5e9,
+              "fwd": dict(side), "bwd": dict(side)}
+    env = {"host": "node-1", "pid": 4242, "simulated": True, "device": "sim:3",
+           "gpu_kind": case.gpu, "worker": "sim-0", "worker_kind": case.gpu, "lease": ["3"],
+           "lease_start": 1.0e9, "lease_end": 1.0e9 + 0.25}
+    return make_record(case, verdict=verdict, reason="simulated", timing=timing, env=env,
+                       duration_s=0.25, wall_s=0.25, attempt=1)

@@ -8,18 +8,17 @@ import io
 import json
 import tracemalloc
 
-import pytest
-
 import attnbench.results.store as store_module
 from attnbench.dispatch.loop import Progress
 from attnbench.dispatch.run import SweepRun
-from attnbench.results.records import make_record
 from attnbench.results.store import RunStore
 from attnbench.sweep.load import parse_sweep
+from helpers import simulated_record
 
 CASES = 1200
 """Enough records that per-case growth dwarfs one-off allocations (the journal's write buffer,
-the progress line): 1,200 cases measured 137 B a case, 3,000 measured 149 B; ~2 s with tracemalloc on."""
+the progress line): 1,200 cases measured 137 B a case, 3,000 measured 149 B; ~2 s with
+tracemalloc on."""
 BOUND_BYTES = 1024
 """Per-case growth allowed. Measured 137-149 B (a ledger entry, its dict slot and the id
 string); the mutant that keeps each record grew 7,559-7,592 B: the bound is ~7x above the
@@ -37,15 +36,8 @@ class _NoWorkers:
 
 
 def _answer(case) -> str:
-    """A worker's answer as the lanes deliver it (JSON text), like a simulated case's record."""
-    side = {"median_ms": 1.0, "q1_ms": 1.0, "q3_ms": 1.0, "n": 1, "tflops": 400.0, "noisy": False}
-    timing = {"clock": "simulated", "world_size": 1, "flops_fwd": 1.0e9, "flops_bwd": 2.5e9,
-              "fwd": dict(side), "bwd": dict(side)}
-    env = {"host": "node-1", "pid": 4242, "simulated": True, "device": "sim:3",
-           "gpu_kind": case.gpu, "worker": "sim-0", "worker_kind": case.gpu, "lease": ["3"],
-           "lease_start": 1.0e9, "lease_end": 1.0e9 + 0.25}
-    return json.dumps(make_record(case, verdict="pass", reason="simulated", timing=timing,
-                                  env=env, duration_s=0.25, wall_s=0.25, attempt=1))
+    """A worker's answer as the lanes deliver it (JSON text)."""
+    return json.dumps(simulated_record(case))
 
 
 def _growth_per_case(tmp_path) -> float:

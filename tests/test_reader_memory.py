@@ -3,12 +3,12 @@ shared verdict string, never the record, so a 1M-record journal is read in ~0.25
 (benchmarks/make_journal.py)."""
 
 import json
-import sys
 import tracemalloc
 from pathlib import Path
 
 import attnbench.dispatch.detach as detach
 from attnbench.dispatch.detach import journal_verdicts
+from helpers import simulated_record
 
 LINES = 2000
 """Enough lines that per-line growth dwarfs the reader's own buffers; ~0.2 s."""
@@ -16,15 +16,12 @@ BOUND_BYTES = 512
 """Peak growth allowed per line. Measured 103 B (the id string and its dict slot): ~5x under;
 a reader that keeps each record (a 1.2 KB line parsed) measured 7,523 B: ~15x over."""
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from make_journal import template  # noqa: E402  (the benchmark's own record shape)
-
 
 def _journal(tmp_path: Path) -> Path:
     from attnbench.sweep.case import make_case
 
-    line = template(make_case("memory", {"backend": "naive", "dtype": "bf16", "gpu": "SIM-A"}),
-                    "pass")
+    line = simulated_record(make_case("memory", {"backend": "naive", "dtype": "bf16",
+                                                 "gpu": "SIM-A"}))
     with open(tmp_path / "records.jsonl", "w") as fh:
         for i in range(LINES):
             fh.write(json.dumps({**line, "id": f"{i:016x}"}) + "\n")
