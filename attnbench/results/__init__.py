@@ -15,7 +15,7 @@ __all__, __getattr__ = package_face(__name__, {
     "files": ("create_temp", "open_append", "open_update", "refusal", "write_atomic"),
     "journal": ("JournalLine", "MAX_FIELD_CHARS", "MAX_LINE_BYTES", "fit_line", "journal_lines",
                 "journal_records", "read_lines"),
-    "ledger": ("Entry", "read_ledger"),
+    "ledger": ("Entry", "last_records", "read_ledger"),
     "lock": ("Cancelled", "LOCK", "RunLock", "describe_holder"),
     "records": ("BAD_VERDICTS", "DIED_VERDICTS", "JUDGED_VERDICTS", "NOT_JUDGED_VERDICTS",
                 "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS", "VERDICTS", "make_record"),
