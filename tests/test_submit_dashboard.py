@@ -42,3 +42,14 @@ def test_status_of_a_finished_run_says_how_to_get_the_dashboard(tmp_path, capsys
     run = _run(tmp_path, "finished")
     assert cli.main(["status", str(run)]) == 0
     assert f"dashboard: attnbench attach {run}" in capsys.readouterr().out
+
+
+def test_status_of_a_finished_run_with_its_dashboard_names_the_page(tmp_path, capsys):
+    """`run` (and attach) drew it already: status names the page instead of a command that
+    would draw it again."""
+    run = _run(tmp_path, "finished")
+    (run / "dashboard").mkdir()
+    (run / "dashboard" / "index.html").write_text("<html></html>")
+    assert cli.main(["status", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"dashboard: {run}/dashboard/index.html" in out and "attnbench attach" not in out

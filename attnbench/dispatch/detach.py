@@ -236,7 +236,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     line, state, alive = driver_line(run_dir)
     print(line)
     if not alive and state and state.get("state") == "finished":
-        print(f"dashboard: attnbench attach {run_dir} (or attnbench report {run_dir}) draws it")
+        index = run_dir / "dashboard" / "index.html"  # where run and attach draw it
+        if index.is_file():
+            print(f"dashboard: {printable(str(index), 2000)}")
+        else:
+            print(f"dashboard: attnbench attach {run_dir} (or attnbench report {run_dir}) "
+                  "draws it")
     if alive and state and state.get("state") == "running":
         eta = state.get("eta_s")
         print(f"progress: {state.get('done', 0)} done by this driver at "
