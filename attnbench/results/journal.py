@@ -31,6 +31,10 @@ over 200 times the largest seen and far above what any writer produces: a longer
 written by attnbench."""
 _CHUNK = 1 << 16
 """Bytes read at a time when skipping past an over-long line (64 KiB: memory stays bounded)."""
+_READ_BUFFER = 1 << 16
+"""The read buffer: 64 KiB, fixed. Left to Python it is the file system's block size, which is
+4 KiB on a local disk but 1 MiB or more on some network and overlay file systems: a reader's
+memory should not depend on where the run directory lies."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ def journal_lines(path: Path | str, limit: int = MAX_LINE_BYTES) -> Iterator[Jou
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise RunDirError(f"{path}: not a file; the journal must be one")
-    with os.fdopen(fd, "rb") as fh:
+    with os.fdopen(fd, "rb", buffering=_READ_BUFFER) as fh:
         try:
             yield from read_lines(fh, limit)
         except OSError as exc:
