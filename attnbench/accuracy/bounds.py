@@ -97,7 +97,8 @@ def split_sum_roundings(dtype: str, parts: int, abs_sum_norm: float, total_norm:
     return 1.0 + per_partial * abs_sum_norm / total_norm
 
 # Identity residuals (normalised to read like relative errors, see invariants.py), per identity.
-# Largest seen for correct backends (dv_v / dq_q / dk_sum): fp32 7e-7 / 6e-7 / 2.3e-6,
+# Largest seen for correct backends (dv_v / dq_q / dk_sum): fp32 7e-7 / 6e-7 / 1.05e-5 (an
+# attention sink: naive's dk_sum is 7.6e-6 on one device, 1.05e-5 under zigzag CP; 2.3e-6 before),
 # fp16 7.6e-4 / 9.5e-4 / 1.4e-3, bf16 6.8e-3 / 1.1e-2 / 1.0e-2 (dq_q's worst: MQA with
 # outlier channels, where the baseline-scaled bound below applies; tightest margin 1.3x).
 # What they catch (bf16, seqlen 64-1024, measured by benchmarks/error_scales.py --bugs): a
@@ -109,7 +110,7 @@ def split_sum_roundings(dtype: str, parts: int, abs_sum_norm: float, total_norm:
 # error seen for correct backends: up to 1.2 (bf16, outliers).
 IDENTITY_BASELINE_FACTOR = 2.0
 IDENTITY_BOUND = {
-    "fp32": {"dv_v": 2e-6, "dq_q": 2e-6, "dk_sum": 8e-6},
+    "fp32": {"dv_v": 2e-6, "dq_q": 2e-6, "dk_sum": 2.4e-5},
     "fp16": {"dv_v": 2e-3, "dq_q": 3e-3, "dk_sum": 4e-3},
     "bf16": {"dv_v": 1.2e-2, "dq_q": 1.2e-2, "dk_sum": 3e-2},
 }

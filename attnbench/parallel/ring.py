@@ -8,7 +8,7 @@ cp); while it computes, the next K/V block is already on its way (point-to-point
 receive from c - 1). Every (query segment, K/V segment) pair that has a visible position is one
 backend call whose :class:`~attnbench.problem.attn_spec.AttnSpec` carries the pair's *global*
 offsets, so masks, ALiBi and dropout come out as in the single-device problem. Partial results merge
-by log-sum-exp in float32:
+by log-sum-exp (the lse in float64, the outputs in float32):
 
     lse = logaddexp(lse_a, lse_b),  out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
 
@@ -41,6 +41,11 @@ from attnbench.parallel.layout import Shard, any_visible, block_spec, offsets, p
 from attnbench.problem.attn_spec import AttnSpec
 
 F32 = torch.float32
+LSE_MERGE = torch.float64
+"""What the log-sum-exps merge in. A probability recomputed from an lse is off by the lse's
+absolute error, |lse| * 6e-8 in float32 after each rounding; an attention sink puts |lse| near
+10 and its softmax gradient cancels, so an fp32 merge over cp steps cost the fp64 reference 4e-6
+in dQ where one device's once-rounded lse costs 5e-7. One value per query row: fp64 is free."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +90,14 @@ def replay_rng_state(block: SavedBlock) -> AttnSpec:
 
 def _merge(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor,
            lse: torch.Tensor) -> None:
-    """In place: (acc_out, acc_lse) <- softmax-merge with one more block. acc_* are float32."""
-    lse = lse.to(F32)
+    """In place: (acc_out, acc_lse) <- softmax-merge with one more block. acc_out is float32,
+    acc_lse :data:`LSE_MERGE`."""
+    lse = lse.to(acc_lse.dtype)
     new_lse = torch.logaddexp(acc_lse, lse)
     # Rows that saw no key so far have lse -inf on both sides: keep them at 0 / -inf.
     safe = torch.where(torch.isinf(new_lse), torch.zeros_like(new_lse), new_lse)
-    w_acc = torch.exp(acc_lse - safe)[..., None]
-    w_new = torch.exp(lse - safe)[..., None]
+    w_acc = torch.exp(acc_lse - safe).to(F32)[..., None]
+    w_new = torch.exp(lse - safe).to(F32)[..., None]
     acc_out.mul_(w_acc).add_(out.to(F32) * w_new)
     acc_lse.copy_(new_lse)
 
@@ -110,7 +116,8 @@ def forward(backend, comm: Comm, shard: Shard, q: torch.Tensor, k: torch.Tensor,
     q_off = offsets(shard.q_segments)
     batch, heads_q, seqlen_q, _ = q.shape
     acc_out = torch.zeros(batch, heads_q, seqlen_q, v.shape[-1], dtype=F32, device=q.device)
-    acc_lse = torch.full((batch, heads_q, seqlen_q), float("-inf"), dtype=F32, device=q.device)
+    acc_lse = torch.full((batch, heads_q, seqlen_q), float("-inf"), dtype=LSE_MERGE,
+                         device=q.device)
     # Uneven packed chunks: K/V travel padded to the longest rank's (rows past a segment's end
     # are never read); a no-op for dense cases.
     k, v = padded(k, shard.capacity("kv")), padded(v, shard.capacity("kv"))
@@ -136,6 +143,7 @@ def forward(backend, comm: Comm, shard: Shard, q: torch.Tensor, k: torch.Tensor,
         if pending is not None:
             held_k, held_v = pending.wait()
     ctx.out = acc_out.to(q.dtype)
+    ctx.lse = acc_lse.to(F32)  # rounded once, as a single call's
     return ctx
 
 
