@@ -34,9 +34,9 @@ CP_ALGOS = ("ring", "zigzag", "allgather")
 MAX_CASES = 1_000_000
 """Cases one sweep may expand to, counted (product of the axes, plus includes) before anything is
 expanded: the standard sweep has 256, a lab's nightly matrix (every kernel x shape x dtype x GPU
-kind) 10^5-10^6. 10^6 records are ~1 GB of journal; expanding 10^6 cases took 47-96 s and
-~400 MiB peak RSS on a loaded 2-core box (linear: 100k took 4 s), and a driver holds ~0.4 KB per
-case (docs/cluster.md). A cap against hostile sweeps, whose YAML is itself capped at 1 MiB: ten
+kind) 10^5-10^6. 10^6 records are ~1 GB of journal; expanding 10^6 cases took 42-96 s and
+~400 MiB peak RSS on a loaded 2-core box (linear: 100k took 4 s), and a driver of 10^6 cases
+529 MiB (docs/cluster.md). A cap against hostile sweeps, whose YAML is itself capped at 1 MiB: ten
 axes of ten values would otherwise be 10^10 cases."""
 MAX_SIZE = 2**31 - 1
 """batch, seqlen, heads, head_dim and window bounds: the kernels index in int32."""
