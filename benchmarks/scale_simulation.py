@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -59,7 +60,9 @@ def write_sweep(path: Path, cases: int, kinds: list[str], tp: list[int]) -> None
     seeds = max(1, cases // (len(kinds) * len(lengths) * len(tp)))
     sweep = {"name": "scale", "defaults": {"backend": "naive", "batch": 1, "heads_q": 8,
                                            "head_dim": 64, "dtype": "bf16"},
-             "axes": {"gpu": kinds, "tp": tp, "seqlen_q": lengths, "seed": list(range(seeds))},
+             # a range, not a list: 83,333 seeds listed are ~0.5 MB of the 1 MiB a sweep may be
+             "axes": {"gpu": kinds, "tp": tp, "seqlen_q": lengths,
+                      "seed": {"range": [0, seeds - 1]}},
              "options": {"timeout_s": 300}}
     path.write_text(json.dumps(sweep))
 
@@ -316,6 +319,9 @@ def main() -> int:
             summary = run.run()
             if profiler is not None:
                 profiler.disable()
+        # The driver's whole life (the sweep's load and expansion included), before the
+        # analysis below reads the journal back (Linux: KiB).
+        driver_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
         print(f"{time.strftime('%H:%M:%S')} run done in {summary.wall_s:.0f} s; analysing",
               flush=True)
         sampler.stop_event.set()
@@ -346,7 +352,8 @@ def main() -> int:
           f"({found['window_s']:.0f} s); ideal {args.gpus / args.case_seconds:.0f} cases/s")
     print(f"idle: {100 * found['idle_share']:.1f} % of GPU time idle while cases of its kind were "
           f"waiting ({100 * found['idle_all']:.1f} % while any case was waiting)")
-    print(f"memory: driver peak RSS {sampler.peak_driver / 2**20:.0f} MiB, scheduler peak RSS "
+    print(f"memory: driver peak RSS {driver_peak / 2**20:.0f} MiB (sampled during the run: "
+          f"{sampler.peak_driver / 2**20:.0f} MiB), scheduler peak RSS "
           f"{sampler.peak_scheduler / 2**20:.0f} MiB")
     print(f"journal: {spent[1]} appends, {spent[1] / spent[0]:.0f} appends/s inside "
           f"RunStore.append and .flush ({1e3 * spent[0] / spent[1]:.2f} ms each, "
@@ -358,6 +365,12 @@ def main() -> int:
           f"{os.getloadavg()[0]:.1f}); with a core each, the driver alone would allow "
           f"{1e3 / (driver_cpu * per):.0f} cases/s and the scheduler "
           f"{1e3 / (scheduler_cpu * per):.0f} cases/s")
+    duplicated = lines - found["distinct"]
+    print(f"summary: {summary.written} cases of {args.case_seconds:g} s over {args.gpus} GPUs: "
+          f"{summary.written / summary.wall_s:.0f} cases/s, driver peak RSS "
+          f"{driver_peak / 2**20:.0f} MiB, idle {100 * found['idle_share']:.1f} %, "
+          f"lost {found['lost']}, duplicated {duplicated}, double leases {found['overlaps']}, "
+          f"wall {summary.wall_s:.0f} s")
     if args.profile:
         import pstats
 

@@ -173,12 +173,15 @@ def test_a_sweep_near_the_size_limit_is_refused_in_well_under_a_second_of_cpu(tm
     if not hasattr(__import__("yaml"), "CSafeLoader"):
         pytest.skip("PyYAML without libyaml: the pure-Python parser is the only one")
     sweep = tmp_path / "wide.yaml"
-    sweep.write_text(BIG_SWEEP.replace("VALUE", ", ".join(map(str, range(130_000)))))
+    # x 8 batches: 1,040,000 cases, over the 10^6 a sweep may have
+    sweep.write_text(BIG_SWEEP.replace("VALUE", ", ".join(map(str, range(130_000))))
+                     .replace("]}", "], batch: [1, 2, 3, 4, 5, 6, 7, 8]}"))
     assert 0.8e6 < sweep.stat().st_size < 1 << 20
     before = resource.getrusage(resource.RUSAGE_SELF).ru_utime
     assert cli.main(["validate", str(sweep)]) == 2
     spent = resource.getrusage(resource.RUSAGE_SELF).ru_utime - before
-    assert "more than the 100,000 one sweep may have" in capsys.readouterr().err
+    assert "= 1,040,000 cases, more than the 1,000,000 one sweep may have" in \
+        capsys.readouterr().err
     assert spent < 2.5, f"{spent:.1f} s of CPU to refuse a 0.93 MB sweep"
 
 

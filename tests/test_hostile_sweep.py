@@ -19,7 +19,7 @@ from attnbench.backends import check_backend_name
 from attnbench.errors import SweepError
 from attnbench.sweep.load import parse_sweep
 
-MAX_CASES, MAX_RANKS = 100_000, 64  # attnbench.sweep's documented limits
+MAX_CASES, MAX_RANKS = 1_000_000, 64  # attnbench.sweep's documented limits
 
 BASE = "name: t\ndefaults: {backend: naive, seqlen_q: 32, heads_q: 2, head_dim: 16}\n"
 

@@ -54,6 +54,38 @@ def test_case_ids_are_stable_and_content_addressed():
     assert fixed.id == Case.from_dict(fixed.to_dict()).id and len(fixed.id) == 16
 
 
+# Sweep.digest hashes every case's id: the ids of every committed sweep as the code computed them
+# before the id was cached on the case (git show 2874546:attnbench/sweep/case.py).
+PINNED_DIGESTS = {
+    "cp_tp": "fb0118bd70b1", "decode": "d3dcd0f7631b", "decode_gpu": "1a9332ee6045",
+    "flex": "7cff06e0cc3a", "flex_gpu": "4ac2378a42c3", "fp8": "afcfe54c96c8",
+    "fp8_gpu": "12aaa3f72870", "gpu_check_accuracy": "4191cf97925f",
+    "gpu_check_cpu_accuracy": "942c5190b391", "gpu_check_cpu_speed": "006bdfe86c08",
+    "gpu_check_speed": "49746b2ce778", "kernel_cpu": "41f218ff6df4",
+    "kernel_gpu": "bbe78090102e", "smoke": "56de263d2f2f", "standard": "d7914337d03b",
+    "varlen": "551928ab5b12", "varlen_gpu": "6bc3147c25b6",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_DIGESTS))
+def test_committed_sweeps_keep_their_case_ids(name):
+    """Stored runs find their records by id: caching the id on the case changed none."""
+    sweep = load_sweep(ROOT / "sweeps" / f"{name}.yaml")
+    assert sweep.digest == PINNED_DIGESTS[name]
+    copy = Case.from_dict(sweep.cases[-1].to_dict())  # computed afresh, not read from a cache
+    assert copy.id == sweep.cases[-1].id and "_id" not in sweep.cases[-1].to_dict()
+
+
+def test_the_cached_id_stays_out_of_equality_hash_and_copies():
+    import pickle
+
+    case = Case(backend="naive")
+    fresh = Case(backend="naive")
+    assert case.id and (case == fresh and hash(case) == hash(fresh))  # one has its id cached
+    assert pickle.loads(pickle.dumps(case)).id == case.id
+    assert case.replace(seed=1).id != case.id  # a changed case never inherits the cached id
+
+
 @pytest.mark.parametrize("text, expected", [
     ("name: t\naxes: {backend: [naive], seqlen: [1]}\n", "axes.seqlen: unknown field 'seqlen'"),
     ("name: t\naxes: {backend: [naive], seqlen_q: [128, 'x']}\n", "axes.seqlen_q[1]: got 'x', expected an integer"),

@@ -107,8 +107,8 @@ def test_ranges_expand_with_both_ends_included(axis, values):
                                    "of values (ranges are for integer fields)"),
     ("{seqlen_q: {range: [1, 2000000000]}}", f"expected at most {MAX_CASES:,} values (this "
                                              "range has 2,000,000,000)"),
-    ("{seqlen_q: {pow2: [1, 1073741824]}, seed: {range: [0, 9999]}}",
-     f"seqlen_q (31) x seed (10000) = 310,000 cases, more than the {MAX_CASES:,}"),
+    ("{seqlen_q: {pow2: [1, 1073741824]}, seed: {range: [0, 99999]}}",
+     f"seqlen_q (31) x seed (100000) = 3,100,000 cases, more than the {MAX_CASES:,}"),
     ("{seqlen_q: {pow2: [1024, 4294967296]}}", "axes.seqlen_q[22]: got 4294967296"),
     ("{g: {zip: {batch: [1, 2], seqlen_q: [8]}}}", "axes.g.zip: got batch with 2 values, "
                                                    "seqlen_q with 1 values; expected as many"),

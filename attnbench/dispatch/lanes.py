@@ -219,6 +219,7 @@ def _check_lane_record(case: Case, text: str) -> tuple[dict, str]:
         check_record("", record)
         if Case.from_dict(record["case"]).id != case.id:
             raise ValueError("the case in its body is another case")
+        record["id"] = case.id  # equal; the case's own string: the ledger's key shares it
         text = json.dumps(record, separators=(",", ":"), allow_nan=False)
     except (ValueError, TypeError, KeyError) as exc:
         raise LaneProtocolError(f"a record for case {case.id} the journal cannot hold: "
@@ -245,7 +246,6 @@ class LaneRun(RunLoop):
         self.lock = threading.Lock()
         self.queues: dict[tuple, collections.deque] = {}
         self.resources: dict[tuple, dict] = {}
-        self.group_of: dict[str, tuple] = {}
         self.lanes: dict[str, _Lane] = {}
         self.deaths: dict[str, set[str]] = collections.defaultdict(set)  # case -> workers
         self.refusals: collections.Counter = collections.Counter()  # case -> refused hand-ins
@@ -280,7 +280,6 @@ class LaneRun(RunLoop):
             resources, _ = plan_case(case, self.workers)
             group = tuple(sorted(resources.items()))
             self.resources[group] = resources
-            self.group_of[case.id] = group
             self.queues.setdefault(group, collections.deque()).append(case)
         self.todo = []
 
@@ -297,7 +296,7 @@ class LaneRun(RunLoop):
                 self.write(*detail)
             elif what == "lost":
                 self.write(make_record(subject, verdict="lost", reason=detail,
-                                       attempt=self.attempts[subject.id]))
+                                       attempt=self.attempt(subject)))
             else:
                 self._lane_ended(subject)
 
@@ -345,7 +344,7 @@ class LaneRun(RunLoop):
             case = queue.popleft()
             conn.case, conn.lease = case, secrets.token_hex(LEASE_HEX // 2)
             self.in_flight[lane.key] = _Flight(case, lane.future)
-            return {"case": case.to_dict(), "id": case.id, "attempt": self.attempts[case.id],
+            return {"case": case.to_dict(), "id": case.id, "attempt": self.attempt(case),
                     "lease": conn.lease}
 
     def lane_closed(self, conn: LaneConn) -> None:
@@ -375,7 +374,7 @@ class LaneRun(RunLoop):
             if count >= self.allowed_failures:
                 self.done.put(("lost", case, reason))
             else:
-                self.queues[self.group_of[case.id]].appendleft(case)
+                self.queues[lane.group].appendleft(case)  # the queue it was taken from
 
     # -- lanes -----------------------------------------------------------------------------------
     def hand_out(self) -> None:
@@ -461,7 +460,7 @@ class LaneRun(RunLoop):
             for g in starved:
                 self.queues[g].clear()
         for case in cases:  # no worker left that runs lanes for them: as a failed task would be
-            self.write(make_record(case, verdict="lost", attempt=self.attempts[case.id],
+            self.write(make_record(case, verdict="lost", attempt=self.attempt(case),
                                    reason=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
     def look_at_workers(self) -> None:

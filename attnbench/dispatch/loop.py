@@ -212,6 +212,7 @@ def checked_record(case: Case, record, attempt: int) -> tuple[dict, Optional[str
             attempt=attempt)
     try:
         check_record("", record)
+        record["id"] = case.id  # equal; the case's own string: the ledger's key shares it
         return record, json.dumps(record, separators=(",", ":"), allow_nan=False)
     except (ValueError, TypeError) as exc:
         return make_record(case, verdict="error", attempt=attempt, reason=(
@@ -231,15 +232,19 @@ class RunLoop:
         self.store, self.conn, self.progress = store, conn, progress
         self.worker_wait_s = worker_wait_s
         self.cases = list({c.id: c for c in store.pending()}.values())  # listed twice: run once
-        self.before = {c.id: store.done.get(c.id) for c in self.cases}
-        """Each case's ledger entry when the run began (None: none): another is a duplicate."""
-        self.attempts = {c.id: store.attempt(c) for c in self.cases}
+        self.before = {c.id: entry for c in self.cases
+                       if (entry := store.done.get(c.id)) is not None}
+        """The ledger entry, when the run began, of each case to run that had one (absent:
+        none; most cases of a large sweep): another entry is a duplicate. Sparse, as every
+        per-case table of the driver: a dense one cost ~100 B a case (10^6 cases, issue 29)."""
         self.summary = RunSummary(cases=len(self.cases))
         progress.total = len(self.cases)
-        # What the journal already holds of this sweep and is not run again, counted once.
-        earlier = {c.id: store.done[c.id].verdict for c in store.sweep.cases
-                   if c.id in store.done and c.id not in self.before}
-        progress.already, progress.before = len(earlier), collections.Counter(earlier.values())
+        # What the journal already holds of this sweep and is not run again (recorded, and not
+        # among the cases to run: those with a record are in ``before``), counted once.
+        progress.before = collections.Counter(
+            store.done[c.id].verdict for c in store.sweep.cases
+            if c.id in store.done and c.id not in self.before)
+        progress.already = sum(progress.before.values())
         self.options = store.sweep.options.to_dict()
         self.todo: list[Case] = []  # next case last: pop() from the end
         self.in_flight: dict[str, _Flight] = {}
@@ -327,7 +332,12 @@ class RunLoop:
 
     def accept(self, case: Case, record) -> None:
         """A worker's answer for ``case`` (a record, or its JSON text), checked, then written."""
-        self.write(*checked_record(case, record, self.attempts[case.id]))
+        self.write(*checked_record(case, record, self.attempt(case)))
+
+    def attempt(self, case: Case) -> int:
+        """The attempt number of this run's record of ``case`` (1, or its last record's + 1)."""
+        entry = self.before.get(case.id)
+        return 1 if entry is None else entry.attempt + 1
 
     def write(self, record: dict, text: Optional[str] = None) -> None:
         """Append ``record`` (``text``: its JSON) once; the run loop flushes each batch."""
@@ -352,7 +362,7 @@ class RunLoop:
             self.skip_reasons.add(reason)
             self.progress.note(f"skipping cases no worker can run: {reason}")
         self.write(make_record(case, verdict="skipped", reason=reason,
-                               attempt=self.attempts[case.id]))
+                               attempt=self.attempt(case)))
 
     def scheduler_lost(self, in_flight_count: int) -> ClusterError:
         return ClusterError(f"lost the connection to the Dask scheduler ({self.conn.where}); "

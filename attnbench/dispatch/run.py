@@ -151,7 +151,7 @@ class SweepRun(RunLoop):
         client = self.conn.client
         keys = [f"case-{c.id}-{time.monotonic_ns()}" for c in cases]
         args = ([c.to_dict() for c in cases], [self.options] * len(cases),
-                [self.attempts[c.id] for c in cases], [resources[DEVICE]] * len(cases))
+                [self.attempt(c) for c in cases], [resources[DEVICE]] * len(cases))
         if len(cases) > 1 and hasattr(client, "map"):
             return client.map(run_case_task_text, *args, key=keys, resources=resources, pure=False)
         return [client.submit(run_case_task_text, *one, resources=resources, key=key, pure=False)
@@ -176,7 +176,7 @@ class SweepRun(RunLoop):
         except Exception as exc:  # the task itself failed: KilledWorker, lease timeout, ...
             record = make_record(flight.case, verdict="lost",
                                  reason=f"{type(exc).__name__}: {str(exc)[:300]}",
-                                 attempt=self.attempts[flight.case.id])
+                                 attempt=self.attempt(flight.case))
         self.accept(flight.case, record)
 
     def look_at_workers(self) -> None:

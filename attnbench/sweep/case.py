@@ -10,10 +10,10 @@ checking the relations between fields); :func:`check_case_dict` reads one back f
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import math
+import operator
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -31,9 +31,13 @@ INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink", "kv_apart"
 CP_ALGOS = ("ring", "zigzag", "allgather")
 
 # -- limits (every one is checked where a sweep is validated, before anything runs) ------------
-MAX_CASES = 100_000
+MAX_CASES = 1_000_000
 """Cases one sweep may expand to, counted (product of the axes, plus includes) before anything is
-expanded: the standard sweep has 234; 10^5 records are ~1 GB of journal."""
+expanded: the standard sweep has 256, a lab's nightly matrix (every kernel x shape x dtype x GPU
+kind) 10^5-10^6. 10^6 records are ~1 GB of journal; expanding 10^6 cases took 42-96 s and
+~400 MiB peak RSS on a loaded 2-core box (linear: 100k took 4 s), and a driver of 10^6 cases
+529 MiB (docs/cluster.md). A cap against hostile sweeps, whose YAML is itself capped at 1 MiB: ten
+axes of ten values would otherwise be 10^10 cases."""
 MAX_SIZE = 2**31 - 1
 """batch, seqlen, heads, head_dim and window bounds: the kernels index in int32."""
 MAX_SEED = 2**63 - 1
@@ -47,17 +51,27 @@ MAX_TEXT = 200
 """Characters in a backend or GPU kind name."""
 
 
-@functools.lru_cache(maxsize=1 << 17)  # a sweep's cases (<= 100,000): the driver asks often
 def _case_id(case: "Case") -> str:
     # Fields added later are left out at their default: every stored id stays valid.
-    content = {k: v for k, v in case.to_dict().items()
-               if not (k in _LATER_FIELDS and v == _LATER_FIELDS[k])}
+    content = case.to_dict()
+    for name, default in _LATER_FIELDS.items():
+        if content[name] == default:
+            del content[name]
     payload = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+class _IdSlot:
+    """Where a :class:`Case` keeps its id once computed (a sha256 of its JSON, ~20-50 us; the
+    driver asks for it a dozen times per case). A slot of a base class, not a dataclass field:
+    it stays out of ``fields()``, so out of ``to_dict``, eq, hash, repr and pickling, and every
+    stored id stays what it was. (An lru_cache of 131k entries thrashed past 131k cases.)"""
+
+    __slots__ = ("_id",)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Case:
+class Case(_IdSlot):
     """Everything that defines one measurement. Shapes follow (batch, heads, seqlen, head_dim)."""
 
     backend: str
@@ -129,7 +143,12 @@ class Case:
 
     @property
     def id(self) -> str:
-        return _case_id(self)
+        try:
+            return self._id
+        except AttributeError:  # not computed yet (or a copy: slots are not pickled)
+            value = _case_id(self)
+            object.__setattr__(self, "_id", value)  # frozen: the id never changes once made
+            return value
 
     @property
     def world_size(self) -> int:
@@ -199,20 +218,27 @@ class Case:
     def to_dict(self) -> dict[str, Any]:
         """Every field; a dense case leaves out the empty ``seqlens_*`` (its id stays the one
         it had before packed cases existed)."""
-        return {f.name: list(value) if isinstance(value, tuple) else value
-                for f in fields(self)
-                if (value := getattr(self, f.name)) != () or f.name not in _PACKED_FIELDS}
+        # One C-level attrgetter, not a getattr per field: expanding 10^6 cases computes 10^6
+        # ids, and this was a third of it.
+        content = dict(zip(CASE_FIELDS, _field_values(self)))
+        for name in _PACKED_FIELDS:  # the only tuple fields
+            if content[name]:
+                content[name] = list(content[name])
+            else:
+                del content[name]
+        return content
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Case":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in _KNOWN})
 
     def replace(self, **changes: Any) -> "Case":
         return dataclasses.replace(self, **changes)
 
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
+_KNOWN = frozenset(CASE_FIELDS)
+_field_values = operator.attrgetter(*CASE_FIELDS)
 _PACKED_FIELDS = ("seqlens_q", "seqlens_kv")
 SWEEP_ONLY_FIELDS = ("varlen",)  # a length generator, expanded into seqlens_q (length_mix)
 _CASE_DEFAULTS = {f.name: f.default for f in fields(Case)}
