@@ -14,7 +14,8 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from attnbench.report.dashboard import Panel
-from attnbench.report.data import Run, apply_filter, case_key
+from attnbench.report.data import Run, apply_filter
+from attnbench.report.reading import MATCH_KEY
 from attnbench.report.figures import (DIRECTION_LABELS, Context, PanelOutput, finish_figure,
                                       new_figure, setup_x, slug)
 from attnbench.report.style import verdict_label
@@ -35,8 +36,7 @@ def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         out.notes.append(f"baseline {baseline!r} is not among this run's GPU kinds "
                          f"({', '.join(kinds)}).")
         return out
-    by_id = {rec.get("id"): rec for rec in run.records}
-    df = df.assign(_key=[case_key(by_id.get(i, {}).get("case", {})) for i in df.id])
+    df = df.assign(_key=df[MATCH_KEY])  # the case without gpu (report.reading)
     base = df[df.gpu_kind == baseline].drop_duplicates("_key").set_index("_key")
     changed = []
     for kind in kinds:
