@@ -22,12 +22,12 @@ CHUNK_ROWS = 500
 what grows is the frame, not the chunk buffer (bounded by CHUNK_ROWS whatever the journal)."""
 REPORT_BOUND = 2048
 """Bytes a report's load may grow per added record: its frame row (~100 columns), the
-concatenation of the chunks, the tallies. Measured 927 B: 2.2x under; the mutant that also
-keeps each record measured 8,433 B: 4.1x over. (tracemalloc sees numpy's arrays and Python's
+concatenation of the chunks, the tallies. Measured 1,009 B: 2x under; the mutant that also
+keeps each record measured 8,503 B: 4.2x over. (tracemalloc sees numpy's arrays and Python's
 objects, not pyarrow's text buffers: the benchmark's RSS figures count those.)"""
 COMPARE_BOUND = 1024
-"""... and a comparison's (~30 columns, no tallies). Measured 429 B: 2.4x under; the mutant
-that keeps each record measured 7,944 B: 7.8x over."""
+"""... and a comparison's (~30 columns, no tallies). Measured 387 B: 2.6x under; the mutant
+that keeps each record measured 7,883 B: 7.7x over."""
 
 
 def _journal(tmp_path: Path, records: int) -> Path:
