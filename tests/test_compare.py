@@ -10,7 +10,8 @@ import pytest
 
 from attnbench.report import commands
 from attnbench.report.compare import classify, compare_runs
-from attnbench.report.data import load_run
+from attnbench.report.reading import read_run
+from attnbench.results.store import load_records
 from attnbench.report.synthetic import write_synthetic_run
 from report_runs import edit_run  # tests/ is on sys.path (pyproject: pythonpath)
 
@@ -47,7 +48,7 @@ def test_real_run_against_itself_is_all_same(tiny, capsys, tmp_path):
     rc = commands.main(["compare", str(tiny), str(again), "--no-dashboard"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    comp = compare_runs(load_run(tiny), load_run(again))
+    comp = compare_runs(read_run(tiny), read_run(again))
     timed = comp.pairs[comp.pairs.fwd_class != "n/a"]
     assert len(timed)
     for d in ("fwd", "bwd"):  # CPU timings that never settled are AMBIGUOUS, even with themselves
@@ -58,7 +59,7 @@ def test_real_run_against_itself_is_all_same(tiny, capsys, tmp_path):
 
 
 def test_real_run_with_a_slower_case_and_a_new_failure_exits_1(tiny, capsys, tmp_path):
-    records = load_run(tiny).records
+    records = load_records(tiny)
     timed = [r for r in records if r["verdict"] == "pass" and r.get("timing")]
     slow_id, broken_id = timed[0]["id"], timed[1]["id"]
     # slower by more than the case's own spread, whatever this CPU's timing noise was
@@ -94,7 +95,7 @@ def test_real_run_with_a_slower_case_and_a_new_failure_exits_1(tiny, capsys, tmp
     rc = commands.main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")])
     out = capsys.readouterr().out
     assert rc == 1, out
-    comp = compare_runs(load_run(a), load_run(b))
+    comp = compare_runs(read_run(a), read_run(b))
     assert len(comp.pairs) == len(records) and comp.only_a.empty and comp.only_b.empty
     reg = comp.regressions
     assert set(reg.id_b.str[::-1]) == {slow_id, broken_id}
@@ -116,7 +117,7 @@ def test_slower_backend_on_the_same_gpu_is_found_and_gates(synthetic, capsys, tm
                         "--out", str(tmp_path / "cmp")])
     out = capsys.readouterr().out
     assert rc == 1
-    comp = compare_runs(load_run(synthetic["h100"]), load_run(synthetic["h100-slower"]))
+    comp = compare_runs(read_run(synthetic["h100"]), read_run(synthetic["h100-slower"]))
     p = comp.pairs
     slow = p[(p.fwd_class == "SLOW") | (p.bwd_class == "SLOW")]
     assert set(slow.backend_b) == {"triton"}  # only the 20% slower backend
@@ -136,8 +137,8 @@ def test_different_gpu_kinds_are_ratios_never_verdicts(synthetic, capsys):
                         "--no-dashboard"])
     out = capsys.readouterr().out
     assert rc == 0  # an A100 is slower than an H100: not a regression
-    comp = compare_runs(load_run(synthetic["h100"]), load_run(synthetic["a100"]))
-    assert len(comp.pairs) == len(load_run(synthetic["h100"]).records)  # gpu field ignored
+    comp = compare_runs(read_run(synthetic["h100"]), read_run(synthetic["a100"]))
+    assert len(comp.pairs) == len(load_records(synthetic["h100"]))  # gpu field ignored
     classes = set(comp.pairs.fwd_class) | set(comp.pairs.bwd_class)
     assert classes <= {"RATIO", "n/a"} and "RATIO" in classes
     ratio = comp.pairs[comp.pairs.fwd_class == "RATIO"].fwd_speed.median()
@@ -146,9 +147,9 @@ def test_different_gpu_kinds_are_ratios_never_verdicts(synthetic, capsys):
 
 
 def test_a_run_with_two_gpu_kinds_pairs_each_kind(synthetic):
-    comp = compare_runs(load_run(synthetic["h100"]), load_run(synthetic["mixed"]))
+    comp = compare_runs(read_run(synthetic["h100"]), read_run(synthetic["mixed"]))
     same, cross = comp.pairs[comp.pairs.same_kind], comp.pairs[~comp.pairs.same_kind]
-    n = len(load_run(synthetic["h100"]).records)
+    n = len(load_records(synthetic["h100"]))
     assert len(same) == n and set(same.run_gpu_b) == {"H100"}
     assert len(cross) == n and set(cross.run_gpu_b) == {"A100"}
     assert set(cross.fwd_class) <= {"RATIO", "n/a"}
@@ -156,7 +157,7 @@ def test_a_run_with_two_gpu_kinds_pairs_each_kind(synthetic):
 
 def test_same_sweep_rerun_is_not_a_regression(synthetic, tmp_path):
     rerun = write_synthetic_run(tmp_path / "rerun", size="small", seed=7)  # new samples only
-    comp = compare_runs(load_run(synthetic["h100"]), load_run(rerun))
+    comp = compare_runs(read_run(synthetic["h100"]), read_run(rerun))
     classes = set(comp.pairs.fwd_class) | set(comp.pairs.bwd_class)
     assert "SLOW" not in classes and "FAST" not in classes
     assert comp.regressions.empty

@@ -14,7 +14,7 @@ import pytest
 
 from attnbench.report import commands
 from attnbench.report.compare import classify, compare_runs, describe, run_facts
-from attnbench.report.data import load_run
+from attnbench.report.reading import read_run
 from attnbench.report.environment import env_view, representative, run_warnings
 from report_runs import edit_run  # tests/ is on sys.path (pyproject: pythonpath)
 
@@ -25,7 +25,7 @@ def _compare(synthetic, a: str, b: str, capsys, out: Path | None = None):
     args += ["--out", str(out)] if out else ["--no-dashboard"]
     rc = commands.main(args)
     text = capsys.readouterr().out
-    return rc, text, compare_runs(load_run(synthetic[a]), load_run(synthetic[b]))
+    return rc, text, compare_runs(read_run(synthetic[a]), read_run(synthetic[b]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,7 +111,7 @@ def test_a_slower_backend_whose_timings_never_settled_is_slow_only_where_apart(s
 
 def test_old_records_without_noisy_compare_as_before(synthetic):
     """h100 / h100-slower predate the noisy flag: triton is SLOW there (test_compare.py)."""
-    comp = compare_runs(load_run(synthetic["h100"]), load_run(synthetic["h100-slower"]))
+    comp = compare_runs(read_run(synthetic["h100"]), read_run(synthetic["h100-slower"]))
     assert (comp.pairs.fwd_noisy == "").all()
     assert "SLOW" in set(comp.pairs.fwd_class)
 
@@ -155,7 +155,7 @@ def test_clock_power_and_commit_changes_on_one_kind_are_warnings(synthetic, tmp_
         env["software"].update(commit="fedcba9876543210", dirty=True)
 
     b = edit_run(synthetic["sxm"], tmp_path / "retuned", retune)
-    comp = compare_runs(load_run(synthetic["sxm"]), load_run(b))
+    comp = compare_runs(read_run(synthetic["sxm"]), read_run(b))
     assert comp.warnings == [
         "runs differ in clocks: sm_clock_app_mhz 1980 -> 1590",
         "runs differ in power limit: power_limit_w 700.0 -> 500.0",
@@ -169,13 +169,13 @@ def test_a_run_mixing_environments_on_one_kind_says_so(synthetic, tmp_path):
             rec["env"]["software"]["torch"] = rec["env"]["torch"] = "2.6.0+cu126"
 
     b = edit_run(synthetic["sxm"], tmp_path / "resumed", half_upgraded)
-    comp = compare_runs(load_run(synthetic["sxm"]), load_run(b))
+    comp = compare_runs(read_run(synthetic["sxm"]), read_run(b))
     assert comp.warnings == ["run B (resumed) mixes 2 environments on H100-SXM5-80GB: "
                              "compared by its most common one"]
 
 
 def test_run_facts_name_the_exact_hardware_and_software(synthetic):
-    run = load_run(synthetic["sxm-upgraded"])
+    run = read_run(synthetic["sxm-upgraded"])
     facts = run_facts(run)
     assert facts["GPU"] == "H100-SXM5-80GB" and facts["family"] == "H100"
     assert facts["driver"] == "560.35.03" and facts["CUDA"] == "12.6"
@@ -194,9 +194,9 @@ def test_old_records_against_new_ones_still_compare(synthetic, capsys):
     assert rc == 0 and set(comp.pairs.fwd_class) <= {"RATIO", "n/a"}
     assert comp.warnings == []  # the old records name no driver, CUDA or commit; same torch
     assert "GPU H100 → H100-SXM5-80GB" in out
-    facts = run_facts(load_run(synthetic["h100"]))
+    facts = run_facts(read_run(synthetic["h100"]))
     assert "driver" not in facts and "measured matmul peak" not in facts
-    assert describe(load_run(synthetic["h100"])).startswith("h100 (H100; torch 2.5.1+cu124")
+    assert describe(read_run(synthetic["h100"])).startswith("h100 (H100; torch 2.5.1+cu124")
 
 
 def test_environment_views_skip_what_a_record_does_not_say():

@@ -453,7 +453,8 @@ def test_the_compile_panel_sums_each_variant_and_counts_who_paid(tmp_path):
     the kernels compiled), kernels summed, cases that compiled anything; drawn apart from the
     timed figures, and a run of the interpreter says why its bars are 0."""
     from attnbench.report.dashboard import parse_dashboard
-    from attnbench.report.data import Run, frame
+    from attnbench.report.data import frame
+    from attnbench.report.reading import run_of_records
     from attnbench.report.figures import Context
     from attnbench.report.panels.compile_time import compile_table, draw_compile
 
@@ -468,12 +469,12 @@ def test_the_compile_panel_sums_each_variant_and_counts_who_paid(tmp_path):
     assert (first.seconds, first.kernels, first.cases, first.records) == (9.5, 4, 1, 2)
     panel = parse_dashboard({"panels": [{"kind": "compile"}]}, "d.yaml").panels[0]
     ctx = Context(out_dir=tmp_path)
-    out = draw_compile(panel, Run(tmp_path, {}, records, frame(records)), ctx)
+    out = draw_compile(panel, run_of_records(tmp_path, {}, records), ctx)
     assert len(out.figures) == 1 and not out.notes
     cpu = [_compile_record("e", "fp32 d16 mha pinned", 0.0, 0, interpreted=True)]
-    out = draw_compile(panel, Run(tmp_path, {}, cpu, frame(cpu)), ctx)
+    out = draw_compile(panel, run_of_records(tmp_path, {}, cpu), ctx)
     assert any("interpreter" in note for note in out.notes)
-    none = draw_compile(panel, Run(tmp_path, {}, records[3:], frame(records[3:])), ctx)
+    none = draw_compile(panel, run_of_records(tmp_path, {}, records[3:]), ctx)
     assert not none.figures and "No record" in none.notes[0]
 
 

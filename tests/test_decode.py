@@ -259,7 +259,7 @@ def test_decode_mutants_are_correct_where_their_bug_does_not_show():
 
 def test_decode_panel_draws_bandwidth_and_latency_per_backend_and_page(tmp_path):
     from attnbench.report.dashboard import load_dashboard
-    from attnbench.report.data import Run, frame
+    from attnbench.report.reading import run_of_records
     from attnbench.report.figures import Context
     from attnbench.report.panels import draw_panel
     from helpers import ROOT
@@ -268,8 +268,7 @@ def test_decode_panel_draws_bandwidth_and_latency_per_backend_and_page(tmp_path)
                                             page_size=page)), ONE_SAMPLE)
                for n in (45, 90, 180) for page in (0, 16)]
     records.append(run_case(make_case("t", dict(backend="naive", seqlen_q=32)), ONE_SAMPLE))
-    run = Run(path=tmp_path, manifest={"run_id": "t"}, records=records,
-              frame=frame(records, "t"))
+    run = run_of_records(tmp_path, {"run_id": "t"}, records, "t")
     dashboard = load_dashboard(ROOT / "dashboards" / "default.yaml")
     panel = next(p for p in dashboard.panels if p.kind == "decode")
     out = draw_panel(panel, run, Context(out_dir=tmp_path))

@@ -7,7 +7,7 @@ import json
 import shutil
 
 from attnbench.report.dashboard import default_dashboard
-from attnbench.report.data import load_run
+from attnbench.report.reading import read_run
 from attnbench.report.figures import Context
 from attnbench.report.panels import draw_panel
 
@@ -15,7 +15,7 @@ from attnbench.report.panels import draw_panel
 def _throughput(run_dir, out_dir):
     panel = next(p for p in default_dashboard().panels if p.kind == "throughput")
     out_dir.mkdir(parents=True)
-    return draw_panel(panel, load_run(run_dir), Context(out_dir=out_dir))
+    return draw_panel(panel, read_run(run_dir), Context(out_dir=out_dir))
 
 
 def test_a_forward_only_run_draws_no_backward_subplot(tiny, tmp_path):

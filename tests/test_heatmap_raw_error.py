@@ -7,14 +7,14 @@ from __future__ import annotations
 import math
 
 from attnbench.report.dashboard import default_dashboard
-from attnbench.report.data import load_run
+from attnbench.report.reading import read_run
 from attnbench.report.figures import Context
 from attnbench.report.panels import draw_panel
 from attnbench.report.panels.accuracy_heatmap import heatmap_figure, over_cmap
 
 
 def test_cells_show_the_raw_error_beside_the_ratio(tiny):
-    run = load_run(tiny)
+    run = read_run(tiny)
     df = run.frame[run.frame.out_rel_l2.notna()].head(5)
     from matplotlib.colors import LogNorm
 
@@ -28,7 +28,7 @@ def test_cells_show_the_raw_error_beside_the_ratio(tiny):
 
 def test_the_title_says_the_colour_is_relative_to_each_bound(tiny, tmp_path):
     panel = next(p for p in default_dashboard().panels if p.kind == "accuracy_heatmap")
-    out = draw_panel(panel, load_run(tiny), Context(out_dir=tmp_path))
+    out = draw_panel(panel, read_run(tiny), Context(out_dir=tmp_path))
     assert out.figures
     assert "not the error itself" in out.figures[0].svg.read_text()
 
@@ -51,7 +51,7 @@ def test_a_forward_only_run_has_no_empty_gradient_columns(tiny, tmp_path):
     (fwd_only / "records.jsonl").write_text("\n".join(lines) + "\n")
     panel = next(p for p in default_dashboard().panels if p.kind == "accuracy_heatmap")
     (tmp_path / "fig").mkdir()
-    out = draw_panel(panel, load_run(fwd_only), Context(out_dir=tmp_path / "fig"))
+    out = draw_panel(panel, read_run(fwd_only), Context(out_dir=tmp_path / "fig"))
     svg = out.figures[0].svg.read_text()
     assert ">out<" in svg or "out" in svg
     assert "dQ" not in svg and "dK" not in svg and "dV" not in svg

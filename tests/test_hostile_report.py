@@ -76,7 +76,7 @@ def crafted_pages(tmp_path_factory) -> dict[str, Path]:
     that skipped the loader's checks (``case.seqlen_q`` a string, in a ``data-sort``)."""
     from attnbench.report.commands import run_compare, write_report
     from attnbench.report.dashboard import load_dashboard
-    from attnbench.report.data import Run, frame
+    from attnbench.report.reading import run_of_records
     from attnbench.report.page import render
 
     tmp = tmp_path_factory.mktemp("xss")
@@ -88,7 +88,7 @@ def crafted_pages(tmp_path_factory) -> dict[str, Path]:
     records = [json.loads(line) for line in (a / "records.jsonl").read_text().splitlines()]
     for rec in records:
         rec["case"]["seqlen_q"] = rec["case"]["heads_q"] = IMG
-    run = Run(path=a, manifest={"run_id": IMG}, records=records, frame=frame(records, IMG))
+    run = run_of_records(a, {"run_id": IMG}, records, IMG)
     (tmp / "raw").mkdir()
     pages["unchecked"] = tmp / "raw" / "index.html"
     pages["unchecked"].write_text(render(run, load_dashboard(MINIMAL), []))

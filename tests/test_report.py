@@ -14,7 +14,8 @@ import pytest
 
 from attnbench.report import commands
 from attnbench.report.dashboard import PANEL_KINDS, default_dashboard, load_dashboard
-from attnbench.report.data import load_run
+from attnbench.report.reading import read_run
+from attnbench.results.store import load_records
 from attnbench.report.figures import slug as _slug
 from attnbench.report.panels.accuracy_heatmap import heatmap_figure, heatmap_rows, over_cmap
 from attnbench.results.records import SEVERITY, TENSORS
@@ -48,8 +49,7 @@ def _check_figures(index: Path) -> list[str]:
 def test_report_of_a_real_run(base, tiny):
     index = runs.report(base, "tiny", tiny)
     page = index.read_text()
-    run = load_run(tiny)
-    records = run.records
+    records = load_records(tiny)
     assert records, "the tiny sweep recorded nothing"
     pngs = _check_figures(index)
 
@@ -138,7 +138,7 @@ def test_report_names_the_hardware_and_never_shows_timed_as_a_pass(base, synthet
                  "driver 550.54.15 (CUDA 12.4)", "CUDA runtime 12.4", "torch 2.5.1+cu124",
                  "commit 0123456789ab", "1 device(s), 84 record(s)"):
         assert fact in header, fact
-    records = load_run(synthetic["sxm-timed"]).records
+    records = load_records(synthetic["sxm-timed"])
     n_timed = sum(r["verdict"] == "timed" for r in records)
     assert n_timed and f"{n_timed} not judged" in header
     assert not re.search(r">\d+ timed<", page) and ">timed<" not in page
@@ -189,7 +189,7 @@ def test_single_seqlen_facets_fold_into_one_bar_chart_per_gpu_and_dtype(syntheti
     run = _run_subset(synthetic["mixed"], tmp_path / "one-len",
                       lambda r: r["case"]["seqlen_q"] == 4096)
     page, pngs = _throughput_report(run, tmp_path / "out1")
-    frame = load_run(run).frame
+    frame = read_run(run).frame
     single = frame[(frame.world_size == 1) & frame.verdict.isin(["pass", "fail"])]
     kinds = sorted({(g.lower(), d) for g, d in zip(single.gpu_kind, single.dtype)})
     assert pngs == [f"p00-throughput-bars-{g}-{d}.png" for g, d in kinds], pngs
@@ -235,7 +235,7 @@ def test_line_plots_are_capped_with_a_note_naming_the_rest(synthetic, tmp_path):
     assert len(lines) == 3
     # spread over the GPU kinds rather than the first three of one
     assert {p.split("-")[2] for p in lines} == {"a100", "h100"}
-    frame = load_run(synthetic["mixed"]).frame
+    frame = read_run(synthetic["mixed"]).frame
     timed = frame[(frame.world_size == 1) & frame.verdict.isin(["pass", "fail"])]
     curves = (timed.groupby(["gpu_kind", "dtype", "features"]).seqlen_q.nunique() >= 2).sum()
     note = re.search(r"(\d+) more line plots not drawn \((.*?)\): this panel draws at most "
@@ -265,7 +265,7 @@ def _seed_rows(frame):
 
 
 def test_seed_bugs_jump_out_of_the_accuracy_heatmap(synthetic):
-    run = load_run(synthetic["h100"])
+    run = read_run(synthetic["h100"])
     seeds = _seed_rows(run.frame)
     rows = run.frame.sort_values("label")
     fig = heatmap_figure(rows, list(TENSORS), LogNorm(1e-2, 1e2), over_cmap(), annotate=False)
@@ -303,7 +303,7 @@ def test_default_heatmap_puts_the_worst_verdicts_first(synthetic):
     panel = next(p for p in load_dashboard(runs.ROOT / "dashboards" / "default.yaml").panels
                  if p.kind == "accuracy_heatmap")
     assert panel["sort"] == "verdict"
-    rows = heatmap_rows(panel, load_run(synthetic["h100"]))
+    rows = heatmap_rows(panel, read_run(synthetic["h100"]))
     ranks = [SEVERITY.index(v) for v in rows.verdict]
     assert ranks == sorted(ranks) and rows.verdict.iloc[0] == "fail"
     assert "unsupported" not in set(rows.verdict)  # excluded by the default dashboard
@@ -375,7 +375,7 @@ def test_torn_last_line_is_ignored(tiny, tmp_path):
     shutil.copytree(tiny, run)
     with open(run / "records.jsonl", "a") as fh:
         fh.write('{"id": "torn", "case": {')
-    assert len(load_run(run).records) == len(load_run(tiny).records)
+    assert len(read_run(run).frame) == len(read_run(tiny).frame)
 
 
 # --------------------------------------------------------------------------------------------

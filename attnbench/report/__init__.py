@@ -5,7 +5,8 @@
 - :func:`attnbench.report.commands.run_compare` sets runs side by side (``attnbench compare``).
 - Dashboards are declared in ``dashboards/*.yaml`` (:mod:`attnbench.report.dashboard`).
 
-Modules: ``data`` (run directory -> pandas frame), ``dashboard`` (YAML definitions),
+Modules: ``data`` (a record -> a flat row), ``reading`` (a run directory read once, streamed:
+the frame in chunks and the tallies the pages read), ``dashboard`` (YAML definitions),
 ``figures`` (what every figure shares: saving PNG + SVG, axes, legends, a page's colours),
 ``panels/`` (one module per panel kind, and ``draw_panel``), ``html`` / ``page`` /
 ``compare_page`` (the pages), ``compare`` (matching and timing classes), ``code_changes``
@@ -31,6 +32,7 @@ __all__, __getattr__ = package_face(__name__, {
     "html": ("sort_key",),
     "interactive": ("PAGE", "script_json"),
     "page": ("render",),
+    "reading": ("RunReader", "read_run", "run_of_records"),
     "synthetic": ("write_synthetic_run",),
     "trends": ("GROWTH_BOUND", "Point", "SLOPE_BOUND", "Series", "findings", "fit"),
 })

@@ -22,20 +22,34 @@ CODE_FIELDS = (("module", "module"), ("version", "version"), ("source", "source_
 MAX_VALUE = 64  # characters of one value in a warning: a hash prefix or a version fits
 
 
-def backend_code(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """backend name -> its code (the most common ``env.backend`` among the run's records of it;
-    a run resumed after an edit has two: the one most cases ran with stands for the run)."""
-    seen: dict[str, Counter] = {}
-    for rec in records:
+class BackendCodeTally:
+    """:func:`backend_code` of records added one at a time (a report reads its journal once,
+    streamed); a few keys per backend, whatever the number of records."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Counter] = {}
+
+    def add(self, rec: Any) -> None:
         env = rec.get("env") if isinstance(rec, dict) else None
         code = env.get("backend") if isinstance(env, dict) else None
         case = rec.get("case") if isinstance(rec, dict) else None
         name = case.get("backend") if isinstance(case, dict) else None
         if not isinstance(code, dict) or not isinstance(name, str):
-            continue
+            return
         key = tuple((k, _text(code.get(k))) for _, k in CODE_FIELDS if k in code)
-        seen.setdefault(name, Counter())[key] += 1
-    return {name: dict(counts.most_common(1)[0][0]) for name, counts in seen.items()}
+        self.seen.setdefault(name, Counter())[key] += 1
+
+    def result(self) -> dict[str, dict[str, Any]]:
+        return {name: dict(counts.most_common(1)[0][0]) for name, counts in self.seen.items()}
+
+
+def backend_code(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """backend name -> its code (the most common ``env.backend`` among the run's records of it;
+    a run resumed after an edit has two: the one most cases ran with stands for the run)."""
+    tally = BackendCodeTally()
+    for rec in records:
+        tally.add(rec)
+    return tally.result()
 
 
 def _text(value: Any) -> Optional[str]:
@@ -44,10 +58,12 @@ def _text(value: Any) -> Optional[str]:
     return (value if isinstance(value, str) else short_repr(value))[:MAX_VALUE]
 
 
-def backend_warnings(a: Iterable[dict[str, Any]], b: Iterable[dict[str, Any]]) -> list[str]:
-    """``backend 'mine:Backend' differs: source 763ae9d4ddeb -> 4e21dcc8c544``, one line per
+def backend_warnings(a: Iterable[dict[str, Any]] | dict[str, dict[str, Any]],
+                     b: Iterable[dict[str, Any]] | dict[str, dict[str, Any]]) -> list[str]:
+    """Given records, or each run's :func:`backend_code` (a loaded run's ``backend_code``):
+    ``backend 'mine:Backend' differs: source 763ae9d4ddeb -> 4e21dcc8c544``, one line per
     backend both runs ran whose code differs (a field either side lacks is not compared)."""
-    code_a, code_b = backend_code(a), backend_code(b)
+    code_a, code_b = (side if isinstance(side, dict) else backend_code(side) for side in (a, b))
     lines = []
     for name in sorted(set(code_a) & set(code_b)):
         ca, cb = code_a[name], code_b[name]

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from attnbench.report.compare import FAIL_ON, compare_runs, summary_text
+from attnbench.report.compare import FAIL_ON, compare_runs, load_compared, summary_text
 from attnbench.report.compare_formats import FORMATS, comparison_json, comparison_markdown
 from attnbench.report.dashboard import Dashboard, default_dashboard, load_dashboard
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK, ReportError, printable
-from attnbench.report.data import load_run
+from attnbench.report.reading import read_run
 from attnbench.results.files import refusal
 
 log = logging.getLogger("attnbench.report")
@@ -53,7 +53,7 @@ def write_report(run_dir: Path, dashboard: Path | None = None, out_dir: Path | N
     from attnbench.report.page import build_report  # matplotlib only when drawing
 
     spec = resolve_dashboard(Path(dashboard) if dashboard else None)
-    run = load_run(Path(run_dir))
+    run = read_run(Path(run_dir))
     out = Path(out_dir) if out_dir else Path(run_dir) / REPORT_DIR
     try:
         return build_report(run, spec, out)
@@ -76,7 +76,7 @@ def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: P
     if len(set(paths)) < len(paths):
         dup = next(p for p in paths if paths.count(p) > 1)
         raise ReportError(f"RUN: {dup} is given twice")
-    runs = [load_run(Path(d)) for d in run_dirs]
+    runs = [load_compared(Path(d)) for d in run_dirs]
     ids = [r.run_id for r in runs]
     for run in runs:
         if ids.count(run.run_id) > 1:  # copies of one run directory: tell them apart by path

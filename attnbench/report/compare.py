@@ -43,8 +43,9 @@ import numpy as np
 import pandas as pd
 
 from attnbench.report.code_changes import backend_warnings, options_warnings
-from attnbench.report.data import DIRECTIONS, Run, case_key
+from attnbench.report.data import DIRECTIONS, Run
 from attnbench.report.doubt import why_ambiguous
+from attnbench.report.reading import read_run
 from attnbench.report.environment import (kind_text, mixed_kinds, representative, run_warnings,
                                           software_text, warned_labels)
 from attnbench.report.style import verdict_label
@@ -56,6 +57,14 @@ FAIL_ON = ("speed", "accuracy", "both")
 CLASSES = ("SLOW", "FAST", "AMBIGUOUS", "SAME", "RATIO", "n/a")
 MAX_LISTED = 25  # regressions printed to stdout; the dashboard lists all
 NOISY_WHY = "too noisy: spread never settled"
+COMPARED = ("id", "label", "verdict", "reason", "features", "backend", "dtype", "seqlen_q",
+            "gpu_kind", "gpu_family", "env_attnbench", "env_torch", "env_triton",
+            "measured_peak_tflops", "match_key",
+            *(f"{d}_{s}" for d in DIRECTIONS for s in ("median_ms", "min_ms", "q1_ms", "q3_ms",
+                                                        "n", "noisy")),
+            *(f"{t}_rel_l2" for t in TENSORS))
+"""The frame columns a comparison reads of each run (its pages and formats too): a run of
+10^6 cases is loaded as these ~30 columns, not the report's ~100 (:func:`load_compared`)."""
 
 
 def classify(a: dict[str, float], b: dict[str, float], threshold: float) -> str:
@@ -117,9 +126,7 @@ class Comparison:
 
 
 def _keyed(run: Run) -> pd.DataFrame:
-    by_id = {r.get("id"): r for r in run.records}
-    df = run.frame.copy()
-    df["match_key"] = [case_key(by_id.get(i, {}).get("case") or {}) for i in df.id]
+    df = run.frame.copy()  # match_key: the case without gpu (report.reading)
     # A case that died before it reached a device may have no env.gpu_kind: in a run on one
     # GPU kind it ran on that kind; otherwise "?" matches any kind (see compare_runs).
     kinds = run.gpu_kinds
@@ -196,13 +203,19 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
                       warnings=warnings)
 
 
+def load_compared(run_dir: Path) -> Run:
+    """A run as a comparison reads it: :data:`COMPARED` columns, environments and backend code,
+    in one streamed pass."""
+    return read_run(run_dir, columns=COMPARED, tallies=False)
+
+
 def run_facts(run: Run) -> dict[str, str]:
     """What a run is, for telling runs apart: the exact GPU kinds (and their families), the
     driver, CUDA, library versions and commit of its most common environment (the records'
     own, which produced the numbers, before the manifest's, which are the client's), the
     matmul peak its workers measured, and the sweep."""
     m, df = run.manifest, run.frame
-    view = representative(run.records)
+    view = representative(run.environments)
     facts = {"GPU": ", ".join(run.gpu_kinds) or "?"}
     families = sorted(set(df.gpu_family.dropna().astype(str))) if "gpu_family" in df else []
     if families and families != run.gpu_kinds:
@@ -272,12 +285,12 @@ def environment_warnings(a: Run, b: Run) -> list[str]:
     representative environments (:func:`environment.representative`: the most common one of
     each run, since a run is compared as a whole), and a line for a run whose records of one
     GPU kind come from several environments (the representative does not stand for all)."""
-    lines = run_warnings(representative(a.records), representative(b.records))
+    lines = run_warnings(representative(a.environments), representative(b.environments))
     for name, run in (("A", a), ("B", b)):
-        for kind, n in mixed_kinds(run.records).items():
+        for kind, n in mixed_kinds(run.environments).items():
             lines.append(f"run {name} ({run.run_id}) mixes {n} environments on {kind}: "
                          "compared by its most common one")
-    return lines + backend_warnings(a.records, b.records) + options_warnings(a.manifest,
+    return lines + backend_warnings(a.backend_code, b.backend_code) + options_warnings(a.manifest,
                                                                               b.manifest)
 
 
@@ -285,7 +298,7 @@ def describe(run: Run) -> str:
     """``run-id (H100-SXM5-80GB (family H100); driver 550.54.15 (CUDA 12.4), CUDA runtime
     12.4, torch 2.5.1, ...; measured bf16 790 TFLOP/s; attnbench 0.1.0)``."""
     f = run_facts(run)
-    view = representative(run.records)
+    view = representative(run.environments)
     kind = kind_text(view) if len(run.gpu_kinds) == 1 and view.get("gpu_kind") else f["GPU"]
     software = software_text({k: v for k, v in view.items() if k != "python"})
     parts = [kind, software or f"torch {f.get('torch', '?')}"]

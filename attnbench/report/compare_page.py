@@ -29,6 +29,10 @@ from attnbench.report.style import CLASS_COLORS, RC, VERDICT_COLORS, verdict_lab
 from attnbench.results.files import write_atomic
 from attnbench.results.records import TENSORS
 
+MAX_CASES_LISTED = 5_000
+"""Rows of one comparison's case tables (matched cases, regressions): ~1 KB of HTML each, so
+10^6 matched cases would make a page of a GB; a line counts the rest."""
+
 
 def build_compare(comps: Sequence[Comparison], out_dir: Path, command: Sequence[str]) -> Path:
     old = claim_output_dir(out_dir)
@@ -246,7 +250,7 @@ def regressions_html(c: Comparison) -> str:
     if reg.empty:
         return "<h3>Regressions</h3><p>None on the same GPU kind.</p>"
     rows = []
-    for r in reg.itertuples():
+    for r in reg.head(MAX_CASES_LISTED).itertuples():
         what = [f"{d} {class_badge('SLOW')} "
                 f"{fmt(100 * (1 / getattr(r, f'{d}_speed') - 1), 3)}% time"
                 for d in DIRECTIONS if getattr(r, f"{d}_class") == "SLOW"]
@@ -258,7 +262,7 @@ def regressions_html(c: Comparison) -> str:
                     "</td></tr>")
     return ('<h3>Regressions</h3><table class="records"><thead><tr><th>what</th><th>case</th>'
             f"<th>reason (B)</th><th>reproduce (B)</th></tr></thead><tbody>{''.join(rows)}"
-            "</tbody></table>")
+            f"</tbody></table>{_more(len(reg), 'regressions')}")
 
 
 def pairs_table(i: int, c: Comparison) -> str:
@@ -276,7 +280,7 @@ def pairs_table(i: int, c: Comparison) -> str:
             "<th>fwd speed B/A</th><th>bwd ms A</th><th>bwd ms B</th><th>bwd speed B/A</th>"
             "<th>worst err ratio</th><th>case</th></tr>")
     rows = []
-    for r in p.itertuples():
+    for r in p.head(MAX_CASES_LISTED).itertuples():
         verdict = (verdict_badge(r.verdict_a) if r.verdict_a == r.verdict_b else
                    f"{verdict_badge(r.verdict_a)} → {verdict_badge(r.verdict_b)}")
         cells = [_class_cell(r.fwd_class, r.fwd_noisy), _class_cell(r.bwd_class, r.bwd_noisy),
@@ -299,7 +303,16 @@ def pairs_table(i: int, c: Comparison) -> str:
         rows.append(f"<tr {attrs}>{''.join(cells)}</tr>")
     return (f"<h3>Matched cases</h3>{filter_controls(table_id, filters)}"
             f'<table class="records sortable" id="{table_id}"><thead>{head}</thead>'
-            f"<tbody>{''.join(rows)}</tbody></table>")
+            f"<tbody>{''.join(rows)}</tbody></table>{_more(len(p), 'matched cases')}")
+
+
+def _more(n: int, what: str) -> str:
+    """The line under a table cut at MAX_CASES_LISTED rows ("" when nothing was cut)."""
+    if n <= MAX_CASES_LISTED:
+        return ""
+    return (f'<p class="note">{n - MAX_CASES_LISTED} more {what}, not listed (at most '
+            f"{MAX_CASES_LISTED}): <code>attnbench compare --format json</code> lists them "
+            "all.</p>")
 
 
 def _class_cell(cls: str, noisy: str) -> str:

@@ -100,12 +100,23 @@ def load_manifest(run_dir: Path) -> dict[str, Any]:
 
 @dataclass
 class Run:
-    """One run directory, loaded."""
+    """One run directory, loaded: a frame row per case (its last record) and what the pages
+    read of the records besides it, gathered in the same pass
+    (:func:`attnbench.report.reading.read_run`); never the records themselves (a run of 10^6 cases is ~7 GB of them)."""
 
     path: Path
     manifest: dict[str, Any]
-    records: list[dict[str, Any]]
     frame: pd.DataFrame = field(repr=False)
+    environments: list[Any] = field(default_factory=list, repr=False)
+    """:class:`~attnbench.report.environment.Environment` s, most records first."""
+    backend_code: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    """Backend -> its code (:func:`~attnbench.report.code_changes.backend_code`)."""
+    series: list[Any] = field(default_factory=list, repr=False)
+    """Error-trend series (:func:`~attnbench.report.trends.collect_series`)."""
+    parity: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    """Every parity check, a row each (:func:`parity_checks`)."""
+    crashes: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    """Case id -> crash, for the failures the page lists."""
 
     @property
     def run_id(self) -> str:
@@ -125,13 +136,16 @@ class Run:
 
 
 def load_run(run_dir: str | Path) -> Run:
+    """The run with every column of :func:`frame` and none of the tallies, its records listed
+    while the frame is built: what ``attnbench export`` reads. The report and compare read
+    :func:`attnbench.report.reading.read_run` (streamed, bounded)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such run directory")
     records = load_records(run_dir)
     manifest = load_manifest(run_dir)
     run_id = str(manifest.get("run_id") or run_dir.name)
-    return Run(path=run_dir, manifest=manifest, records=records, frame=frame(records, run_id))
+    return Run(path=run_dir, manifest=manifest, frame=frame(records, run_id))
 
 
 # ------------------------------------------------------------------------------------------
@@ -145,6 +159,10 @@ def _num(x: Any) -> float:
         return float(x)
     except (TypeError, ValueError):
         return math.nan
+
+
+number = _num
+"""A record's value as a float (NaN when absent or not a number), as every column reads it."""
 
 
 def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:

@@ -57,41 +57,64 @@ class Environment:
     devices: set = field(default_factory=set)
 
 
-def environments(records: Iterable[dict[str, Any]]) -> list[Environment]:
-    """The run's distinct environments, most records first (ties: first seen). Records that
-    say nothing about a device (a case that died before reaching one) are not counted."""
-    found: dict[str, Environment] = {}
-    counts: Counter = Counter()
-    for rec in records:
+class EnvironmentTally:
+    """The distinct environments of records added one at a time (what :func:`environments`
+    returns, without holding the records: a report reads its journal once, streamed)."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, Environment] = {}
+        self.counts: Counter = Counter()
+
+    def add(self, rec: Any) -> None:
         env = rec.get("env") if isinstance(rec, dict) else None
         view = env_view(env)
         if not view:
-            continue
+            return
         key = json.dumps(view, sort_keys=True, default=str)
-        group = found.setdefault(key, Environment(view))
+        group = self.found.setdefault(key, Environment(view))
         group.records += 1
-        counts[key] += 1
+        self.counts[key] += 1
         ident = env.get("identity") or {}
         group.devices.add((env.get("host"), ident.get("uuid") or env.get("device")))
-    return [found[key] for key, _ in counts.most_common()]
+
+    def result(self) -> list[Environment]:
+        return [self.found[key] for key, _ in self.counts.most_common()]
 
 
-def representative(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def environments(records: Iterable[dict[str, Any]]) -> list[Environment]:
+    """The run's distinct environments, most records first (ties: first seen). Records that
+    say nothing about a device (a case that died before reaching one) are not counted."""
+    tally = EnvironmentTally()
+    for rec in records:
+        tally.add(rec)
+    return tally.result()
+
+
+def representative(records: Iterable[Any]) -> dict[str, Any]:
     """The view that stands for a run in a comparison: its most common environment.
 
     A run is normally one environment per GPU kind; a resumed run after an upgrade, or a sweep
     over several kinds, has more. The most common one is what most of its numbers came from,
     which is what "run A against run B" means; :func:`mixed_kinds` says when a run mixes
     environments within one GPU kind, so that a reader knows the representative is not all."""
-    found = environments(records)
+    found = _found(records)
     return dict(found[0].view) if found else {}
 
 
-def mixed_kinds(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+def mixed_kinds(records: Iterable[Any]) -> dict[str, int]:
     """GPU kind -> number of environments, for the kinds whose records come from more than one
     (driver, CUDA, torch, clocks or commit changed mid-run)."""
-    per_kind: Counter = Counter(str(e.view.get("gpu_kind", "?")) for e in environments(records))
+    per_kind: Counter = Counter(str(e.view.get("gpu_kind", "?")) for e in _found(records))
     return {kind: n for kind, n in sorted(per_kind.items()) if n > 1}
+
+
+def _found(given: Iterable[Any]) -> list[Environment]:
+    """Environments as given (a loaded run's, :attr:`~attnbench.report.data.Run.environments`),
+    or those of the records given."""
+    given = list(given) if not isinstance(given, list) else given
+    if given and all(isinstance(e, Environment) for e in given):
+        return given
+    return environments(given)
 
 
 def run_warnings(a: dict[str, Any], b: dict[str, Any]) -> list[str]:

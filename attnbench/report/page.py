@@ -15,7 +15,7 @@ import pandas as pd
 
 from attnbench.report.dashboard import Dashboard
 from attnbench.report.data import Run
-from attnbench.report.environment import environments, hardware_text, software_text
+from attnbench.report.environment import hardware_text, software_text
 from attnbench.report.figures import Context, PanelOutput, page_colors
 from attnbench.report.html import (claim_output_dir, esc, filter_controls, finish_output_dir, fmt,
                                    noisy_badge, page, panel_section, repro_command, sort_key,
@@ -24,13 +24,16 @@ from attnbench.report.interactive import KINDS as INTERACTIVE
 from attnbench.report.interactive import PAGE as INTERACTIVE_PAGE
 from attnbench.report.interactive import write_interactive
 from attnbench.report.panels import draw_panel
+from attnbench.report.reading import MAX_FAILURES_LISTED
 from attnbench.report.style import fmt_bytes, verdict_label
 from attnbench.results.files import write_atomic
 from attnbench.results.records import BAD_VERDICTS, SEVERITY
 
 TABLE_ID = "records"
-MAX_FAILURES_LISTED = 300
 ENV_CLASS = ' class="env"'
+MAX_RECORDS_LISTED = 5_000
+"""Rows of the All records table: ~1 KB of HTML each, so a run of 10^6 cases would make a page
+of a GB; past this the table lists the most severe verdicts first and a line counts the rest."""
 MAX_ENVIRONMENTS_SHOWN = 6  # distinct device set-ups in the header; a note counts the rest
 
 
@@ -100,7 +103,7 @@ def run_header(run: Run, dashboard: Dashboard) -> str:
     ]
     rows += environment_rows(run)
     planned = sweep.get("cases")
-    recorded = f"{len(run.records)} records" + (f" of {planned} planned cases" if planned else "")
+    recorded = f"{len(run.frame)} records" + (f" of {planned} planned cases" if planned else "")
     dl = "".join(f"<dt>{esc(k)}</dt><dd{ENV_CLASS if k in ('', 'Devices') else ''}>"
                  f"{v if raw else esc(v)}</dd>" for k, v, raw in rows)
     missing = ('<p class="sub">manifest.json is missing: run details unknown.</p>'
@@ -115,7 +118,7 @@ def run_header(run: Run, dashboard: Dashboard) -> str:
 def environment_rows(run: Run) -> list[tuple[str, str, bool]]:
     """Header rows (name, HTML, raw) naming each distinct hardware + software set-up of the
     run's records, with how many devices and records it covers. Escaped here."""
-    found = environments(run.records)
+    found = run.environments
     rows = []
     for n, env in enumerate(found[:MAX_ENVIRONMENTS_SHOWN]):
         hardware, software = hardware_text(env.view), software_text(env.view)
@@ -172,7 +175,7 @@ def failures_section(run: Run) -> str:
     parts.append('<p class="desc">Each command reruns that case alone.</p>')
     bad["_s"] = bad.verdict.map({v: i for i, v in enumerate(SEVERITY)})
     bad = bad.sort_values(["_s", "backend", "features", "label"])
-    crashes = {r.get("id"): r.get("crash") for r in run.records if r.get("crash")}
+    crashes = run.crashes  # those of the failures listed here (report.reading)
     rows = []
     for r in bad.head(MAX_FAILURES_LISTED).itertuples():
         detail = ""
@@ -211,7 +214,8 @@ def records_section(run: Run, dashboard: Dashboard) -> str:
             "<th>reason · reproduce</th><th>case</th></tr>")
     rows = []
     attr_cols = list(dict.fromkeys(["verdict", "backend", "features", *filters]))
-    for r in df.itertuples():
+    shown, more = _listed(df, severity)
+    for r in shown.itertuples():
         attrs = " ".join(f'data-{esc(col)}="{esc(_cell(getattr(r, col)))}"' for col in attr_cols
                          if col in df)
         over = r.worst_over
@@ -234,7 +238,19 @@ def records_section(run: Run, dashboard: Dashboard) -> str:
     return (f'<section id="all-records"><h2>All records</h2>'
             '<p class="desc">Click a column header to sort; pick values to filter.</p>'
             f'{controls}<table class="records sortable" id="{TABLE_ID}"><thead>{head}</thead>'
-            f"<tbody>{''.join(rows)}</tbody></table></section>")
+            f"<tbody>{''.join(rows)}</tbody></table>{more}</section>")
+
+
+def _listed(df: pd.DataFrame, severity: dict[str, int]) -> tuple[pd.DataFrame, str]:
+    """The rows the table lists (all, or the first MAX_RECORDS_LISTED by severity, in file
+    order within one verdict) and the note that counts the rest ("" when none is left out)."""
+    if len(df) <= MAX_RECORDS_LISTED:
+        return df, ""
+    rank = df.verdict.map(lambda v: severity.get(v, 99)).to_numpy()
+    shown = df.iloc[rank.argsort(kind="stable")[:MAX_RECORDS_LISTED]]
+    return shown, (f'<p class="note">{len(df) - MAX_RECORDS_LISTED} more records, not listed '
+                   f"(at most {MAX_RECORDS_LISTED}, the most severe verdicts first): "
+                   "<code>attnbench export</code> writes them all.</p>")
 
 
 def _timing_cells(r) -> str:

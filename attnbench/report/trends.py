@@ -105,28 +105,44 @@ class Trend:
 Finding = Trend  # a Trend whose ``finding`` is True
 
 
-def collect_series(records: Iterable[dict]) -> list[Series]:
-    """Series of judged records with both an error and a baseline error per tensor."""
-    found: dict[tuple, Series] = {}
-    for r in records:
+class SeriesCollector:
+    """:func:`collect_series` of records added one at a time: a report reads its journal once,
+    streamed, and keeps of each judged record only its :class:`Point` per tensor."""
+
+    def __init__(self) -> None:
+        self.found: dict[tuple, Series] = {}
+
+    def add(self, r: dict) -> None:
         if r.get("verdict") not in JUDGED_VERDICTS:
-            continue
+            return
         case = r.get("case") or {}
         tensors = ((r.get("accuracy") or {}).get("tensors") or {})
-        key = tuple(sorted((k, _hashable(v)) for k, v in case.items()
-                           if k not in _SERIES_IGNORES))
+        key = None
         for t in TENSORS:
             row = tensors.get(t) or {}
             error, base = row.get("rel_l2"), row.get("baseline_rel_l2")
             if row.get("baseline") != "fused" or not _positive(error) or not _positive(base):
                 continue
-            series = found.get((key, t))
+            if key is None:  # (only for records with a judged tensor: most have none)
+                key = tuple(sorted((k, _hashable(v)) for k, v in case.items()
+                                   if k not in _SERIES_IGNORES))
+            series = self.found.get((key, t))
             if series is None:
-                series = found[(key, t)] = Series(case.get("backend", "?"), t, key,
-                                                  _label(case))
+                series = self.found[(key, t)] = Series(case.get("backend", "?"), t, key,
+                                                       _label(case))
             series.points.append(Point(int(case.get("seqlen_kv") or case.get("seqlen_q") or 0),
                                        float(error), float(base)))
-    return list(found.values())
+
+    def result(self) -> list[Series]:
+        return list(self.found.values())
+
+
+def collect_series(records: Iterable[dict]) -> list[Series]:
+    """Series of judged records with both an error and a baseline error per tensor."""
+    collector = SeriesCollector()
+    for r in records:
+        collector.add(r)
+    return collector.result()
 
 
 def fit(series: Series) -> Optional[Trend]:
@@ -145,7 +161,12 @@ def fit(series: Series) -> Optional[Trend]:
 
 def trends(records: Iterable[dict]) -> list[Trend]:
     """Every fitted series, findings first (steepest first)."""
-    fitted = [t for t in (fit(s) for s in collect_series(records)) if t is not None]
+    return fit_all(collect_series(records))
+
+
+def fit_all(series: Iterable[Series]) -> list[Trend]:
+    """:func:`trends` of series already collected (a loaded run's ``series``)."""
+    fitted = [t for t in (fit(s) for s in series) if t is not None]
     return sorted(fitted, key=lambda t: (not t.finding, -t.slope))
 
 

@@ -13,9 +13,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from attnbench.report.dashboard import Panel
-from attnbench.report.data import Run, apply_filter, case_key, parity_checks
+from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
                                       PanelOutput, finish_figure, new_figure, setup_x)
+from attnbench.report.reading import PARALLEL_KEY
 from attnbench.report.style import VERDICT_COLORS
 from attnbench.results.records import RAN_VERDICTS, TENSORS
 
@@ -36,13 +37,15 @@ def draw_parallel(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     if not (df.world_size > 1).any():
         out.notes.append("No case with cp * tp > 1 in this run.")
         return out
-    base, pairs = _speedup_pairs(df, run.records)
+    base, pairs = _speedup_pairs(df)
     if len(pairs) and any(pairs[f"{d}_median_ms"].notna().any() for d in panel["directions"]):
         out.figures.append(_speedup_figure(panel, ctx, base, pairs))
     else:
         out.notes.append("No speedup plot: no multi-rank case has a timed world-size-1 twin "
                          "in this run.")
-    parity = parity_checks(r for r in run.records if r.get("id") in set(df.id))
+    parity = run.parity
+    if not parity.empty:  # the checks of the cases this panel draws
+        parity = parity[parity.id.isin(set(df.id))].reset_index(drop=True)
     if parity.empty:
         out.notes.append("No parity plot: no record has a check == \"parity\".")
         return out
@@ -53,14 +56,10 @@ def draw_parallel(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
 # -- speedup ----------------------------------------------------------------------------------
 
 
-def _speedup_pairs(df, records) -> tuple[Any, Any]:
+def _speedup_pairs(df) -> tuple[Any, Any]:
     """The ran cases at world size 1, one per case (index: the case key without gpu, cp, tp,
     cp_algo, plus the GPU kind), and the ran multi-rank cases that have such a twin."""
-    keyed = []
-    by_id = {rec.get("id"): rec for rec in records}
-    for _, r in df.iterrows():
-        case = by_id.get(r.id, {}).get("case", {})
-        keyed.append(case_key(case, ignore=("gpu", "cp", "tp", "cp_algo")) + f"|{r.gpu_kind}")
+    keyed = [f"{key}|{kind}" for key, kind in zip(df[PARALLEL_KEY], df.gpu_kind)]
     df = df.assign(_key=keyed)
     ran = df[df.verdict.isin(RAN_VERDICTS)]
     base = ran[ran.world_size == 1].drop_duplicates("_key").set_index("_key")

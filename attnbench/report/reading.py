@@ -1,0 +1,200 @@
+"""A run's records read once, streamed: the report's frame, built in chunks, and what the pages
+read of the records besides it (issue 29: a 10^6-record journal in bounded memory).
+
+What a report keeps per record is one frame row, less the columns no page reads
+(:data:`UNREAD`); of the records themselves only small tallies: the environments, each
+backend's code, the error-trend points of judged tensors, the parity checks (a few per
+multi-rank case) and the crashes of the failures the page lists. Two keys per row replace the
+case dicts that the comparison and two panels matched on (:func:`key_digest`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from attnbench.errors import ReportError, RunDirError
+from attnbench.report.code_changes import BackendCodeTally
+from attnbench.report.data import Run, case_key, flatten, load_manifest, number
+from attnbench.report.environment import EnvironmentTally
+from attnbench.report.trends import SeriesCollector
+from attnbench.results.ledger import last_records
+from attnbench.results.records import BAD_VERDICTS, SEVERITY, TENSORS
+
+CHUNK_ROWS = 5_000
+"""Rows flattened (a dict each) before they become a DataFrame: ~11 KB a row while buffered and
+converted (RSS growth measured at 30,000 rows in one chunk), ~1.1 KB once in the frame; 5,000
+rows keep the buffer near 55 MB (50,000 cost 0.55 GB)."""
+
+UNREAD = ("timing_mode", "flops_fwd", "flops_bwd", "peak_tflops", "fwd_pct_measured_peak",
+          "bwd_pct_measured_peak", "fp8_end_to_end_rel_l2", "crash_exit_code",
+          *(f"{t}_{c}" for t in TENSORS for c in ("ratio", "nonfinite")))
+"""Columns of :func:`~attnbench.report.data.flatten` that no page, panel or comparison reads
+(``<t>_nonfinite`` is already in ``<t>_over``); export writes them all from ``flatten``."""
+
+MATCH_KEY = "match_key"
+"""The case without ``gpu`` (:func:`~attnbench.report.data.case_key`): how compare and the
+architecture panel find one case in two runs or on two GPU kinds."""
+PARALLEL_KEY = "parallel_key"
+"""The case without ``gpu``, ``cp``, ``tp``, ``cp_algo``: a multi-rank case's world-size-1 twin."""
+PARALLEL_IGNORES = ("gpu", "cp", "tp", "cp_algo")
+DIGEST_BYTES = 12
+"""A key is the blake2b digest of the case's canonical text, not the text (~0.3 KB a row):
+96 bits, so two cases of 10^6 collide with odds ~10^-17."""
+
+PARITY_COLUMNS = ("id", "label", "backend", "dtype", "seqlen_q", "cp", "tp", "cp_algo",
+                  "world_size", "features", "verdict", "gpu_kind")
+"""The case columns of each parity check's row (:func:`~attnbench.report.data.parity_checks`)."""
+
+MAX_FAILURES_LISTED = 300
+"""Failures the page lists with their reason and crash; the rest are counted."""
+
+
+def key_digest(case: dict[str, Any], ignore: Iterable[str] = ("gpu",)) -> str:
+    text = case_key(case, ignore)
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).hexdigest()
+
+
+class RunReader:
+    """Records in, one at a time; :meth:`finish` returns the frame and the tallies.
+
+    ``columns``: keep only these frame columns (compare reads a few dozen); ``tallies``:
+    collect what one run's dashboard reads besides the frame (trend points, parity checks,
+    crashes), which a comparison does not."""
+
+    def __init__(self, run_id: str = "", columns: Iterable[str] | None = None,
+                 tallies: bool = True):
+        self.run_id = run_id
+        self.columns = None if columns is None else list(dict.fromkeys(columns))
+        self.tallies = tallies
+        self.rows: list[dict[str, Any]] = []
+        self.parts: dict[str, list[pd.Series]] = {}  # column -> its part of each chunk
+        self.environments = EnvironmentTally()
+        self.backend_code = BackendCodeTally()
+        self.series = SeriesCollector()
+        self.parity: list[dict[str, Any]] = []
+        self.failures: list[tuple] = []  # (sort key, id, crash) of the first failures listed
+        self.count = 0
+
+    def add(self, rec: dict[str, Any]) -> None:
+        row = flatten(rec, self.run_id)
+        case = rec.get("case") or {}
+        row[MATCH_KEY] = key_digest(case)
+        self.environments.add(rec)
+        self.backend_code.add(rec)
+        if self.tallies:
+            row[PARALLEL_KEY] = key_digest(case, PARALLEL_IGNORES)
+            self.series.add(rec)
+            self._parity(rec, row)
+            if row["verdict"] in BAD_VERDICTS:
+                self._failure(rec, row)
+        self.rows.append(row)
+        self.count += 1
+        if len(self.rows) >= CHUNK_ROWS:
+            self._flush()
+
+    def _parity(self, rec: dict[str, Any], row: dict[str, Any]) -> None:
+        for chk in rec.get("checks") or []:
+            if isinstance(chk, dict) and chk.get("check") == "parity":
+                self.parity.append({**{k: row[k] for k in PARITY_COLUMNS},
+                                    "tensor": chk.get("tensor"), "metric": chk.get("metric"),
+                                    "value": number(chk.get("value")),
+                                    "bound": number(chk.get("bound")),
+                                    "passed": chk.get("passed")})
+
+    def _failure(self, rec: dict[str, Any], row: dict[str, Any]) -> None:
+        """Keep the crash of the failures the page lists: the first MAX_FAILURES_LISTED in its
+        order (severity, backend, features, label; missing values last; then file order)."""
+        key = (SEVERITY.index(row["verdict"]) if row["verdict"] in SEVERITY else len(SEVERITY),
+               *(_sort_text(row[c]) for c in ("backend", "features", "label")), self.count)
+        self.failures.append((key, row["id"], rec.get("crash") or None))
+        if len(self.failures) > 2 * MAX_FAILURES_LISTED:  # amortised: sort and cut now and then
+            self.failures = sorted(self.failures)[:MAX_FAILURES_LISTED]
+
+    def _flush(self) -> None:
+        """The buffered rows as a DataFrame (its types inferred as for one of every row), kept
+        as one Series per column: a column of the chunk is a view of a block shared by all its
+        columns of one type, so each is copied out and the chunk freed."""
+        if self.rows:
+            chunk = self._narrow(pd.DataFrame(self.rows))
+            self.rows = []
+            for name in chunk.columns:
+                self.parts.setdefault(name, []).append(chunk[name].copy())
+
+    def _narrow(self, df: pd.DataFrame) -> pd.DataFrame:
+        if self.columns is not None:
+            return df[[c for c in self.columns if c in df]]
+        return df.drop(columns=[c for c in UNREAD if c in df])
+
+    def frame(self) -> pd.DataFrame:
+        """The frame of every row added, built a column at a time (each column's parts freed
+        once joined: the peak is the frame and one column, not the frame twice)."""
+        self._flush()
+        if not self.parts:
+            empty = flatten({"case": {}}, self.run_id)
+            empty.update({MATCH_KEY: "", PARALLEL_KEY: ""} if self.tallies else {MATCH_KEY: ""})
+            return self._narrow(pd.DataFrame(columns=list(empty)))
+        columns = {}
+        for name in list(self.parts):
+            parts = self.parts.pop(name)
+            column = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+            if len(parts) > 1 and column.dtype == object:
+                # all None in one chunk (object), text in another: the type one DataFrame
+                # of every row would have had
+                column = column.infer_objects()
+            columns[name] = column
+            del parts
+        return pd.DataFrame(columns, copy=False)
+
+    def crashes(self) -> dict[str, dict[str, Any]]:
+        return {i: crash for _, i, crash in sorted(self.failures)[:MAX_FAILURES_LISTED] if crash}
+
+    def parity_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.parity)
+
+
+def read_run(run_dir: str | Path, columns: Iterable[str] | None = None,
+             tallies: bool = True) -> Run:
+    """The run at ``run_dir``, its journal read once, streamed (each case's last record:
+    :func:`~attnbench.results.ledger.last_records`). ``columns`` and ``tallies``: see
+    :class:`RunReader` (what a comparison reads)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run directory")
+    path = run_dir / "records.jsonl"
+    if not path.exists():
+        raise ReportError(f"{path}: no such file; RUN must be a run directory written by "
+                          "`attnbench run` (it holds records.jsonl and manifest.json)")
+    manifest = load_manifest(run_dir)
+    reader = RunReader(str(manifest.get("run_id") or run_dir.name), columns, tallies)
+    try:
+        for rec in last_records(path):  # every record checked there (store.check_record)
+            reader.add(rec)
+    except RunDirError as exc:
+        raise ReportError(str(exc)) from None
+    return run_of(reader, run_dir, manifest)
+
+
+def run_of(reader: Any, path: Path, manifest: dict[str, Any]) -> Run:
+    """The :class:`Run` a :class:`RunReader` has read."""
+    return Run(path=path, manifest=manifest, frame=reader.frame(),
+               environments=reader.environments.result(),
+               backend_code=reader.backend_code.result(), series=reader.series.result(),
+               parity=reader.parity_frame(), crashes=reader.crashes())
+
+
+def run_of_records(path: Path, manifest: dict[str, Any], records: Iterable[dict[str, Any]],
+                   run_id: str = "") -> Run:
+    """A run of the records given (tests, previews): what :func:`read_run` builds."""
+    reader = RunReader(run_id)
+    for rec in records:
+        reader.add(rec)
+    return run_of(reader, Path(path), manifest)
+
+
+def _sort_text(value: Any) -> tuple[int, str]:
+    """How pandas sorts a text column: values in order, missing (None, NaN) last."""
+    return (0, value) if isinstance(value, str) else (1, "")

@@ -1,0 +1,98 @@
+"""``attnbench report`` and ``attnbench compare`` read a run once, streamed (issue 29): what they
+hold per case is a frame row (and a few tallies), never the record, so a 10^6-record journal fits
+in a bounded process (docs/cluster.md). Growth per added record, as in test_reader_memory: the
+peaks of a 4,000- and a 2,000-record journal apart, per added record, so fixed costs (the read
+buffer, pandas' own) cancel."""
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+import attnbench.report.reading as reading
+from attnbench.report.compare import load_compared
+from attnbench.report.reading import read_run
+from helpers import simulated_record
+
+RECORDS = 2000
+"""Records of the smaller journal; the larger has twice as many. ~2 s each read."""
+CHUNK_ROWS = 500
+"""Rows per chunk here (50,000 in a real run): so that both journals span several chunks and
+what grows is the frame, not the chunk buffer (bounded by CHUNK_ROWS whatever the journal)."""
+REPORT_BOUND = 2048
+"""Bytes a report's load may grow per added record: its frame row (~100 columns), the
+concatenation of the chunks, the tallies. Measured 1,009 B: 2x under; the mutant that also
+keeps each record measured 8,503 B: 4.2x over. (tracemalloc sees numpy's arrays and Python's
+objects, not pyarrow's text buffers: the benchmark's RSS figures count those.)"""
+COMPARE_BOUND = 1024
+"""... and a comparison's (~30 columns, no tallies). Measured 387 B: 2.6x under; the mutant
+that keeps each record measured 7,883 B: 7.7x over."""
+
+
+def _journal(tmp_path: Path, records: int) -> Path:
+    from attnbench.sweep.case import make_case
+
+    line = simulated_record(make_case("memory", {"backend": "naive", "dtype": "bf16",
+                                                 "gpu": "SIM-A"}))
+    run_dir = tmp_path / f"run{records}"
+    run_dir.mkdir()
+    with open(run_dir / "records.jsonl", "w") as fh:
+        for i in range(records):
+            fh.write(json.dumps({**line, "id": f"{i:016x}",
+                                 "case": {**line["case"], "seed": i}}) + "\n")
+    return run_dir  # no manifest: reading one costs a fixed 16 MiB peak (its size cap), which
+    # would hide a growth of a few MB
+
+
+def _peak(read, run_dir: Path) -> int:
+    tracemalloc.start()
+    try:
+        run = read(run_dir)
+        assert len(run.frame) == int(run_dir.name.removeprefix("run"))
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _growth_per_record(read, tmp_path: Path) -> float:
+    small, large = _journal(tmp_path, RECORDS), _journal(tmp_path, 2 * RECORDS)
+    _peak(read, small)  # imports and caches (pandas' first DataFrame) before measuring
+    return (_peak(read, large) - _peak(read, small)) / RECORDS
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(reading, "CHUNK_ROWS", CHUNK_ROWS)
+
+
+@pytest.fixture
+def keeping_records(monkeypatch):
+    """Mutant: the reader also keeps every record it reads (the records list of old)."""
+    kept = []
+    real_add = reading.RunReader.add
+
+    def add(self, rec):
+        kept.append(rec)
+        real_add(self, rec)
+
+    monkeypatch.setattr(reading.RunReader, "add", add)
+    return kept
+
+
+def test_report_load_holds_a_row_per_case_not_the_record(tmp_path, small_chunks):
+    assert _growth_per_record(read_run, tmp_path) < REPORT_BOUND
+
+
+def test_the_report_bound_catches_a_load_that_keeps_records(tmp_path, small_chunks,
+                                                            keeping_records):
+    assert _growth_per_record(read_run, tmp_path) > 3 * REPORT_BOUND
+
+
+def test_compare_load_holds_a_few_numbers_per_case(tmp_path, small_chunks):
+    assert _growth_per_record(load_compared, tmp_path) < COMPARE_BOUND
+
+
+def test_the_compare_bound_catches_a_load_that_keeps_records(tmp_path, small_chunks,
+                                                             keeping_records):
+    assert _growth_per_record(load_compared, tmp_path) > 3 * COMPARE_BOUND
