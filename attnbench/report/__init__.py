@@ -15,7 +15,9 @@ and how verdicts read: "timed" is "not judged"),
 ``synthetic`` (made-up runs in the real schema, for tests and previews), ``commands`` (argparse
 wiring and the functions behind ``attnbench report`` and ``attnbench compare``); for ``show``:
 ``run_summary`` (counts, failing cases and findings from one pass over a run), ``case_lines``
-(``--all``'s line per case) and ``sorted_lines`` (sorting them in bounded memory).
+(``--all``'s line per case) and ``sorted_lines`` (sorting them in bounded memory); for
+``export``: ``export`` (the formats) and ``export_chunks`` (the table in chunks, each typed as
+the whole).
 """
 
 from attnbench import package_face
