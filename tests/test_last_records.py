@@ -53,9 +53,12 @@ def test_a_last_line_without_newline_is_read_as_load_records_does(tmp_path, tail
 
 
 def test_ids_written_otherwise_are_parsed(tmp_path):
-    other = json.dumps(json.loads(_line(1)), indent=None)  # spaces: not read unparsed
-    run = _run(tmp_path, [_line(0), other, _line(1, "fail", attempt=2)])
+    record = json.loads(_line(1))
+    spaced = json.dumps(record)  # json.dumps' blanks: still read unparsed
+    later = json.dumps({"verdict": "fail", **record})  # id not first: parsed
+    run = _run(tmp_path, [_line(0), spaced, _line(2), later])
     assert list(last_records(run / "records.jsonl")) == load_records(run)
+    assert [r["verdict"] for r in load_records(run)] == ["pass", "pass", "pass"]
 
 
 def test_a_line_with_two_ids_is_refused(tmp_path):

@@ -74,7 +74,7 @@ def last_records(path: Path | str) -> Iterator[dict]:
                 continue
             rid = record["id"]
             seen = last.get(rid)
-            if _line_id(path, line) != rid:
+            if _fast_id(line) not in (None, rid):
                 raise RunDirError(f"{path}:{line.number}: a record with two ids; not a line "
                                   "attnbench wrote")
             if isinstance(seen, int):  # its only record
@@ -93,21 +93,29 @@ def last_records(path: Path | str) -> Iterator[dict]:
             os.close(fd)
 
 
-_ID = re.compile(rb'\{"id":"([\x20-\x21\x23-\x5b\x5d-\x7e]{1,64})"[,}]')
+_ID = re.compile(rb'\{[ \t\r\n]*"id"[ \t\r\n]*:[ \t\r\n]*"([\x20\x21\x23-\x5b\x5d-\x7e]{1,64})"'
+                 rb'[ \t\r\n]*[,}]')
 """A line's id as attnbench writes it (:func:`~attnbench.results.records.make_record`: the
-first key; a case id is 16 hex digits): printable ASCII without quotes or backslashes, so the
-bytes are the string JSON would decode. Reading it so costs ~1 us a line; parsing the line
-~50 us, checking it ~170 us (issue 29's notes: 100k lines, a loaded box)."""
+first key; a case id is 16 hex digits; JSON's blanks allowed, as ``json.dumps`` puts them):
+printable ASCII without quotes or backslashes, so the bytes are the string JSON would decode.
+Reading it so costs ~1 us a line; parsing the line ~50 us, checking it ~170 us (issue 29's
+notes: 100k lines, a loaded box)."""
+
+
+def _fast_id(line: JournalLine) -> str | None:
+    """The id of a whole line written as :data:`_ID` reads, else None."""
+    match = _ID.match(line.data) if line.ended else None
+    return match.group(1).decode("ascii") if match else None
 
 
 def _line_id(path: Path, line: JournalLine):
     """The id of a line's record, read without parsing where it is written as attnbench writes
-    it (:data:`_ID`), else parsed and checked (:func:`line_record`: None for a blank line,
+    it (:func:`_fast_id`), else parsed and checked (:func:`line_record`: None for a blank line,
     :data:`TORN` for a torn last line, a bad line raises); a last line without its newline is
     always parsed (it may be torn)."""
-    match = _ID.match(line.data) if line.ended else None
-    if match:
-        return match.group(1).decode("ascii")
+    rid = _fast_id(line)
+    if rid is not None:
+        return rid
     record = line_record(path, line)
     return record["id"] if isinstance(record, dict) else record
 
