@@ -14,16 +14,17 @@ import math
 import shlex
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 from attnbench import __version__
 from attnbench.backends import check_backend_name, public_names
-from attnbench.errors import (EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_FINDINGS,
-                              EXIT_INTERRUPTED, EXIT_OK, EXIT_STATUS_HELP, ClusterError, DiskError,
+from attnbench.errors import (EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED,
+                              EXIT_STATUS_HELP, ClusterError, DiskError,
                               UserError, os_error_text, printable, quiet_broken_pipe, short_repr)
-from attnbench.results.records import BAD_VERDICTS, VERDICTS
+from attnbench.report.run_summary import RunSummary
+from attnbench.results.records import VERDICTS
 from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
-                                     load_records)
+                                     stream_records)
 from attnbench.sweep.load import load_sweep, single_case_sweep
 from attnbench.validation import positive_int_argument
 
@@ -103,12 +104,18 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
         except UserError:  # a backend no worker can import: nothing ran, nothing is left
             store.close(discard_unused=True)
             raise
-    records, foreign = store.records()
+    ids = {c.id for c in sweep.cases}
+    recorded, foreign = RunSummary(), 0
+    for record in store.last_records():  # streamed: the run holds no record
+        if record["id"] in ids:
+            recorded.add(record)
+        else:
+            foreign += 1
     store.close()
     if foreign:
         print(f"attnbench: warning: {run_dir / 'records.jsonl'} holds {foreign} records of cases "
               "this sweep does not have; they are not counted", file=sys.stderr)
-    print(summary_table(records))
+    print(recorded.table_text())
     if summary is not None:
         share = 100 * summary.inside_s / (summary.wall_s * max(1, (conn.slots if pending else 1)))
         print(f"attnbench: {summary.written} cases in {summary.wall_s:.1f} s "
@@ -126,28 +133,17 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
         from attnbench.report.commands import write_report
 
         print(f"attnbench: dashboard {write_report(run_dir)}")
-    return run_status(records, findings_text(records))
+    return recorded.exit_status(recorded.findings_text())
 
 
-def findings_text(records: list[dict]) -> list[str]:
+def findings_text(records: Iterable[dict]) -> list[str]:
     """The accuracy findings across the sweep (:mod:`attnbench.report.trends`), one line each."""
-    from attnbench.report.trends import findings
-
-    found = findings(records)
-    if not found:
-        return []
-    return [f"{len(found)} accuracy finding{'s' if len(found) != 1 else ''} (error growing with "
-            "the sequence faster than the fused baseline's; every case may still pass):",
-            *(f"  FINDING {trend.describe()}" for trend in found[:20])]
+    return RunSummary.of(records).findings_text()
 
 
-def run_status(records: list[dict], findings: list[str]) -> int:
+def run_status(records: Iterable[dict], findings: list[str]) -> int:
     """Exit status of a finished run: failing cases first, then findings (errors.py)."""
-    for line in findings:
-        print(printable(line, 2000))
-    if any(r["verdict"] in BAD_VERDICTS for r in records):
-        return EXIT_FAILURES
-    return EXIT_FINDINGS if findings else EXIT_OK
+    return RunSummary.of(records).exit_status(findings)
 
 
 # -- validate ---------------------------------------------------------------------------------
@@ -181,46 +177,34 @@ def _check_importable(backends) -> None:
 
 
 # -- show -------------------------------------------------------------------------------------
-def summary_table(records: list[dict]) -> str:
+def summary_table(records: Iterable[dict]) -> str:
     """Verdict counts per backend, then the failing cases."""
-    table: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for r in records:
-        table[r["case"]["backend"]][r["verdict"]] += 1
-    present = [v for v in VERDICTS if any(c[v] for c in table.values())]
-    width = max([len("backend")] + [len(b) for b in table])
-    lines = [f"{'backend':<{width}}  " + "  ".join(f"{v:>11}" for v in present)]
-    for backend in sorted(table):
-        lines.append(f"{printable(backend):<{width}}  "
-                     + "  ".join(f"{table[backend][v]:>11}" for v in present))
-    bad = [r for r in records if r["verdict"] in BAD_VERDICTS]
-    if bad:
-        lines.append(f"{len(bad)} failing cases:")
-        for r in sorted(bad, key=lambda r: (r["verdict"], r.get("label", "")))[:50]:
-            lines.append(printable(f"  {r['verdict']:<8} {r['id'][:10]}  {r.get('label', '')}: "
-                                   f"{r.get('reason', '')}", 2000))
-        if len(bad) > 50:
-            lines.append(f"  ... {len(bad) - 50} more (attnbench show RUN --all)")
-    return "\n".join(lines)
+    return RunSummary.of(records).table_text()
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from attnbench.report.case_lines import label_and_line
+    from attnbench.report.sorted_lines import SortedLines
+
     run_dir = Path(args.run)
     manifest = load_manifest(run_dir)
-    records = load_records(run_dir)
-    sweep = manifest.get("sweep", {})
-    print(printable(f"run {manifest.get('run_id')}: sweep {short_repr(sweep.get('name'))} "
-                    f"({sweep.get('path')}), {len(records)}/{sweep.get('cases')} cases recorded, "
-                    f"created {manifest.get('created')}", 2000))
-    devices = sorted({str(d.get("device_name") or "?") for d in manifest.get("devices") or []})
-    print(printable(f"hosts: {', '.join(manifest.get('hosts') or []) or '-'}; devices: "
-                    f"{', '.join(devices) or '-'}", 2000))
-    print(summary_table(records))
-    if args.all:
-        from attnbench.report.case_lines import case_lines
-
-        for line in case_lines(records):
+    recorded = RunSummary()
+    with SortedLines() as lines:  # --all: one line per case, sorted by label
+        for record in stream_records(run_dir):  # one pass; no record is held
+            recorded.add(record)
+            if args.all:
+                lines.add(*label_and_line(record))
+        sweep = manifest.get("sweep", {})
+        print(printable(f"run {manifest.get('run_id')}: sweep {short_repr(sweep.get('name'))} "
+                        f"({sweep.get('path')}), {recorded.count}/{sweep.get('cases')} cases "
+                        f"recorded, created {manifest.get('created')}", 2000))
+        devices = sorted({str(d.get("device_name") or "?") for d in manifest.get("devices") or []})
+        print(printable(f"hosts: {', '.join(manifest.get('hosts') or []) or '-'}; devices: "
+                        f"{', '.join(devices) or '-'}", 2000))
+        print(recorded.table_text())
+        for line in lines:
             print(printable(line, 2000))
-    for line in findings_text(records):
+    for line in recorded.findings_text():
         print(printable(line, 2000))
     return 0
 

@@ -14,12 +14,17 @@ the frame in chunks and the tallies the pages read), ``dashboard`` (YAML definit
 hardware and software a run's records name, and what differs between runs), ``style`` (colours
 and how verdicts read: "timed" is "not judged"),
 ``synthetic`` (made-up runs in the real schema, for tests and previews), ``commands`` (argparse
-wiring and the functions behind ``attnbench report`` and ``attnbench compare``).
+wiring and the functions behind ``attnbench report`` and ``attnbench compare``); for ``show``:
+``run_summary`` (counts, failing cases and findings from one pass over a run), ``case_lines``
+(``--all``'s line per case) and ``sorted_lines`` (sorting them in bounded memory); for
+``export``: ``export`` (the formats) and ``export_chunks`` (the table in chunks, each typed as
+the whole).
 """
 
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
+    "case_lines": ("label_and_line",),
     "code_changes": ("backend_code", "backend_warnings", "options_warnings"),
     "commands": ("add_report_commands", "run_compare", "write_report"),
     "compare": ("classify", "compare_runs", "describe", "run_facts"),
@@ -33,6 +38,8 @@ __all__, __getattr__ = package_face(__name__, {
     "interactive": ("PAGE", "script_json"),
     "page": ("render",),
     "reading": ("RunReader", "read_run", "run_of_records"),
+    "run_summary": ("RunSummary",),
+    "sorted_lines": ("SortedLines",),
     "synthetic": ("write_synthetic_run",),
     "trends": ("GROWTH_BOUND", "Point", "SLOPE_BOUND", "Series", "findings", "fit"),
 })

@@ -19,6 +19,7 @@ import math
 from typing import Iterable, Iterator
 
 from attnbench.report.doubt import timing_doubt
+from attnbench.report.sorted_lines import SortedLines
 
 
 def _number(x) -> float:
@@ -48,17 +49,27 @@ def direction_text(name: str, stats: dict, memory_bound: bool = False) -> str:
 
 
 def case_lines(records: Iterable[dict]) -> Iterator[str]:
-    """One line per case, sorted by label: verdict, id, label, times, reason."""
-    for r in sorted(records, key=lambda r: str(r.get("label", ""))):
-        timing = r.get("timing") or {}
-        # decode reads a cache for a handful of queries: memory-bound, GB/s is its figure
-        # (a forward-only fp8 or backward: false case is still compute-bound: TFLOP/s)
-        memory_bound = (r.get("case") or {}).get("decode") is True
-        times = " | ".join(t for t in (direction_text(d, timing.get(d) or {}, memory_bound)
-                                       for d in ("fwd", "bwd")) if t)
-        reason = f"  {r['reason']}" if r.get("reason") else ""
-        yield (f"  {r['verdict']:<11} {str(r['id'])[:10]}  {r.get('label', '')}  {times}"
-               f"{error_text(r)}{fp8_text(r)}{reason}")
+    """One line per case, sorted by label (equal labels in the records' order): verdict, id,
+    label, times, reason. The records are not held: their lines are sorted
+    (:class:`~attnbench.report.sorted_lines.SortedLines`: on disk beyond a chunk)."""
+    with SortedLines() as lines:
+        for r in records:
+            lines.add(*label_and_line(r))
+        yield from lines
+
+
+def label_and_line(r: dict) -> tuple[str, str]:
+    """A record's sort key in :func:`case_lines` (its label) and its line."""
+    timing = r.get("timing") or {}
+    # decode reads a cache for a handful of queries: memory-bound, GB/s is its figure
+    # (a forward-only fp8 or backward: false case is still compute-bound: TFLOP/s)
+    memory_bound = (r.get("case") or {}).get("decode") is True
+    times = " | ".join(t for t in (direction_text(d, timing.get(d) or {}, memory_bound)
+                                   for d in ("fwd", "bwd")) if t)
+    reason = f"  {r['reason']}" if r.get("reason") else ""
+    return str(r.get("label", "")), (
+        f"  {r['verdict']:<11} {str(r['id'])[:10]}  {r.get('label', '')}  {times}"
+        f"{error_text(r)}{fp8_text(r)}{reason}")
 
 
 def error_text(record: dict) -> str:

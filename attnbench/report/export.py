@@ -28,11 +28,12 @@ import os
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
 from attnbench.errors import EXIT_OK, ReportError, UsageError
+from attnbench.report.export_chunks import spool_runs
 from attnbench.results.files import refusal, write_atomic
 
 FORMATS = ("csv", "parquet", "json")
@@ -45,11 +46,58 @@ LENGTH_COLUMNS = ("seqlens_q", "seqlens_kv")
 
 
 def export_frame(run_dirs: Sequence[Path]) -> pd.DataFrame:
-    """The runs' records as one frame, one row per case, first the columns people look for."""
-    from attnbench.report.data import load_run
+    """The runs' records as one frame, one row per case, first the columns people look for
+    (the whole table in memory: :func:`export_runs` writes it in chunks instead)."""
+    frames = []
+    with spool_runs(run_dirs, _rows) as spool:
+        for frame, front in spool.frames(_run_frame):
+            frames.append(_ordered(frame).iloc[front:])
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else \
+        frames[0].reset_index(drop=True)
 
-    frames = [load_run(Path(d)).frame for d in run_dirs]
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+def _rows(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """A run's rows (:func:`~attnbench.report.data.flatten`), its records streamed: refused
+    as :func:`~attnbench.report.data.load_run` refuses a run, before any row."""
+    from attnbench.errors import RunDirError
+    from attnbench.report.data import flatten, load_manifest
+    from attnbench.results.store import stream_records
+
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run directory")
+    path = run_dir / "records.jsonl"
+    if not path.exists():
+        raise ReportError(f"{path}: no such file; RUN must be a run directory written by "
+                          "`attnbench run` (it holds records.jsonl and manifest.json)")
+    records = stream_records(run_dir)
+    try:
+        first = next(records, None)  # the journal's first pass: a bad line refuses here
+    except RunDirError as exc:
+        raise ReportError(str(exc)) from None
+    manifest = load_manifest(run_dir)
+    run_id = str(manifest.get("run_id") or run_dir.name)
+    if first is None:
+        return
+    yield flatten(first, run_id)
+    try:
+        for record in records:
+            yield flatten(record, run_id)
+    except RunDirError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def _run_frame(rows: list[dict[str, Any]], run: int) -> pd.DataFrame:
+    """One run's rows as :func:`~attnbench.report.data.frame` makes them (no rows: the
+    columns alone)."""
+    from attnbench.report.data import flatten
+
+    if not rows:
+        return pd.DataFrame(columns=list(flatten({"case": {}})))
+    return pd.DataFrame(rows)
+
+
+def _ordered(df: pd.DataFrame) -> pd.DataFrame:
+    """First the columns people look for; counts as integers."""
     order = [c for c in FIRST_COLUMNS if c in df] + [c for c in df if c not in FIRST_COLUMNS]
     return _counts_as_integers(df[order])
 
@@ -97,33 +145,73 @@ def _cells(df: pd.DataFrame, fn) -> pd.DataFrame:
     return df.map(fn) if hasattr(df, "map") else df.applymap(fn)  # DataFrame.map: pandas >= 2.1
 
 
-def to_csv(df: pd.DataFrame) -> bytes:
-    return _cells(df, _scalar).to_csv(index=False, lineterminator="\n").encode("utf-8")
+def csv_chunks(frames: Iterator[tuple[pd.DataFrame, int]]) -> Iterator[bytes]:
+    """The table as CSV, a chunk at a time (the header with the first)."""
+    for i, (df, front) in enumerate(frames):
+        yield _cells(df, _scalar).iloc[front:].to_csv(
+            index=False, header=i == 0, lineterminator="\n").encode("utf-8")
 
 
-def to_json(df: pd.DataFrame) -> bytes:
+def json_chunks(frames: Iterator[tuple[pd.DataFrame, int]]) -> Iterator[bytes]:
     """A JSON array of row objects, one row per line (valid JSON that ``head`` still shows)."""
-    rows = [json.dumps({k: _plain(v) for k, v in row.items()}, allow_nan=False)
-            for row in df.to_dict(orient="records")]
-    return ("[\n" + ",\n".join(rows) + "\n]\n").encode("utf-8")
+    yield b"[\n"
+    first = True
+    for df, front in frames:
+        rows = [json.dumps({k: _plain(v) for k, v in row.items()}, allow_nan=False)
+                for row in df.iloc[front:].to_dict(orient="records")]
+        if rows:
+            yield (("" if first else ",\n") + ",\n".join(rows)).encode("utf-8")
+            first = False
+    yield b"\n]\n"
 
 
-def to_parquet(df: pd.DataFrame) -> bytes:
+def parquet_chunks(frames: Iterator[tuple[pd.DataFrame, int]]) -> Iterator[bytes]:
+    """The table as Parquet, a row group per chunk, its schema that of the first (every chunk
+    is typed as the whole table: :mod:`~attnbench.report.export_chunks`); written as pandas'
+    ``to_parquet`` writes (pyarrow, snappy), so a table of one chunk is the same file."""
     try:
-        import pyarrow  # noqa: F401  (pandas' engine; named here so its absence is one line)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
     except ImportError:
         raise UsageError("--format parquet: needs the package pyarrow, which is not installed "
                          "here (pip install pyarrow, or attnbench[parquet])") from None
-    buffer = io.BytesIO()
-    cells = _cells(df.drop(columns=[c for c in LENGTH_COLUMNS if c in df]), _scalar)
-    for col in LENGTH_COLUMNS:  # list<int64> columns, null for dense cases
-        if col in df:
-            cells.insert(list(df.columns).index(col), col, df[col].map(_parquet_scalar))
-    cells.to_parquet(buffer, index=False, engine="pyarrow")
-    return buffer.getvalue()
+    sink = io.BytesIO()
+    writer = None
+    try:
+        for df, front in frames:
+            cells = _cells(df.drop(columns=[c for c in LENGTH_COLUMNS if c in df]), _scalar)
+            for col in LENGTH_COLUMNS:  # list<int64> columns, null for dense cases
+                if col in df:
+                    cells.insert(list(df.columns).index(col), col,
+                                 df[col].map(_parquet_scalar))
+            table = pa.Table.from_pandas(cells, preserve_index=False).slice(front)
+            if writer is None:
+                writer = pq.ParquetWriter(sink, table.schema, compression="snappy")
+            writer.write_table(table.cast(writer.schema))
+            yield _drain(sink)
+    finally:
+        if writer is not None:
+            writer.close()
+    yield _drain(sink)
 
 
-WRITERS = {"csv": to_csv, "json": to_json, "parquet": to_parquet}
+def _drain(sink: io.BytesIO) -> bytes:
+    """What the Parquet writer wrote since the last call (its buffer emptied)."""
+    data = sink.getvalue()
+    sink.seek(0)
+    sink.truncate()
+    return data
+
+
+WRITERS = {"csv": csv_chunks, "json": json_chunks, "parquet": parquet_chunks}
+
+
+def export_chunks(run_dirs: Sequence[Path], fmt: str) -> Iterator[bytes]:
+    """The runs' table in ``fmt``, in chunks of bytes; the runs are read (and every record
+    checked) before the first."""
+    with spool_runs(run_dirs, _rows) as spool:
+        yield from WRITERS[fmt](
+            (_ordered(frame), front) for frame, front in spool.frames(_run_frame))
 
 
 def export_runs(run_dirs: Sequence[Path], fmt: str, out: Path | None,
@@ -144,20 +232,29 @@ def export_runs(run_dirs: Sequence[Path], fmt: str, out: Path | None,
     for i, path in enumerate(paths):
         if path in paths[:i]:
             raise UsageError(f"RUN: {run_dirs[i]} is given twice (its rows would be doubled)")
-    data = WRITERS[fmt](export_frame(run_dirs))
+    chunks = export_chunks(run_dirs, fmt)
     if out in (None, Path("-")):
         sys.stdout.flush()
-        sys.stdout.buffer.write(data)
+        for data in chunks:
+            sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     else:
+        size = 0
+
+        def write(fh) -> None:
+            nonlocal size
+            for data in chunks:
+                fh.write(data)
+                size += len(data)
+
         try:  # a temporary file beside it, then a rename: never through a planted link
-            write_atomic(out, data, replace=force)
+            write_atomic(out, write, replace=force)
         except FileExistsError:
             raise UsageError(f"--out: {out} exists; give --force to replace it, or another "
                              "name") from None
         except OSError as exc:
             raise ReportError(f"{out}: cannot write: {refusal(exc)}") from None
-        print(f"attnbench: {len(data)} bytes of {fmt} in {out}", file=sys.stderr)
+        print(f"attnbench: {size} bytes of {fmt} in {out}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -182,7 +182,7 @@ def run_of(reader: Any, path: Path, manifest: dict[str, Any]) -> Run:
     """The :class:`Run` a :class:`RunReader` has read."""
     return Run(path=path, manifest=manifest, frame=reader.frame(),
                environments=reader.environments.result(),
-               backend_code=reader.backend_code.result(), series=reader.series.result(),
+               backend_code=reader.backend_code.result(), series=reader.series.series(),
                parity=reader.parity_frame(), crashes=reader.crashes())
 
 

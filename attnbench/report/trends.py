@@ -52,23 +52,56 @@ class Point:
     baseline: float
 
 
+class _Mean:
+    """The geometric mean of positive numbers added one at a time, as exactly as
+    ``2 ** statistics.fmean(log2 values)`` (that is ``fsum(logs) / n``): the logs' sum is kept
+    exact as non-overlapping partials (Shewchuk's, as in ``math.fsum``), a handful of floats
+    whatever the count, so a series of 10^6 cases holds no list of them."""
+
+    __slots__ = ("n", "partials")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.partials: list[float] = []
+
+    def add(self, value: float) -> None:
+        x, i = math.log2(value), 0
+        for y in self.partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            high = x + y
+            low = y - (high - x)
+            if low:
+                self.partials[i] = low
+                i += 1
+            x = high
+        self.partials[i:] = [x]
+        self.n += 1
+
+    def value(self) -> float:
+        return 2 ** (math.fsum(self.partials) / self.n)
+
+
 @dataclass
 class Series:
-    """One backend's cases that differ only in length (and seed), for one tensor."""
+    """One backend's cases that differ only in length (and seed), for one tensor: per key
+    length, the geometric means of the error and of the baseline error so far."""
 
     backend: str
     tensor: str
     key: tuple
     label: str
-    points: list[Point] = field(default_factory=list)
+    lengths: dict[int, tuple[_Mean, _Mean]] = field(default_factory=dict)
+
+    def add(self, point: Point) -> None:
+        error, baseline = self.lengths.setdefault(point.keys, (_Mean(), _Mean()))
+        error.add(point.error)
+        baseline.add(point.baseline)
 
     def by_length(self) -> list[tuple[int, float, float]]:
         """(keys, geometric-mean error, geometric-mean baseline) per length, shortest first."""
-        grouped: dict[int, list[Point]] = {}
-        for p in self.points:
-            grouped.setdefault(p.keys, []).append(p)
-        return [(n, _geomean(p.error for p in ps), _geomean(p.baseline for p in ps))
-                for n, ps in sorted(grouped.items())]
+        return [(n, error.value(), baseline.value())
+                for n, (error, baseline) in sorted(self.lengths.items())]
 
 
 @dataclass(frozen=True)
@@ -106,11 +139,10 @@ Finding = Trend  # a Trend whose ``finding`` is True
 
 
 class SeriesCollector:
-    """:func:`collect_series` of records added one at a time: a report reads its journal once,
-    streamed, and keeps of each judged record only its :class:`Point` per tensor."""
+    """:func:`collect_series` one record at a time (``attnbench show`` reads a run once)."""
 
     def __init__(self) -> None:
-        self.found: dict[tuple, Series] = {}
+        self._found: dict[tuple, Series] = {}
 
     def add(self, r: dict) -> None:
         if r.get("verdict") not in JUDGED_VERDICTS:
@@ -123,18 +155,18 @@ class SeriesCollector:
             error, base = row.get("rel_l2"), row.get("baseline_rel_l2")
             if row.get("baseline") != "fused" or not _positive(error) or not _positive(base):
                 continue
-            if key is None:  # (only for records with a judged tensor: most have none)
+            if key is None:
                 key = tuple(sorted((k, _hashable(v)) for k, v in case.items()
                                    if k not in _SERIES_IGNORES))
-            series = self.found.get((key, t))
+            series = self._found.get((key, t))
             if series is None:
-                series = self.found[(key, t)] = Series(case.get("backend", "?"), t, key,
-                                                       _label(case))
-            series.points.append(Point(int(case.get("seqlen_kv") or case.get("seqlen_q") or 0),
-                                       float(error), float(base)))
+                series = self._found[(key, t)] = Series(case.get("backend", "?"), t, key,
+                                                        _label(case))
+            series.add(Point(int(case.get("seqlen_kv") or case.get("seqlen_q") or 0),
+                             float(error), float(base)))
 
-    def result(self) -> list[Series]:
-        return list(self.found.values())
+    def series(self) -> list[Series]:
+        return list(self._found.values())
 
 
 def collect_series(records: Iterable[dict]) -> list[Series]:
@@ -142,7 +174,7 @@ def collect_series(records: Iterable[dict]) -> list[Series]:
     collector = SeriesCollector()
     for r in records:
         collector.add(r)
-    return collector.result()
+    return collector.series()
 
 
 def fit(series: Series) -> Optional[Trend]:
@@ -161,13 +193,13 @@ def fit(series: Series) -> Optional[Trend]:
 
 def trends(records: Iterable[dict]) -> list[Trend]:
     """Every fitted series, findings first (steepest first)."""
-    return fit_all(collect_series(records))
+    return fitted(collect_series(records))
 
 
-def fit_all(series: Iterable[Series]) -> list[Trend]:
-    """:func:`trends` of series already collected (a loaded run's ``series``)."""
-    fitted = [t for t in (fit(s) for s in series) if t is not None]
-    return sorted(fitted, key=lambda t: (not t.finding, -t.slope))
+def fitted(series: Iterable[Series]) -> list[Trend]:
+    """:func:`trends` of series already collected."""
+    fits = [t for t in (fit(s) for s in series) if t is not None]
+    return sorted(fits, key=lambda t: (not t.finding, -t.slope))
 
 
 def findings(records: Iterable[dict]) -> list[Trend]:
@@ -178,11 +210,6 @@ def _slope(xs: list[float], ys: list[float]) -> float:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
-
-
-def _geomean(values: Iterable[float]) -> float:
-    logs = [math.log2(v) for v in values]
-    return 2 ** statistics.fmean(logs)
 
 
 def _positive(x: Any) -> bool:

@@ -20,5 +20,6 @@ __all__, __getattr__ = package_face(__name__, {
     "records": ("BAD_VERDICTS", "DIED_VERDICTS", "JUDGED_VERDICTS", "NOT_JUDGED_VERDICTS",
                 "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS", "VERDICTS", "make_record"),
     "schema": ("check_record",),
-    "store": ("RunStore", "default_run_dir", "latest_run_dir", "load_manifest", "load_records"),
+    "store": ("RunStore", "default_run_dir", "latest_run_dir", "load_manifest", "load_records",
+              "stream_records"),
 })

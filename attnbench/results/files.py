@@ -24,8 +24,9 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) \
     | getattr(os, "O_CLOEXEC", 0)
@@ -53,27 +54,31 @@ def create_temp(directory: Path | str, prefix: str, mode: int = MODE) -> tuple[i
                           str(directory))
 
 
-def write_atomic(path: Path | str, data: bytes | str, *, mode: int = MODE, sync: bool = False,
-                 replace: bool = True) -> None:
+def write_atomic(path: Path | str, data: bytes | str | Callable[[BinaryIO], None], *,
+                 mode: int = MODE, sync: bool = False, replace: bool = True) -> None:
     """``path`` holds ``data``, whole, or is unchanged: written to :func:`create_temp` beside it,
     then renamed over it (``replace``) or hard-linked to it (not ``replace``: raises
-    :class:`FileExistsError` when ``path`` exists, whatever it is). ``sync``: on disk before the
-    rename (for what a power loss must not empty). Raises :class:`OSError`; no temporary file is
-    left behind."""
+    :class:`FileExistsError` when ``path`` exists, whatever it is). ``data`` may be a function
+    that writes it to the open file (a table written in chunks, never whole in memory).
+    ``sync``: on disk before the rename (for what a power loss must not empty). Raises
+    :class:`OSError`; no temporary file is left behind."""
     path = Path(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
     fd, tmp = create_temp(path.parent, f".{path.name[:100]}.")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data)
             if sync:
                 fh.flush()
                 os.fsync(fh.fileno())
         if replace:
             os.replace(tmp, path)
         else:
-            _link_new(tmp, path, data)
+            _link_new(tmp, path)
     finally:
         try:
             tmp.unlink()
@@ -81,10 +86,10 @@ def write_atomic(path: Path | str, data: bytes | str, *, mode: int = MODE, sync:
             pass  # renamed into place
 
 
-def _link_new(tmp: Path, path: Path, data: bytes) -> None:
+def _link_new(tmp: Path, path: Path) -> None:
     """Put ``tmp`` at ``path`` only if nothing is there: ``link(2)`` fails on any existing
     name, a dangling link included. A filesystem without hard links gets an ``O_EXCL`` create
-    of ``path`` itself (not atomic for readers, still never an overwrite)."""
+    of ``path`` itself, ``tmp`` copied in (not atomic for readers, still never an overwrite)."""
     try:
         os.link(tmp, path)
     except FileExistsError:
@@ -94,8 +99,8 @@ def _link_new(tmp: Path, path: Path, data: bytes) -> None:
                              errno.EMLINK):
             raise
         fd = os.open(path, CREATE_FLAGS, MODE)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+        with os.fdopen(fd, "wb") as fh, open(tmp, "rb") as source:
+            shutil.copyfileobj(source, fh)
 
 
 def open_append(path: Path | str, mode: int = MODE) -> BinaryIO:

@@ -41,34 +41,38 @@ memory should not depend on where the run directory lies."""
 class JournalLine:
     """One line of a journal: its 1-based ``number``; its bytes without the newline (empty when
     ``oversize``); ``ended`` (it has its newline: a last line without one may be torn by an
-    interrupted write); ``oversize`` (longer than the cap: its bytes were not kept)."""
+    interrupted write); ``oversize`` (longer than the cap: its bytes were not kept);
+    ``offset``: where it starts in the file (a reader may come back to it)."""
 
     number: int
     data: bytes
     ended: bool
     oversize: bool = False
+    offset: int = 0
 
 
 def read_lines(fh: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[JournalLine]:
     """The lines of an open binary file, each held only while it is looked at; a line longer
     than ``limit`` bytes is skipped through in chunks and yielded as ``oversize``."""
-    number = 0
+    number = offset = 0
     while True:
         data = fh.readline(limit + 1)
         if not data:
             return
         number += 1
+        start, offset = offset, offset + len(data)
         if len(data) <= limit or (len(data) == limit + 1 and data.endswith(b"\n")):
             ended = data.endswith(b"\n")
-            yield JournalLine(number, data[:-1] if ended else data, ended)
+            yield JournalLine(number, data[:-1] if ended else data, ended, offset=start)
             continue
         ended = False
         while not ended:  # skip the rest of the long line without keeping it
             chunk = fh.readline(_CHUNK)
             if not chunk:
                 break
+            offset += len(chunk)
             ended = chunk.endswith(b"\n")
-        yield JournalLine(number, b"", ended, oversize=True)
+        yield JournalLine(number, b"", ended, oversize=True, offset=start)
 
 
 def journal_lines(path: Path | str, limit: int = MAX_LINE_BYTES) -> Iterator[JournalLine]:
@@ -99,21 +103,36 @@ def journal_records(path: Path | str, limit: int = MAX_LINE_BYTES
     and line."""
     path = Path(path)
     for line in journal_lines(path, limit):
-        where = f"{path}:{line.number}"
-        if line.oversize:
-            raise RunDirError(f"{where}: a line of more than {limit} bytes; a record is at most "
-                              "a few KB, so this is not a record attnbench wrote")
-        if not line.data.strip():
-            continue
-        try:
-            record = parse_json(line.data.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            if not line.ended:
-                return  # torn by an interruption mid-write
-            why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "not a JSON record"
-            raise RunDirError(f"{where}: {why} ({printable(exc, 200)})") from None
-        check_record(f"{where}: ", record)
-        yield line.number, record
+        record = line_record(path, line, limit)
+        if record is TORN:
+            return
+        if record is not None:
+            yield line.number, record
+
+
+TORN = object()
+""":func:`line_record` of a torn last line: the journal ends before it."""
+
+
+def line_record(path: Path, line: JournalLine, limit: int = MAX_LINE_BYTES):
+    """The checked record of one line of the journal at ``path`` (what :func:`journal_records`
+    yields), None for a blank line, :data:`TORN` for a torn last line; anything else raises
+    :class:`RunDirError` naming the file and line."""
+    where = f"{path}:{line.number}"
+    if line.oversize:
+        raise RunDirError(f"{where}: a line of more than {limit} bytes; a record is at most "
+                          "a few KB, so this is not a record attnbench wrote")
+    if not line.data.strip():
+        return None
+    try:
+        record = parse_json(line.data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        if not line.ended:
+            return TORN  # torn by an interruption mid-write
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else "not a JSON record"
+        raise RunDirError(f"{where}: {why} ({printable(exc, 200)})") from None
+    check_record(f"{where}: ", record)
+    return record
 
 
 MAX_FIELD_CHARS = 1 << 16

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator, Optional
 from attnbench.errors import DiskError, RunDirError, os_error_text, printable, short_repr
 from attnbench.results.files import open_append, open_update, refusal, write_atomic
 from attnbench.results.journal import MAX_LINE_BYTES, fit_line, journal_records
-from attnbench.results.ledger import Entry, read_ledger
+from attnbench.results.ledger import Entry, last_records, read_ledger
 from attnbench.results.lock import LOCK, RunLock, utc_now as _now
 from attnbench.results.schema import ENV_KEYS, check_manifest, check_record
 from attnbench.sweep.case import Case
@@ -411,14 +411,23 @@ class RunStore:
         """The records of this sweep's cases, and how many other records the journal holds
         (pasted from another run; they are neither shown nor counted). Read back from the
         journal (what this run appended is handed to it first): the run keeps no record."""
+        ids = {c.id for c in self.sweep.cases}
+        mine, foreign = [], 0
+        for record in self.last_records():
+            if record["id"] in ids:
+                mine.append(record)
+            else:
+                foreign += 1
+        return mine, foreign
+
+    def last_records(self) -> Iterator[dict]:
+        """Each recorded case's last record, streamed, in :func:`load_records`' order (what
+        this run appended is handed to the journal first): none is held, so the end of a run
+        of 10^6 cases reads it back in bounded memory."""
         if self._fh is not None and self._broken is None:
             self.flush()
-        ids = {c.id for c in self.sweep.cases}
-        last: dict[str, dict] = {}
-        for record in self._journal():
-            last[record["id"]] = record
-        mine = [r for r in last.values() if r["id"] in ids]
-        return mine, len(last) - len(mine)
+        if self.records_path.exists():
+            yield from last_records(self.records_path)
 
     def _journal(self) -> Iterator[dict]:
         """The journal's records, streamed (none yet: nothing)."""
@@ -514,6 +523,20 @@ def load_records(run_dir: Path | str) -> list[dict]:
     for _, record in journal_records(path):  # streamed, each line capped
         by_id[record["id"]] = record
     return list(by_id.values())
+
+
+def stream_records(run_dir: Path | str) -> Iterator[dict]:
+    """:func:`load_records`, streamed: the same records in the same order, each read, checked
+    and let go (:func:`~attnbench.results.ledger.last_records`), so a reader's memory does not
+    grow with the journal. A run directory without a journal refuses as ``load_records``
+    does, when iteration begins."""
+    path = Path(run_dir) / RECORDS
+    if not path.exists():
+        if not (Path(run_dir) / MANIFEST).exists():
+            raise RunDirError(f"{path}: not found; is {run_dir} a run directory made by "
+                              "`attnbench run`?")
+        return
+    yield from last_records(path)
 
 
 def records_frame(records: Iterable[dict]):

@@ -16,7 +16,8 @@ from attnbench.report.data import Run
 from attnbench.report.figures import (TENSOR_LABELS, Context, PanelOutput, finish_figure, fmt_len,
                                       new_figure, plain_log_ticks)
 from attnbench.report.style import VERDICT_COLORS
-from attnbench.report.trends import GROWTH_BOUND, MIN_LENGTHS, SLOPE_BOUND, fit_all
+from attnbench.report.trends import GROWTH_BOUND, MIN_LENGTHS, SLOPE_BOUND
+from attnbench.report.trends import fitted as fitted_trends
 
 BASELINE_COLOR = "#444444"
 COLUMNS = 3
@@ -26,7 +27,7 @@ MIN_SPAN = 8.0  # the y axis spans at least this factor
 def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     out = PanelOutput(panel)
     wanted = set(panel["tensors"])
-    fitted = [t for t in fit_all(run.series) if t.series.tensor in wanted]
+    fitted = [t for t in fitted_trends(run.series) if t.series.tensor in wanted]
     if not fitted:
         out.notes.append(f"No series with {MIN_LENGTHS} or more lengths judged against the fused "
                          "baseline: nothing to fit (a sweep needs a length ladder, e.g. "

@@ -1,0 +1,79 @@
+"""``attnbench export`` writes a run in chunks and holds no record (issue 29): memory per added
+journal line, measured as in tests/test_reader_memory.py (the peaks of a 4,000- and a 2,000-line
+journal, differenced: fixed costs cancel), with a mutant that builds the whole table. That the
+chunks are typed as the whole table (same bytes): tests/test_export_chunks.py."""
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+import attnbench.cli as cli
+import attnbench.report.data as data
+import attnbench.report.export as export
+import attnbench.report.export_chunks as export_chunks
+from helpers import simulated_record
+
+LINES = 2000
+"""Lines of the smaller journal; the larger has twice as many. ~3 s each."""
+BOUND_BYTES = 256
+"""Peak growth allowed per added line. Measured (two runs each): csv 7-39 B, json -11-35 B,
+parquet 16-30 B -- the peak is a chunk being formatted (500 rows here), after the journal's
+pass and its ledger are gone -- so ~6x under; the mutant that builds the whole table (a
+DataFrame is compact: ~860 B a row against ~7.5 KB a parsed record) 858 B, asserted over
+twice the bound (1.7x margin on that)."""
+
+
+def _run(tmp_path: Path, lines: int) -> Path:
+    from attnbench.sweep.case import make_case
+
+    run_dir = tmp_path / f"run{lines}"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text(json.dumps({"run_id": run_dir.name}))
+    with open(run_dir / "records.jsonl", "w") as fh:
+        for i in range(lines):
+            case = make_case("memory", {"backend": "naive", "dtype": "bf16", "gpu": "SIM-A",
+                                        "seed": i % 7})
+            fh.write(json.dumps({**simulated_record(case), "id": f"{i:016x}"}) + "\n")
+    return run_dir
+
+
+def _peak(run_dir: Path, fmt: str, out: Path) -> int:
+    tracemalloc.start()
+    try:
+        assert cli.main(["export", str(run_dir), "--format", fmt, "--out", str(out),
+                         "--force"]) == 0
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _growth_per_line(tmp_path: Path, fmt: str) -> float:
+    small, large = _run(tmp_path, LINES), _run(tmp_path, 2 * LINES)
+    out = tmp_path / f"cases.{fmt}"
+    _peak(small, fmt, out)  # what the first call imports is no growth
+    return (_peak(large, fmt, out) - _peak(small, fmt, out)) / LINES
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(export_chunks, "CHUNK_ROWS", 500)  # chunks as at 10^6 cases
+    # Reading the manifest allocates its 16 MiB cap for a moment (read_bounded): a fixed peak
+    # that would hide any growth under 16 MiB / 4,000 lines. The journal's pass is measured.
+    monkeypatch.setattr(data, "load_manifest", lambda run_dir: {"run_id": run_dir.name})
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
+def test_export_holds_no_record(tmp_path, fmt):
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    assert _growth_per_line(tmp_path, fmt) < BOUND_BYTES
+
+
+def test_the_bound_catches_an_export_of_the_whole_table(tmp_path, monkeypatch):
+    def whole(run_dirs, fmt):  # mutant: the whole table in memory, then written
+        return iter([export.export_frame(run_dirs).to_csv(index=False).encode()])
+
+    monkeypatch.setattr(export, "export_chunks", whole)
+    assert _growth_per_line(tmp_path, "csv") > 2 * BOUND_BYTES
