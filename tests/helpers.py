@@ -40,3 +40,20 @@ def simulated_record(case, verdict: str = "pass") -> dict:
            "lease_start": 1.0e9, "lease_end": 1.0e9 + 0.25}
     return make_record(case, verdict=verdict, reason="simulated", timing=timing, env=env,
                        duration_s=0.25, wall_s=0.25, attempt=1)
+
+
+def in_fresh_interpreter(module: str, function: str, *args: str) -> float:
+    """``tests/<module>.py``'s ``function(*args)`` run in a new Python process, its float
+    result. For memory measurements: in the full suite the growth per journal line of
+    ``last_records`` and ``show`` read ~630 B where a fresh process (and the same files run
+    alone) read 150-250 B -- state an earlier test leaves in the process; a measurement of the
+    reader alone should not depend on which tests ran before it."""
+    import subprocess
+
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import {module} as m; "
+            f"print(m.{function}(*sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return float(done.stdout.strip().splitlines()[-1])
+

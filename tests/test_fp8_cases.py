@@ -166,7 +166,7 @@ def test_descale_by_query_head_hides_under_per_tensor_scaling():
 
 def test_fp8_panel_splits_the_error_and_pairs_fp8_with_bf16(tmp_path):
     from attnbench.report.dashboard import load_dashboard
-    from attnbench.report.data import Run, frame
+    from attnbench.report.reading import run_of_records
     from attnbench.report.figures import Context
     from attnbench.report.panels import draw_panel
     from attnbench.report.panels.fp8 import speedups
@@ -176,7 +176,7 @@ def test_fp8_panel_splits_the_error_and_pairs_fp8_with_bf16(tmp_path):
         warmup=0, warmup_ms=0, min_samples=1, max_samples=1, max_seconds=0.2))
     records = [run_case(make_case("t", dict(backend="naive", **{**FP8, "dtype": dtype})),
                         one_sample) for dtype in ("fp8_e4m3", "fp8_e5m2", "bf16")]
-    run = Run(path=tmp_path, manifest={"run_id": "t"}, records=records, frame=frame(records, "t"))
+    run = run_of_records(tmp_path, {"run_id": "t"}, records, "t")
     assert run.frame.fp8_quantization_rel_l2.notna().sum() == 2
     pairs = speedups(run.frame)
     assert sorted(pairs.dtype) == ["fp8_e4m3", "fp8_e5m2"] and (pairs.speedup > 0).all()
