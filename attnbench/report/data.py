@@ -63,15 +63,25 @@ FP8_SPLIT = ("kernel", "quantization", "end_to_end")
 # loading (through attnbench.results.store, which owns the run directory format)
 
 
+def journal_of(run_dir: Path, *, directory: bool = True) -> Path:
+    """``run_dir``'s journal, or :class:`ReportError` (one line) naming what is missing:
+    ``run_dir`` itself (when ``directory``), or its ``records.jsonl``."""
+    run_dir = Path(run_dir)
+    if directory and not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run directory")
+    path = run_dir / "records.jsonl"
+    if not path.exists():
+        raise ReportError(f"{path}: no such file; RUN must be a run directory written by "
+                          "`attnbench run` (it holds records.jsonl and manifest.json)")
+    return path
+
+
 def load_records(run_dir: Path) -> list[dict[str, Any]]:
     """The run's records (last one per case id; a torn last line is skipped)."""
     from attnbench.errors import RunDirError
     from attnbench.results.store import load_records as store_load_records
 
-    path = Path(run_dir) / "records.jsonl"
-    if not path.exists():
-        raise ReportError(f"{path}: no such file; RUN must be a run directory written by "
-                          "`attnbench run` (it holds records.jsonl and manifest.json)")
+    journal_of(run_dir, directory=False)
     try:
         records = store_load_records(Path(run_dir))
     except RunDirError as exc:  # every record checked there (store.check_record)
@@ -140,8 +150,7 @@ def load_run(run_dir: str | Path) -> Run:
     while the frame is built: what ``attnbench export`` reads. The report and compare read
     :func:`attnbench.report.reading.read_run` (streamed, bounded)."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReportError(f"{run_dir}: no such run directory")
+    journal_of(run_dir)
     records = load_records(run_dir)
     manifest = load_manifest(run_dir)
     run_id = str(manifest.get("run_id") or run_dir.name)

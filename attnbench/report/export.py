@@ -60,15 +60,10 @@ def _rows(run_dir: Path) -> Iterator[dict[str, Any]]:
     """A run's rows (:func:`~attnbench.report.data.flatten`), its records streamed: refused
     as :func:`~attnbench.report.data.load_run` refuses a run, before any row."""
     from attnbench.errors import RunDirError
-    from attnbench.report.data import flatten, load_manifest
+    from attnbench.report.data import flatten, journal_of, load_manifest
     from attnbench.results.store import stream_records
 
-    if not run_dir.is_dir():
-        raise ReportError(f"{run_dir}: no such run directory")
-    path = run_dir / "records.jsonl"
-    if not path.exists():
-        raise ReportError(f"{path}: no such file; RUN must be a run directory written by "
-                          "`attnbench run` (it holds records.jsonl and manifest.json)")
+    journal_of(run_dir)
     records = stream_records(run_dir)
     try:
         first = next(records, None)  # the journal's first pass: a bad line refuses here

@@ -18,7 +18,7 @@ import pandas as pd
 
 from attnbench.errors import ReportError, RunDirError
 from attnbench.report.code_changes import BackendCodeTally
-from attnbench.report.data import Run, case_key, flatten, load_manifest, number
+from attnbench.report.data import Run, case_key, flatten, journal_of, load_manifest, number
 from attnbench.report.environment import EnvironmentTally
 from attnbench.report.trends import SeriesCollector
 from attnbench.results.ledger import last_records
@@ -162,12 +162,7 @@ def read_run(run_dir: str | Path, columns: Iterable[str] | None = None,
     :func:`~attnbench.results.ledger.last_records`). ``columns`` and ``tallies``: see
     :class:`RunReader` (what a comparison reads)."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise ReportError(f"{run_dir}: no such run directory")
-    path = run_dir / "records.jsonl"
-    if not path.exists():
-        raise ReportError(f"{path}: no such file; RUN must be a run directory written by "
-                          "`attnbench run` (it holds records.jsonl and manifest.json)")
+    path = journal_of(run_dir)
     manifest = load_manifest(run_dir)
     reader = RunReader(str(manifest.get("run_id") or run_dir.name), columns, tallies)
     try:

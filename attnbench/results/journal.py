@@ -75,10 +75,9 @@ def read_lines(fh: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[JournalLin
         yield JournalLine(number, b"", ended, oversize=True, offset=start)
 
 
-def journal_lines(path: Path | str, limit: int = MAX_LINE_BYTES) -> Iterator[JournalLine]:
-    """:func:`read_lines` of the journal at ``path``. Raises :class:`RunDirError` (one line) when
-    it cannot be opened or is not a regular file (a FIFO is not waited on)."""
-    path = Path(path)
+def open_journal(path: Path) -> int:
+    """A read-only descriptor of the journal at ``path``. Raises :class:`RunDirError` (one
+    line) when it cannot be opened or is not a regular file (a FIFO is not waited on)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
                      | getattr(os, "O_CLOEXEC", 0))
@@ -87,6 +86,13 @@ def journal_lines(path: Path | str, limit: int = MAX_LINE_BYTES) -> Iterator[Jou
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise RunDirError(f"{path}: not a file; the journal must be one")
+    return fd
+
+
+def journal_lines(path: Path | str, limit: int = MAX_LINE_BYTES) -> Iterator[JournalLine]:
+    """:func:`read_lines` of the journal at ``path`` (opened by :func:`open_journal`)."""
+    path = Path(path)
+    fd = open_journal(path)
     with os.fdopen(fd, "rb", buffering=_READ_BUFFER) as fh:
         try:
             yield from read_lines(fh, limit)

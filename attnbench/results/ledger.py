@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import sys
 from pathlib import Path
 from typing import Iterator
 
 from attnbench.errors import RunDirError
 from attnbench.results.journal import (TORN, JournalLine, journal_lines, journal_records,
-                                       line_record)
+                                       line_record, open_journal)
 
 
 class Entry:
@@ -84,7 +83,7 @@ def last_records(path: Path | str) -> Iterator[dict]:
             elif seen is not None and rid not in sent:  # retried: its last record, here
                 sent.add(rid)
                 if fd is None:
-                    fd = _open_again(path)
+                    fd = open_journal(path)
                 yield _record_at(path, fd, rid, *seen)
             elif seen is None:
                 raise _changed(path, line.number)
@@ -135,18 +134,6 @@ def _last_lines(path: Path) -> tuple[dict[str, int | tuple[int, int, int]], int]
         last[rid] = line.number if rid not in last else (line.number, line.offset,
                                                          len(line.data))
     return last, lines
-
-
-def _open_again(path: Path) -> int:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise RunDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise RunDirError(f"{path}: not a file; the journal must be one")
-    return fd
 
 
 def _record_at(path: Path, fd: int, rid: str, number: int, offset: int, length: int) -> dict:
