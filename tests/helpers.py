@@ -42,18 +42,22 @@ def simulated_record(case, verdict: str = "pass") -> dict:
                        duration_s=0.25, wall_s=0.25, attempt=1)
 
 
-def in_fresh_interpreter(module: str, function: str, *args: str) -> float:
-    """``tests/<module>.py``'s ``function(*args)`` run in a new Python process, its float
-    result. For memory measurements: in the full suite the growth per journal line of
-    ``last_records`` and ``show`` read ~630 B where a fresh process (and the same files run
-    alone) read 150-250 B -- state an earlier test leaves in the process; a measurement of the
-    reader alone should not depend on which tests ran before it."""
+def in_fresh_interpreter(module: str, function: str, *args: str):
+    """``tests/<module>.py``'s ``function(*args)`` run in a new Python process; its result
+    (a number or a list of numbers), passed back as JSON. For memory measurements, which
+    tracemalloc takes over every thread of the process: in the full suite a reader's growth per
+    journal line read ~630 B (and once, on CI, 579 B where 103 B is the reader's own) --
+    allocations of threads and state that earlier tests leave in the process. A measurement of
+    the reader alone should not depend on which tests ran before it."""
+    import json
     import subprocess
 
-    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); import {module} as m; "
-            f"print(m.{function}(*sys.argv[1:]))")
+    code = (f"import json, sys, threading; sys.path.insert(0, {str(ROOT / 'tests')!r}); "
+            f"import {module} as m; result = m.{function}(*sys.argv[1:]); "
+            "assert threading.active_count() == 1, threading.enumerate(); "
+            "print(json.dumps(result))")
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
-    return float(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 

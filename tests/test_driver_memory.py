@@ -22,7 +22,7 @@ from attnbench.dispatch.loop import Progress
 from attnbench.resources import DEVICE, kind_resource
 from attnbench.results.store import RunStore
 from attnbench.sweep.load import parse_sweep
-from helpers import simulated_record
+from helpers import in_fresh_interpreter, simulated_record
 
 CASES = 1200
 """Cases of the smaller run (the larger has twice as many); from 12,000 to 36,000 cases the
@@ -95,9 +95,17 @@ def _per_case(tmp_path, run_class=LaneRun) -> tuple[float, float, float]:
     return tuple((b - a) / CASES for a, b in zip(small, large))
 
 
+def fresh_per_case(tmp: str) -> tuple[float, float, float]:
+    """:func:`_per_case` in a fresh interpreter (helpers.in_fresh_interpreter)."""
+    from pathlib import Path
+
+    return _per_case(Path(tmp))
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
-    return _per_case(tmp_path_factory.mktemp("driver"))
+    return in_fresh_interpreter("test_driver_memory", "fresh_per_case",
+                                str(tmp_path_factory.mktemp("driver")))
 
 
 def test_the_cases_are_slotted_and_carry_only_their_id(measured):

@@ -13,7 +13,7 @@ import attnbench.cli as cli
 import attnbench.report.data as data
 import attnbench.report.export as export
 import attnbench.report.export_chunks as export_chunks
-from helpers import simulated_record
+from helpers import in_fresh_interpreter, simulated_record
 
 LINES = 2000
 """Lines of the smaller journal; the larger has twice as many. ~3 s each."""
@@ -56,19 +56,30 @@ def _growth_per_line(tmp_path: Path, fmt: str) -> float:
     return (_peak(large, fmt, out) - _peak(small, fmt, out)) / LINES
 
 
-@pytest.fixture(autouse=True)
-def small_chunks(monkeypatch):
-    monkeypatch.setattr(export_chunks, "CHUNK_ROWS", 500)  # chunks as at 10^6 cases
+def _small_chunks(setattr) -> None:
+    setattr(export_chunks, "CHUNK_ROWS", 500)  # chunks as at 10^6 cases
     # Reading the manifest allocates its 16 MiB cap for a moment (read_bounded): a fixed peak
     # that would hide any growth under 16 MiB / 4,000 lines. The journal's pass is measured.
-    monkeypatch.setattr(data, "load_manifest", lambda run_dir: {"run_id": run_dir.name})
+    setattr(data, "load_manifest", lambda run_dir: {"run_id": run_dir.name})
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    _small_chunks(monkeypatch.setattr)
+
+
+def fresh_growth_per_line(tmp: str, fmt: str) -> float:
+    """:func:`_growth_per_line` in a fresh interpreter (helpers.in_fresh_interpreter)."""
+    _small_chunks(setattr)
+    return _growth_per_line(Path(tmp), fmt)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json", "parquet"])
 def test_export_holds_no_record(tmp_path, fmt):
     if fmt == "parquet":
         pytest.importorskip("pyarrow")
-    assert _growth_per_line(tmp_path, fmt) < BOUND_BYTES
+    assert in_fresh_interpreter("test_export_memory", "fresh_growth_per_line", str(tmp_path),
+                                fmt) < BOUND_BYTES
 
 
 def test_the_bound_catches_an_export_of_the_whole_table(tmp_path, monkeypatch):
