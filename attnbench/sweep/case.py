@@ -279,16 +279,36 @@ case (:func:`check_case_dict`) go through it."""
 assert set(CASE_RULES) == set(CASE_FIELDS)
 
 
+_CHECKED: dict[tuple, Any] = {}
+"""(field, type, value) -> what its rule returned, for values that passed: a rule depends on the
+value only, and a journal's cases share most values (a few backends, dtypes, lengths), so a
+read-back case costs a look-up a field, not a rule and its where-string (issue 29: 29 -> ~14 us
+a case; every reader checks 10^6)."""
+_CHECKED_MAX = 1 << 12
+"""Entries kept before :data:`_CHECKED` is emptied (~0.5 MiB: 4,096 x ~120 B): far more than a
+sweep's distinct values but for seeds, which refill it at a miss each."""
+
+
 def check_case_dict(where: str, data: Any) -> Case:
     """A case as stored in a record (``mask: window`` with its bounds), checked field by field
     against :data:`CASE_RULES`; fields it lacks take their defaults (older records), fields this
     version does not know are ignored (newer ones). Raises :class:`SweepError`."""
-    if not isinstance(data, Mapping):
+    if type(data) is not dict and not isinstance(data, Mapping):  # (an ABC check: ~1 us)
         raise _fail(where, data, "a case (a JSON object of case fields)")
     values = {}
     for name, rule in CASE_RULES.items():
         if name in data:
-            values[name] = rule.check(f"{where}.{name}", data[name])
+            value = data[name]
+            # the type too (True == 1 == 1.0); a float by its bits (-0.0 == 0.0)
+            key = (name, value.hex()) if type(value) is float else (name, type(value), value)
+            try:
+                values[name] = _CHECKED[key]
+            except KeyError:  # not seen yet
+                values[name] = _CHECKED[key] = rule.check(f"{where}.{name}", value)
+                if len(_CHECKED) > _CHECKED_MAX:
+                    _CHECKED.clear()
+            except TypeError:  # a list (seqlens_q): not kept
+                values[name] = rule.check(f"{where}.{name}", value)
     if "backend" not in values:
         raise SweepError(f"{where}.backend: missing")
     case = Case(**values)
