@@ -162,7 +162,9 @@ def load_run(run_dir: str | Path) -> Run:
 
 
 def _num(x: Any) -> float:
-    if isinstance(x, bool) or x is None:
+    if type(x) is float:  # most values (~50 a record, 10^6 records): no call
+        return x
+    if x is None or isinstance(x, bool):
         return math.nan
     try:
         return float(x)
@@ -172,6 +174,15 @@ def _num(x: Any) -> float:
 
 number = _num
 """A record's value as a float (NaN when absent or not a number), as every column reads it."""
+
+
+# Column names made once, not per record (10^6 records are flattened by export and report).
+_TIMING_COLUMNS = tuple((d, tuple((f"{d}_{s}", s) for s in TIMING_STATS), f"{d}_noisy")
+                        for d in DIRECTIONS)
+_TENSOR_COLUMNS = tuple((t, f"{t}_rel_l2", f"{t}_bound", f"{t}_ratio", f"{t}_nonfinite",
+                         f"{t}_over") for t in TENSORS)
+_IDENTITY_COLUMNS = tuple((name, f"{name}_over") for name in IDENTITIES)
+_FP8_COLUMNS = tuple((f"fp8_{part}_rel_l2", f"{part}_rel_l2") for part in FP8_SPLIT)
 
 
 def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
@@ -208,11 +219,11 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
     row["timing_mode"] = timing.get("mode")
     for key in ("flops_fwd", "flops_bwd", "peak_tflops", "measured_peak_tflops"):
         row[key] = _num(timing.get(key))
-    for d in DIRECTIONS:
+    for d, columns, noisy in _TIMING_COLUMNS:
         stats = timing.get(d) or {}
-        for s in TIMING_STATS:
-            row[f"{d}_{s}"] = _num(stats.get(s))
-        row[f"{d}_noisy"] = stats.get("noisy") is True
+        for column, s in columns:
+            row[column] = _num(stats.get(s))
+        row[noisy] = stats.get("noisy") is True
 
     acc = rec.get("accuracy") or {}
     tensors = acc.get("tensors") or {}
@@ -220,25 +231,27 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
     counted = {c.get("tensor"): _num(c.get("value")) for c in rec.get("checks") or []
                if isinstance(c, dict) and c.get("check") == "nonfinite"}
     overs = []
-    for t in TENSORS:
+    for t, rel_l2, bound_, ratio, nonfinite_, over_ in _TENSOR_COLUMNS:
         m = tensors.get(t) or {}
         rel, bound = _num(m.get("rel_l2")), _num(m.get("bound"))
-        row[f"{t}_rel_l2"] = rel
-        row[f"{t}_bound"] = bound
-        row[f"{t}_ratio"] = _num(m.get("ratio"))
-        row[f"{t}_nonfinite"] = _num(m.get("nonfinite")) if m else counted.get(t, math.nan)
+        row[rel_l2] = rel
+        row[bound_] = bound
+        row[ratio] = _num(m.get("ratio"))
+        row[nonfinite_] = nonfinite = (_num(m.get("nonfinite")) if m
+                                       else counted.get(t, math.nan))
         over = rel / bound if bound and bound > 0 and not math.isnan(rel) else math.nan
-        if not math.isnan(row[f"{t}_nonfinite"]) and row[f"{t}_nonfinite"] > 0:
+        if not math.isnan(nonfinite) and nonfinite > 0:
             over = math.inf  # NaN/Inf in a tensor is as wrong as it gets
-        row[f"{t}_over"] = over
+        row[over_] = over
         overs.append(over)
     # Reference-free checks, as value over bound like the tensors: the identities (they decide
     # where a backend hides its dropout mask) and the worst parity error of a CP/TP split.
-    for name in IDENTITIES:
-        check = (acc.get("identities") or {}).get(name) or {}
+    identities = acc.get("identities") or {}
+    for name, over_ in _IDENTITY_COLUMNS:
+        check = identities.get(name) or {}
         value, bound = _num(check.get("value")), _num(check.get("bound"))
         over = value / bound if bound and bound > 0 and not math.isnan(value) else math.nan
-        row[f"{name}_over"] = over
+        row[over_] = over
         overs.append(over)
     parity = [(_num(p.get("rel_l2")), _num(p.get("bound")))
               for p in (acc.get("parity") or {}).values() if isinstance(p, dict)]
@@ -248,8 +261,8 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
     finite = [o for o in overs if not math.isnan(o)]
     row["worst_over"] = max(finite) if finite else math.nan
     split = acc.get("fp8") if isinstance(acc.get("fp8"), dict) else {}
-    for part in FP8_SPLIT:
-        row[f"fp8_{part}_rel_l2"] = _num(split.get(f"{part}_rel_l2"))
+    for column, key in _FP8_COLUMNS:
+        row[column] = _num(split.get(key))
 
     compiled = rec.get("compile") if isinstance(rec.get("compile"), dict) else {}
     row.update(compile_mode=compiled.get("mode"), compile_variant=compiled.get("variant"),
