@@ -1,8 +1,8 @@
-"""check_record's fast path (results/schema.py ``_fits``) and check_case_dict's memo of checked
-values (sweep/case.py ``_CHECKED``): issue 29's readers check 10^6 records, so a record that
+"""check_record's fast path (results/schema.py ``_fits``, its memo of object shapes) and the
+values check_case_dict passed (sweep/case.py ``case_dict_passes``): issue 29's readers check 10^6 records, so a record that
 passes builds no message; one that does not goes the slow way, which names its field. The
 rule: the fast path passes only what the slow one passes (else a bad record would be read as
-good), and the memo returns what the rule returned for that very value."""
+good), and a memo knows a value good only where its rule passed that very value."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import attnbench.results.schema as schema
 import attnbench.sweep.case as case_module
 from attnbench.errors import RunDirError, SweepError
 from attnbench.results.schema import check_record
-from attnbench.sweep.case import check_case_dict, make_case
+from attnbench.sweep.case import case_dict_passes, check_case_dict, make_case
 from helpers import simulated_record
 
 WRONG = (True, False, 0, -1, 1.5, "x", "", [], [1.5], [True], ["x"], {}, {"a": 1}, None)
@@ -117,34 +117,72 @@ def test_a_str_subclass_goes_the_slow_way_and_passes():
 
 @pytest.mark.parametrize("field, first, second", [
     ("batch", 1, True),         # True == 1: a memo keyed on the value alone passes a bool
-    ("dropout", 0.0, -0.0),     # -0.0 == 0.0: the Case (and its id) must keep the sign
-    ("dropout", -0.0, 0.0),
     ("seqlen_q", 512, 512.0),   # an integer field given a float
+    ("dtype", "bf16", "BF16"),
+    ("cp", 2, 128),             # over MAX_RANKS
 ])
-def test_the_memo_tells_values_equal_in_python_apart(field, first, second):
-    case_module._CHECKED.clear()
+def test_a_value_passed_before_does_not_pass_its_look_alike(field, first, second):
+    case_module._PASSED.clear()
     base = make_case("memo", {"backend": "naive"}).to_dict()
     check_case_dict("c", {**base, field: first})
-    try:
-        case = check_case_dict("c", {**base, field: second})
-    except SweepError:
-        assert isinstance(second, (bool, float)) and field in ("batch", "seqlen_q")
-        return
-    assert repr(getattr(case, field)) == repr(float(second)), (field, second)
+    assert case_dict_passes({**base, field: first})
+    assert not case_dict_passes({**base, field: second})
+    with pytest.raises(SweepError, match=f"^c.{field}: got "):
+        check_case_dict("c", {**base, field: second})
 
 
-def test_the_memo_is_bounded():
-    # Mutant: no clearing: a journal of 10^6 distinct seeds keeps 10^6 entries.
-    case_module._CHECKED.clear()
+def test_the_case_relations_are_kept():
+    # Mutant: case_dict_passes without its cp * tp bound: cp=8, tp=16 (each passed alone) read
+    # as good.
+    case_module._PASSED.clear()
     base = make_case("memo", {"backend": "naive"}).to_dict()
-    for seed in range(case_module._CHECKED_MAX + 10):
+    check_case_dict("c", {**base, "cp": 8})
+    check_case_dict("c", {**base, "tp": 16})
+    assert not case_dict_passes({**base, "cp": 8, "tp": 16})
+    with pytest.raises(RunDirError, match=r"case\.cp: got 8, expected cp \* tp <= 64"):
+        check_record("j:1: ", {**_full_record(), "case": {**base, "cp": 8, "tp": 16}})
+    # packed lengths are never known alone: checked against batch and seqlen_q each time
+    packed = {**base, "batch": 2, "seqlen_q": 512, "seqlen_kv": 512, "seqlens_q": [384, 128],
+              "seqlens_kv": [384, 128]}
+    check_case_dict("c", packed)
+    assert not case_dict_passes(packed)
+    # Mutant: lengths remembered when hashable (a case made in memory holds tuples): lengths
+    # of a good 2-sequence pack then pass with batch 3.
+    check_case_dict("c", {**base, "batch": 3})
+    tuples = {**packed, "seqlens_q": (384, 128), "seqlens_kv": (384, 128)}
+    check_case_dict("c", tuples)
+    assert not case_dict_passes({**tuples, "batch": 3})
+    assert not case_dict_passes({**base, "backend2": "naive"})  # a field it does not know
+    assert case_dict_passes(base) and not case_dict_passes({**base, "backend": "other"})
+
+
+def test_the_memos_are_bounded():
+    # Mutant: no clearing: a journal of 10^6 distinct seeds keeps 10^6 values (or shapes).
+    case_module._PASSED.clear()
+    base = make_case("memo", {"backend": "naive"}).to_dict()
+    for seed in range(case_module._PASSED_MAX + 10):
         check_case_dict("c", {**base, "seed": seed})
-    assert len(case_module._CHECKED) <= case_module._CHECKED_MAX
+    assert len(case_module._PASSED) <= case_module._PASSED_MAX
+    rec = _full_record()
+    for i in range(schema._SHAPES_MAX + 10):
+        rec["env"] = {"host": "h", f"extra{i}": 1}
+        check_record("", rec)
+    assert len(schema._SHAPES) <= schema._SHAPES_MAX
 
 
 def test_a_refused_value_is_not_remembered_as_passed():
-    case_module._CHECKED.clear()
+    case_module._PASSED.clear()
     base = make_case("memo", {"backend": "naive"}).to_dict()
     for _ in range(2):  # the second time too, with its message
         with pytest.raises(SweepError, match=r"^c\.cp: got 0, expected a positive integer"):
             check_case_dict("c", {**base, "cp": 0})
+        assert not case_dict_passes({**base, "cp": 0})
+
+
+def test_a_shape_seen_passing_still_has_its_lists_read():
+    # Mutant: the list of numbers (samples_ms) judged by the shape alone (its type, list).
+    rec = _full_record()
+    check_record("", rec)
+    rec["timing"]["fwd"]["samples_ms"] = [1.0, "x"]
+    with pytest.raises(RunDirError, match=r"timing\.fwd\.samples_ms: got \[1\.0, 'x'\]"):
+        check_record("", rec)

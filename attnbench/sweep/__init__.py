@@ -13,7 +13,8 @@ with; :mod:`~.coverage` which pairs of feature values a set of sweeps never puts
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
-    "case": ("CASE_FIELDS", "Case", "MAX_CASES", "PUBLIC_FIELDS", "check_case_dict", "make_case"),
+    "case": ("CASE_FIELDS", "Case", "MAX_CASES", "PUBLIC_FIELDS", "case_dict_passes",
+             "check_case_dict", "make_case"),
     "coverage": ("FEATURES", "Coverage", "excluded", "meaningful_pairs", "pair_coverage",
                  "values"),
     "flops": ("BACKWARD_FACTOR", "case_bytes", "case_flops", "decode_bytes", "visible_pairs"),

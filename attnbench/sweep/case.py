@@ -279,36 +279,17 @@ case (:func:`check_case_dict`) go through it."""
 assert set(CASE_RULES) == set(CASE_FIELDS)
 
 
-_CHECKED: dict[tuple, Any] = {}
-"""(field, type, value) -> what its rule returned, for values that passed: a rule depends on the
-value only, and a journal's cases share most values (a few backends, dtypes, lengths), so a
-read-back case costs a look-up a field, not a rule and its where-string (issue 29: 29 -> ~14 us
-a case; every reader checks 10^6)."""
-_CHECKED_MAX = 1 << 12
-"""Entries kept before :data:`_CHECKED` is emptied (~0.5 MiB: 4,096 x ~120 B): far more than a
-sweep's distinct values but for seeds, which refill it at a miss each."""
-
-
 def check_case_dict(where: str, data: Any) -> Case:
     """A case as stored in a record (``mask: window`` with its bounds), checked field by field
     against :data:`CASE_RULES`; fields it lacks take their defaults (older records), fields this
     version does not know are ignored (newer ones). Raises :class:`SweepError`."""
-    if type(data) is not dict and not isinstance(data, Mapping):  # (an ABC check: ~1 us)
+    if not isinstance(data, Mapping):
         raise _fail(where, data, "a case (a JSON object of case fields)")
     values = {}
     for name, rule in CASE_RULES.items():
         if name in data:
-            value = data[name]
-            # the type too (True == 1 == 1.0); a float by its bits (-0.0 == 0.0)
-            key = (name, value.hex()) if type(value) is float else (name, type(value), value)
-            try:
-                values[name] = _CHECKED[key]
-            except KeyError:  # not seen yet
-                values[name] = _CHECKED[key] = rule.check(f"{where}.{name}", value)
-                if len(_CHECKED) > _CHECKED_MAX:
-                    _CHECKED.clear()
-            except TypeError:  # a list (seqlens_q): not kept
-                values[name] = rule.check(f"{where}.{name}", value)
+            values[name] = rule.check(f"{where}.{name}", data[name])
+            _remember(name, data[name])
     if "backend" not in values:
         raise SweepError(f"{where}.backend: missing")
     case = Case(**values)
@@ -316,6 +297,41 @@ def check_case_dict(where: str, data: Any) -> Case:
     if case.cp * case.tp > MAX_RANKS:
         raise _fail(f"{where}.cp", case.cp, f"cp * tp <= {MAX_RANKS} (tp={case.tp})")
     return case
+
+
+_PASSED: set[tuple[str, type, Any]] = set()
+"""(field, type, value) of values their rule passed in :func:`check_case_dict`: a rule depends
+on the value alone, and a journal's cases share most values (a few backends, dtypes, lengths),
+so :func:`case_dict_passes` knows most read-back cases good by look-ups, without a rule, a
+where-string or a Case (issue 29: every reader checks 10^6 cases; ~29 us a case)."""
+_PASSED_MAX = 1 << 12
+"""Values kept before :data:`_PASSED` is emptied (~0.5 MiB: 4,096 x ~120 B): far more than a
+sweep's distinct values but for seeds, each of which costs one case a miss."""
+
+
+def _remember(name: str, value: Any) -> None:
+    if name in _PACKED_FIELDS:  # lengths pass with batch and seqlen_q only: never alone
+        return
+    if len(_PASSED) >= _PASSED_MAX:
+        _PASSED.clear()
+    try:
+        _PASSED.add((name, type(value), value))  # the type too: True == 1 == 1.0
+    except TypeError:  # unhashable: not kept
+        pass
+
+
+def case_dict_passes(data: Any) -> bool:
+    """Whether :func:`check_case_dict` passes ``data``, where that is known without it: True
+    only where it does (every field a known one holding a value passed before, cp * tp within
+    bounds, no lengths); False means ask it. (-0.0 and 0.0 are one value here: every rule
+    passes both or neither.)"""
+    if type(data) is not dict or "backend" not in data:
+        return False
+    try:  # each item looked up in C, stopping at the first unknown (lengths: never known)
+        known = _PASSED.issuperset(zip(data, map(type, data.values()), data.values()))
+    except TypeError:  # unhashable: a list
+        return False
+    return known and data.get("cp", 1) * data.get("tp", 1) <= MAX_RANKS
 
 
 PUBLIC_FIELDS = tuple(f for f in CASE_FIELDS
