@@ -186,3 +186,53 @@ def test_a_shape_seen_passing_still_has_its_lists_read():
     rec["timing"]["fwd"]["samples_ms"] = [1.0, "x"]
     with pytest.raises(RunDirError, match=r"timing\.fwd\.samples_ms: got \[1\.0, 'x'\]"):
         check_record("", rec)
+
+
+def _parse_json_of(data: bytes):
+    from attnbench.validation import parse_json
+
+    try:
+        return "value", parse_json(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+def _parse_line_of(data: bytes):
+    from attnbench.results.journal import parse_line
+
+    try:
+        return "value", parse_line(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+NUMBERS = ["0", "-0", "-0.0", "1e308", "1e309", "-1e309", "1E400", "1e+309", "1e+0309", "1e-400",
+           "1.7976931348623157e+308", "1.8e308", "9223372036854775807", "9223372036854775808",
+           "-9223372036854775808", "-9223372036854775809", "12345678901234567890.5",
+           "0.00012345678901234567", "1" + "0" * 400, "1" + "0" * 5000, "NaN", "-Infinity",
+           "Infinity", "1.5e-05", "123456789012345678", "0.1e99", "[1e999]", '"1e999"',
+           '"12345678901234567890"', "1.0", "true", "null"]
+
+
+@pytest.mark.parametrize("number", NUMBERS)
+@pytest.mark.parametrize("shape", ['{"a":%s}', '{"a": [1, %s]}', ' {"a":%s}', '[%s]', '%s',
+                                   '{"s":"NaN","a":%s,"b":NaN}', '{"a":%s,"b":1e999}'])
+def test_a_line_parses_as_parse_json_parses_it(shape, number):
+    # Mutants caught here: no check for long integers (2**63 passes), or for exponents (1e309
+    # is inf), the blank before a long integer left out ("-9223372036854775809"), NaN let
+    # through by the plain decoder (parse_constant=float).
+    data = (shape % number).encode()
+    assert _parse_line_of(data) == _parse_json_of(data)
+
+
+def test_lines_of_random_numbers_parse_as_parse_json_parses_them():
+    import random
+
+    rng = random.Random(29)
+    pieces = ["1", "9", "0", ".", "e", "E", "+", "-", "5"]
+    for _ in range(3000):
+        number = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 30)))
+        data = f'{{"x": {number}, "y": [{rng.random() * 10 ** rng.randint(-30, 30)}]}}'.encode()
+        assert _parse_line_of(data) == _parse_json_of(data), data
+    for bad in (b'{"a": "\xff"}', b'{"a": 1', b"{" * 100_000, b'{"a": "\\ud800"}'):
+        assert _parse_line_of(bad) == _parse_json_of(bad)
