@@ -59,3 +59,25 @@ def test_an_empty_run_exports_its_header(tmp_path, monkeypatch):
     text = _export([tmp_path], "csv", 5, monkeypatch).decode()
     assert text.startswith("run_id,id,label,backend,verdict,reason,") and text.count("\n") == 1
     assert _export([tmp_path], "json", 5, monkeypatch) == b"[\n\n]\n"
+
+
+@pytest.mark.parametrize("rows", [
+    [{"a": 1, "b": "x"}, {"b": "y", "a": None}, {"b": "z", "a": 2.5}],   # one shape, two orders
+    [{"a": 1, "b": "x"}, {"a": 2}, {"a": 3, "b": None, "c": True}],       # several shapes
+    [{"a": 1}, {"a": None}],                                              # one column
+])
+def test_spooled_rows_come_back_as_the_frame_of_their_dicts(rows, monkeypatch):
+    # Rows of one shape are spooled as tuples of their values (issue 29: export's time); the
+    # frame must be the one pandas makes of the dicts. Mutant: the values taken in each row's
+    # own key order (dict.values()): the second row of the first case swaps a and b.
+    import pandas as pd
+
+    from attnbench.report.export import _run_frame
+
+    monkeypatch.setattr(export_chunks, "CHUNK_ROWS", 2)  # the second chunk gains a column
+    with export_chunks.spool_runs([Path("r")], lambda _: iter(rows)) as spool:
+        frames = [frame.iloc[front:] for frame, front in spool.frames(_run_frame)]
+    got = pd.concat(frames, ignore_index=True)
+    want = pd.DataFrame(rows)
+    assert list(got.columns) == list(want.columns) and got.dtypes.equals(want.dtypes)
+    assert got.equals(want)

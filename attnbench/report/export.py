@@ -81,13 +81,16 @@ def _rows(run_dir: Path) -> Iterator[dict[str, Any]]:
         raise ReportError(str(exc)) from None
 
 
-def _run_frame(rows: list[dict[str, Any]], run: int) -> pd.DataFrame:
+def _run_frame(rows: list, run: int, columns: Sequence[str] | None = None) -> pd.DataFrame:
     """One run's rows as :func:`~attnbench.report.data.frame` makes them (no rows: the
-    columns alone)."""
+    columns alone); with ``columns``, rows are tuples of their values in that order (the same
+    frame: pandas types a column of either from its values alike)."""
     from attnbench.report.data import flatten
 
     if not rows:
         return pd.DataFrame(columns=list(flatten({"case": {}})))
+    if columns is not None:
+        return pd.DataFrame(rows, columns=list(columns))
     return pd.DataFrame(rows)
 
 

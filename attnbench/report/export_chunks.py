@@ -53,18 +53,26 @@ class Spool:
             self._write(run, chunk)
 
     def _write(self, run: int, rows: list[dict[str, Any]]) -> None:
-        _note_kinds(self._kinds[run], rows)
-        pickle.dump(rows, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        columns = _note_kinds(self._kinds[run], rows)
+        if columns is not None and len(columns) > 1:  # (itemgetter of one key: not a tuple)
+            # rows of one shape (flatten's): values only, the columns once (a third less to
+            # pickle and load, and a frame made from tuples in half the time of dicts)
+            values = list(map(operator.itemgetter(*columns), rows))
+            pickle.dump((columns, values), self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        else:
+            pickle.dump((None, rows), self._file, protocol=pickle.HIGHEST_PROTOCOL)
         self._chunks.append((run, len(rows)))
         self.rows += len(rows)
 
-    def frames(self, make_frame: Callable[[list[dict[str, Any]], int], pd.DataFrame]
+    def frames(self, make_frame: Callable[..., pd.DataFrame]
                ) -> Iterator[tuple[pd.DataFrame, int]]:
         """Each chunk as ``(frame, front)``: the frame holds first ``front`` rows of every run's
         kinds, then the chunk's rows, so that what is done to it types it as the whole table
         would be; cut the first ``front`` rows off when writing. ``make_frame(rows, run)``
-        types one run's rows (as the whole run would be when ``rows`` hold its kinds). No
-        rows at all: one empty frame, with the columns."""
+        types one run's rows (as the whole run would be when ``rows`` hold its kinds);
+        ``make_frame(values, run, columns)`` the same rows as tuples of their values in the
+        order of ``columns`` (pandas makes both the same frame). No rows at all: one empty
+        frame, with the columns."""
         kinds = [make_frame(_kind_rows(k), run) for run, k in enumerate(self._kinds)]
         front = sum(len(f) for f in kinds)
         if not self._chunks:
@@ -72,8 +80,18 @@ class Spool:
             return
         self._file.seek(0)
         for run, count in self._chunks:
-            rows = pickle.load(self._file)
-            own = make_frame(_kind_rows(self._kinds[run]) + rows, run).iloc[len(kinds[run]):]
+            columns, rows = pickle.load(self._file)
+            kind_rows = _kind_rows(self._kinds[run])
+            if columns is not None and columns == tuple(self._kinds[run]):
+                # the frame make_frame would make of the dicts: columns in the order they
+                # first come (the kinds' rows come first), values as they are
+                made = make_frame(list(map(operator.itemgetter(*columns), kind_rows)) + rows,
+                                  run, columns)
+            else:
+                if columns is not None:  # the run's kinds gained columns from another chunk
+                    rows = [dict(zip(columns, values)) for values in rows]
+                made = make_frame(kind_rows + rows, run)
+            own = made.iloc[len(kinds[run]):]
             yield pd.concat(kinds + [own], ignore_index=True), front
 
     def close(self) -> None:
@@ -86,9 +104,11 @@ class Spool:
         self.close()
 
 
-def _note_kinds(kinds: dict[str, dict[Any, Any]], rows: list[dict[str, Any]]) -> None:
+def _note_kinds(kinds: dict[str, dict[Any, Any]], rows: list[dict[str, Any]]
+                ) -> tuple[str, ...] | None:
     """Add the kinds the rows' columns hold (:func:`_kind`), column by column: a set of types
-    per column is C-speed, a value at a time is ~50 us a row (as much as flattening it)."""
+    per column is C-speed, a value at a time is ~50 us a row (as much as flattening it).
+    Returns the rows' columns where all have the same (in the first row's order), else None."""
     columns = dict.fromkeys(c for row in rows[:1] for c in row)
     shaped = all(row.keys() == columns.keys() for row in rows)  # flatten's rows: one shape
     if not shaped:
@@ -105,6 +125,7 @@ def _note_kinds(kinds: dict[str, dict[Any, Any]], rows: list[dict[str, Any]]) ->
                     seen.setdefault(_kind(value), value)
             elif kind_type not in seen:
                 seen[kind_type] = next(v for v in values if type(v) is kind_type)
+    return tuple(columns) if shaped else None
 
 
 def _float_kinds(floats: list[float]) -> list[float]:
