@@ -183,11 +183,16 @@ _TENSOR_COLUMNS = tuple((t, f"{t}_rel_l2", f"{t}_bound", f"{t}_ratio", f"{t}_non
                          f"{t}_over") for t in TENSORS)
 _IDENTITY_COLUMNS = tuple((name, f"{name}_over") for name in IDENTITIES)
 _FP8_COLUMNS = tuple((f"fp8_{part}_rel_l2", f"{part}_rel_l2") for part in FP8_SPLIT)
+_CASE_KEYS = frozenset(CASE_FIELDS)
 
 
 def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
     case = rec.get("case") or {}
-    row: dict[str, Any] = {name: case.get(name) for name in CASE_FIELDS}
+    if type(case) is dict and case.keys() <= _CASE_KEYS:  # a case as written: copied in C
+        row: dict[str, Any] = dict.fromkeys(CASE_FIELDS)
+        row.update(case)
+    else:
+        row = {name: case.get(name) for name in CASE_FIELDS}
     lengths = case.get("seqlens_q")
     packed = isinstance(lengths, list) and bool(lengths)
     for name in ("seqlens_q", "seqlens_kv"):  # hashable cells (groupby, filters)
@@ -222,7 +227,8 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
     for d, columns, noisy in _TIMING_COLUMNS:
         stats = timing.get(d) or {}
         for column, s in columns:
-            row[column] = _num(stats.get(s))
+            v = stats.get(s)
+            row[column] = v if type(v) is float else _num(v)
         row[noisy] = stats.get("noisy") is True
 
     acc = rec.get("accuracy") or {}
