@@ -126,12 +126,20 @@ class Comparison:
 
 
 def _keyed(run: Run) -> pd.DataFrame:
-    df = run.frame.copy()  # match_key: the case without gpu (report.reading)
-    # A case that died before it reached a device may have no env.gpu_kind: in a run on one
-    # GPU kind it ran on that kind; otherwise "?" matches any kind (see compare_runs).
+    # match_key: the case without gpu (report.reading). A case that died before it reached a
+    # device may have no env.gpu_kind: in a run on one GPU kind it ran on that kind; otherwise
+    # "?" matches any kind (see compare_runs). assign, not a copy: the frame's columns are
+    # shared, not copied (copy on write), which at 10^6 rows is ~0.3 GB a run.
     kinds = run.gpu_kinds
-    df["run_gpu"] = df.gpu_kind.fillna(kinds[0] if len(kinds) == 1 else "?").astype(str)
+    df = run.frame.assign(run_gpu=_text(run.frame.gpu_kind).fillna(
+        kinds[0] if len(kinds) == 1 else "?").astype(str))
     return df.drop_duplicates(["match_key", "run_gpu"], keep="last")
+
+
+def _text(column: pd.Series) -> pd.Series:
+    """A column as plain values: a categorical one (report.reading.CATEGORICAL) refuses to be
+    filled with a value not among its categories ("?")."""
+    return column.astype(object) if isinstance(column.dtype, pd.CategoricalDtype) else column
 
 
 def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
@@ -146,7 +154,9 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     lone_b = [(k, g) not in paired for k, g in zip(m.match_key, m.run_gpu_b)]
     cross = m[(m.run_gpu_a != m.run_gpu_b) & ~unknown & (pd.Series(lone_a, index=m.index)
                                                          | pd.Series(lone_b, index=m.index))]
-    pairs = pd.concat([same, cross], ignore_index=True)
+    # one block per type (copy), as a frame copied whole was: the frames' columns come one
+    # block each (report.reading), and adding ~20 columns to those warns of fragmentation
+    pairs = pd.concat([same, cross], ignore_index=True).copy()
     pairs["same_kind"] = ((pairs.run_gpu_a == pairs.run_gpu_b) | (pairs.run_gpu_a == "?")
                           | (pairs.run_gpu_b == "?"))
     for d in DIRECTIONS:
@@ -256,7 +266,8 @@ def measured_peaks(run: Run) -> str:
     if "measured_peak_tflops" not in df or df.measured_peak_tflops.isna().all():
         return ""
     rows = df[df.measured_peak_tflops.notna()]
-    peaks = rows.groupby([rows.gpu_kind.fillna("?").astype(str), rows.dtype.astype(str)])
+    peaks = rows.groupby([_text(rows.gpu_kind).fillna("?").astype(str),
+                          rows.dtype.astype(str)])
     many = rows.gpu_kind.nunique() > 1
     return ", ".join(f"{kind + ' ' if many else ''}{dtype} {value:.0f} TFLOP/s"
                      for (kind, dtype), value in peaks.measured_peak_tflops.median().items())

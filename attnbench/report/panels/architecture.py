@@ -27,7 +27,9 @@ MAX_CHANGED_NAMED = 20  # cases whose verdict differs between kinds, named in th
 def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     out = PanelOutput(panel)
     x, series, dirs = panel["x"], panel["series"], panel["directions"]
-    df = apply_filter(run.frame, panel.include, panel.exclude)
+    df = apply_filter(run.frame, panel.include, panel.exclude, columns=[
+        "gpu_kind", MATCH_KEY, "verdict", "label", x, series,
+        *(f"{d}_{s}" for d in dirs for s in ("median_ms", "tflops", "pct_peak"))])
     kinds = sorted(k for k in df.gpu_kind.dropna().unique())
     if len(kinds) < 2:
         out.notes.append((f"One GPU kind in this run ({kinds[0]})" if kinds else
