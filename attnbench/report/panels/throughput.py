@@ -41,9 +41,9 @@ def _throughput_frame(panel: Panel, run: Run) -> tuple[pd.DataFrame, pd.DataFram
     dirs = panel["directions"]
     every = apply_filter(run.frame, panel.include, panel.exclude, columns=[
         "id", "verdict", panel["x"], panel["series"], *panel["facets"], *_read_stats(dirs)])
-    df = every[every.verdict.isin(RAN_VERDICTS)]
-    timed = df[[f"{d}_tflops" for d in dirs]].notna().any(axis=1) if len(df) else df.index == 0
-    return every, df[timed]
+    # one mask, one copy of the rows (two copies of 10^6 rows cost ~0.2 GB more)
+    timed = every[[f"{d}_tflops" for d in dirs]].notna().any(axis=1)
+    return every, every[every.verdict.isin(RAN_VERDICTS) & timed]
 
 
 def _timed_directions(panel: Panel, df: pd.DataFrame, out: PanelOutput) -> tuple[Panel, list]:
