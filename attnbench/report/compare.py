@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -87,6 +87,43 @@ def classify(a: dict[str, float], b: dict[str, float], threshold: float) -> str:
     return "AMBIGUOUS"
 
 
+def timing_columns(pairs: pd.DataFrame, d: str, threshold: float) -> dict[str, Any]:
+    """Direction ``d``'s columns of the pairs, all rows at once (:func:`classify` a pair at a
+    time, over the ``<d>_<stat>_a`` / ``_b`` columns; a Python loop cost ~10 us a pair, 20 s
+    for 10^6): ``<d>_class`` (RATIO across GPU kinds), ``<d>_speed`` (A's median over B's;
+    above 1: B is faster) and its robust range ``_lo`` / ``_hi``, ``<d>_noisy`` ("", "A", "B"
+    or "A and B": whose timing never settled) and ``<d>_why`` (AMBIGUOUS only:
+    :func:`~attnbench.report.doubt.why_ambiguous`)."""
+    # per side, as a pair's dict held them: a missing value NaN, a missing flag True (bool())
+    side = {s: {stat: pairs[f"{d}_{stat}_{s}"].to_numpy(dtype=float, na_value=np.nan)
+                for stat in ("median_ms", "min_ms", "q1_ms", "q3_ms", "n")} for s in "ab"}
+    for s in "ab":
+        side[s]["noisy"] = np.array([bool(v) for v in pairs[f"{d}_noisy_{s}"]], dtype=bool)
+    a, b = side["a"], side["b"]
+    a_noisy, b_noisy = a["noisy"], b["noisy"]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        stats = np.stack([x[k] for x in (a, b) for k in ("median_ms", "min_ms", "q3_ms")])
+        none = (~np.isfinite(stats) | (stats <= 0)).any(axis=0)  # classify's "n/a"
+        cls = np.select(
+            [none, b["min_ms"] > a["q3_ms"] * (1 + threshold),
+             a["min_ms"] > b["q3_ms"] * (1 + threshold), a_noisy | b_noisy,
+             np.abs(b["median_ms"] / a["median_ms"] - 1) <= threshold],
+            ["n/a", "SLOW", "FAST", "AMBIGUOUS", "SAME"], "AMBIGUOUS").astype(object)
+        cls[~none & ~pairs.same_kind.to_numpy(dtype=bool)] = "RATIO"
+        speed, lo, hi = (np.where(none, math.nan, a[x] / b[y]) for x, y in
+                         (("median_ms", "median_ms"), ("min_ms", "q3_ms"), ("q3_ms", "min_ms")))
+    why = np.full(len(pairs), "", dtype=object)
+    for i in np.flatnonzero(cls == "AMBIGUOUS"):  # the few a run has, a pair at a time
+        sa, sb = ({"median": float(x["median_ms"][i]), "min": float(x["min_ms"][i]),
+                   "q3": float(x["q3_ms"][i]), "q1": float(x["q1_ms"][i]), "n": float(x["n"][i]),
+                   "noisy": bool(x["noisy"][i])} for x in (a, b))
+        why[i] = why_ambiguous(sa, sb, threshold)
+    noisy = np.select([a_noisy & b_noisy, a_noisy, b_noisy], ["A and B", "A", "B"], "")
+    return {f"{d}_class": cls.tolist(), f"{d}_speed": speed, f"{d}_speed_lo": lo,
+            f"{d}_speed_hi": hi, f"{d}_noisy": noisy.astype(object).tolist(),
+            f"{d}_why": why.tolist()}
+
+
 @dataclass
 class Comparison:
     """Run B against baseline run A; ``pairs`` has one row per matched (case, GPU kind pair)."""
@@ -126,12 +163,20 @@ class Comparison:
 
 
 def _keyed(run: Run) -> pd.DataFrame:
-    df = run.frame.copy()  # match_key: the case without gpu (report.reading)
-    # A case that died before it reached a device may have no env.gpu_kind: in a run on one
-    # GPU kind it ran on that kind; otherwise "?" matches any kind (see compare_runs).
+    # match_key: the case without gpu (report.reading). A case that died before it reached a
+    # device may have no env.gpu_kind: in a run on one GPU kind it ran on that kind; otherwise
+    # "?" matches any kind (see compare_runs). assign, not a copy: the frame's columns are
+    # shared, not copied (copy on write), which at 10^6 rows is ~0.3 GB a run.
     kinds = run.gpu_kinds
-    df["run_gpu"] = df.gpu_kind.fillna(kinds[0] if len(kinds) == 1 else "?").astype(str)
+    df = run.frame.assign(run_gpu=_text(run.frame.gpu_kind).fillna(
+        kinds[0] if len(kinds) == 1 else "?").astype(str))
     return df.drop_duplicates(["match_key", "run_gpu"], keep="last")
+
+
+def _text(column: pd.Series) -> pd.Series:
+    """A column as plain values: a categorical one (report.reading.CATEGORICAL) refuses to be
+    filled with a value not among its categories ("?")."""
+    return column.astype(object) if isinstance(column.dtype, pd.CategoricalDtype) else column
 
 
 def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
@@ -146,33 +191,14 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     lone_b = [(k, g) not in paired for k, g in zip(m.match_key, m.run_gpu_b)]
     cross = m[(m.run_gpu_a != m.run_gpu_b) & ~unknown & (pd.Series(lone_a, index=m.index)
                                                          | pd.Series(lone_b, index=m.index))]
-    pairs = pd.concat([same, cross], ignore_index=True)
+    # one block per type (copy), as a frame copied whole was: the frames' columns come one
+    # block each (report.reading), and adding ~20 columns to those warns of fragmentation
+    pairs = pd.concat([same, cross], ignore_index=True).copy()
     pairs["same_kind"] = ((pairs.run_gpu_a == pairs.run_gpu_b) | (pairs.run_gpu_a == "?")
                           | (pairs.run_gpu_b == "?"))
     for d in DIRECTIONS:
-        classes, ratios, lo, hi, noisy, why = [], [], [], [], [], []
-        for r in pairs.itertuples():
-            sa, sb = ({"median": getattr(r, f"{d}_median_ms_{s}"),
-                       "min": getattr(r, f"{d}_min_ms_{s}"), "q3": getattr(r, f"{d}_q3_ms_{s}"),
-                       "q1": getattr(r, f"{d}_q1_ms_{s}"), "n": getattr(r, f"{d}_n_{s}"),
-                       "noisy": bool(getattr(r, f"{d}_noisy_{s}"))} for s in "ab")
-            cls = classify(sa, sb, threshold)
-            if cls != "n/a" and not r.same_kind:
-                cls = "RATIO"
-            classes.append(cls)
-            why.append(why_ambiguous(sa, sb, threshold) if cls == "AMBIGUOUS" else "")
-            noisy.append(" and ".join(s for s, st in zip("AB", (sa, sb)) if st["noisy"]))
-            ok = cls != "n/a"
-            # speed of B relative to A (> 1: B is faster), and its robust range
-            ratios.append(sa["median"] / sb["median"] if ok else math.nan)
-            lo.append(sa["min"] / sb["q3"] if ok else math.nan)
-            hi.append(sa["q3"] / sb["min"] if ok else math.nan)
-        pairs[f"{d}_class"] = classes
-        pairs[f"{d}_speed"] = ratios
-        pairs[f"{d}_speed_lo"] = lo
-        pairs[f"{d}_speed_hi"] = hi
-        pairs[f"{d}_noisy"] = noisy  # "", "A", "B" or "A and B": whose timing never settled
-        pairs[f"{d}_why"] = why  # AMBIGUOUS only: too few samples, or too noisy (report.doubt)
+        for name, column in timing_columns(pairs, d, threshold).items():
+            pairs[name] = column
     # Accuracy: only between judged verdicts. A case not judged on either side (timed) has no
     # accuracy to compare, so pass -> timed is no change, and no regression.
     judged = pairs.verdict_a.isin(JUDGED_VERDICTS) & pairs.verdict_b.isin(JUDGED_VERDICTS)
@@ -256,7 +282,8 @@ def measured_peaks(run: Run) -> str:
     if "measured_peak_tflops" not in df or df.measured_peak_tflops.isna().all():
         return ""
     rows = df[df.measured_peak_tflops.notna()]
-    peaks = rows.groupby([rows.gpu_kind.fillna("?").astype(str), rows.dtype.astype(str)])
+    peaks = rows.groupby([_text(rows.gpu_kind).fillna("?").astype(str),
+                          rows.dtype.astype(str)])
     many = rows.gpu_kind.nunique() > 1
     return ", ".join(f"{kind + ' ' if many else ''}{dtype} {value:.0f} TFLOP/s"
                      for (kind, dtype), value in peaks.measured_peak_tflops.median().items())

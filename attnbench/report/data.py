@@ -314,13 +314,17 @@ def case_key(case: dict[str, Any], ignore: Iterable[str] = ("gpu",)) -> str:
 
 
 def apply_filter(df: pd.DataFrame, include: dict[str, list[Any]] | None,
-                 exclude: dict[str, list[Any]] | None = None) -> pd.DataFrame:
+                 exclude: dict[str, list[Any]] | None = None,
+                 columns: Iterable[str] | None = None) -> pd.DataFrame:
     """Keep the rows whose column is one of the listed values (``include``), then drop those
-    whose column is one of ``exclude``'s."""
+    whose column is one of ``exclude``'s. ``columns``: only these columns of those rows (what
+    a panel reads: the rows of all ~100 columns are ~0.6 GB at 10^6 rows, issue 29)."""
     mask = pd.Series(True, index=df.index)
     for col, values in (include or {}).items():
         mask &= df[col].isin(values) if col in df else False
     for col, values in (exclude or {}).items():
         if col in df:
             mask &= ~df[col].isin(values)
+    if columns is not None:
+        df = df[list(dict.fromkeys(columns))]  # whole columns: shared, not copied
     return df[mask]

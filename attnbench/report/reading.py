@@ -10,11 +10,15 @@ case dicts that the comparison and two panels matched on (:func:`key_digest`).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from attnbench.errors import ReportError, RunDirError
 from attnbench.report.code_changes import BackendCodeTally
@@ -34,6 +38,18 @@ UNREAD = ("timing_mode", "flops_fwd", "flops_bwd", "peak_tflops", "fwd_pct_measu
           *(f"{t}_{c}" for t in TENSORS for c in ("ratio", "nonfinite")))
 """Columns of :func:`~attnbench.report.data.flatten` that no page, panel or comparison reads
 (``<t>_nonfinite`` is already in ``<t>_over``); export writes them all from ``flatten``."""
+
+CATEGORICAL = ("backend", "dtype", "gpu", "gpu_kind", "features", "mask", "bias", "inputs",
+               "fp8_scaling", "cp_algo", "attention_kind", "host", "device_name", "gpu_family",
+               "env_torch", "env_triton", "env_attnbench", "clock", "run_id", "crash_signal",
+               "reason")
+"""Text columns of a few distinct values, kept as categories with sorted categories (a code
+byte a row, not ~8 B of offset and the text: ~15 B a row each, ~0.25 GB of a 10^6-row frame),
+so that sorting and grouping read them as the text in order (groupby observes only the values
+present: pandas 3's default). ``reason``: one text for most cases (every pass), numbers in a
+failure's. Not ``verdict`` (``.map`` then sort), ``label``, ``id``, the keys (distinct per
+case, so codes and categories would cost more than the text), nor ``compile_*`` (filled with
+new text by the compile panel)."""
 
 MATCH_KEY = "match_key"
 """The case without ``gpu`` (:func:`~attnbench.report.data.case_key`): how compare and the
@@ -71,7 +87,7 @@ class RunReader:
         self.columns = None if columns is None else list(dict.fromkeys(columns))
         self.tallies = tallies
         self.rows: list[dict[str, Any]] = []
-        self.parts: dict[str, list[pd.Series]] = {}  # column -> its part of each chunk
+        self.parts: dict[str, list[pd.Series | int]] = {}  # column -> chunks (int: n NaN)
         self.environments = EnvironmentTally()
         self.backend_code = BackendCodeTally()
         self.series = SeriesCollector()
@@ -122,12 +138,21 @@ class RunReader:
             chunk = self._narrow(pd.DataFrame(self.rows))
             self.rows = []
             for name in chunk.columns:
-                self.parts.setdefault(name, []).append(chunk[name].copy())
+                column = chunk[name]
+                # a number no record of the chunk has (fp8's split on a bf16 run, compile
+                # times on a CPU one): its length, not 8 B a row of NaN, until the frame is built
+                missing = column.dtype == np.float64 and not column.notna().any()
+                self.parts.setdefault(name, []).append(len(column) if missing else column.copy())
 
-    def _narrow(self, df: pd.DataFrame) -> pd.DataFrame:
+    def _narrow(self, df: pd.DataFrame, categories: bool = True) -> pd.DataFrame:
         if self.columns is not None:
-            return df[[c for c in self.columns if c in df]]
-        return df.drop(columns=[c for c in UNREAD if c in df])
+            df = df[[c for c in self.columns if c in df]]
+        else:
+            df = df.drop(columns=[c for c in UNREAD if c in df])
+        for name in CATEGORICAL if categories else ():
+            if name in df and _all_text(df[name]):
+                df[name] = df[name].astype("category")
+        return df
 
     def frame(self) -> pd.DataFrame:
         """The frame of every row added, built a column at a time (each column's parts freed
@@ -136,10 +161,13 @@ class RunReader:
         if not self.parts:
             empty = flatten({"case": {}}, self.run_id)
             empty.update({MATCH_KEY: "", PARALLEL_KEY: ""} if self.tallies else {MATCH_KEY: ""})
-            return self._narrow(pd.DataFrame(columns=list(empty)))
+            return self._narrow(pd.DataFrame(columns=list(empty)), categories=False)
         columns = {}
         for name in list(self.parts):
-            parts = self.parts.pop(name)
+            parts = [pd.Series(np.full(p, np.nan)) if isinstance(p, int) else p
+                     for p in self.parts.pop(name)]
+            if name in CATEGORICAL:
+                parts = _joinable(parts)
             column = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
             if len(parts) > 1 and column.dtype == object:
                 # all None in one chunk (object), text in another: the type one DataFrame
@@ -147,6 +175,7 @@ class RunReader:
                 column = column.infer_objects()
             columns[name] = column
             del parts
+            _release_freed()
         return pd.DataFrame(columns, copy=False)
 
     def crashes(self) -> dict[str, dict[str, Any]]:
@@ -188,6 +217,38 @@ def run_of_records(path: Path, manifest: dict[str, Any], records: Iterable[dict[
     for rec in records:
         reader.add(rec)
     return run_of(reader, Path(path), manifest)
+
+
+_LIBC = ctypes.util.find_library("c")
+_TRIM = getattr(ctypes.CDLL(_LIBC), "malloc_trim", None) if _LIBC else None
+
+
+def _release_freed() -> None:
+    """Give the pages of the chunks just joined back to the system (glibc's ``malloc_trim``,
+    as dask's workers do; nothing elsewhere). Their small arrays lie among live objects, so
+    free() keeps them: joining a 10^6-row frame held its chunks and the frame at once (RSS
+    +146 MiB at 3x10^5 rows with them kept, -12 MiB trimmed after each column)."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
+def _all_text(column: pd.Series) -> bool:
+    """Every value text or missing: what a categorical column may hold here (a hostile record's
+    number among the text stays as it was)."""
+    return pd.api.types.infer_dtype(column, skipna=True) in ("string", "empty")
+
+
+def _joinable(parts: list[pd.Series]) -> list[pd.Series]:
+    """A categorical column's chunks as one, its categories the union of theirs, sorted (so
+    code order is text order); chunks of which some were not text: as plain values again."""
+    if all(isinstance(p.dtype, pd.CategoricalDtype) for p in parts):
+        # a chunk where the column is all missing has categories of no type (object), which
+        # union_categoricals refuses beside text ones
+        kinds = [p.cat.categories.dtype for p in parts if len(p.cat.categories)]
+        if kinds:
+            parts = [p.cat.set_categories(p.cat.categories.astype(kinds[0])) for p in parts]
+        return [pd.Series(union_categoricals(parts, sort_categories=True), name=parts[0].name)]
+    return [p.astype(object) if isinstance(p.dtype, pd.CategoricalDtype) else p for p in parts]
 
 
 def _sort_text(value: Any) -> tuple[int, str]:

@@ -27,7 +27,9 @@ MAX_CHANGED_NAMED = 20  # cases whose verdict differs between kinds, named in th
 def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     out = PanelOutput(panel)
     x, series, dirs = panel["x"], panel["series"], panel["directions"]
-    df = apply_filter(run.frame, panel.include, panel.exclude)
+    df = apply_filter(run.frame, panel.include, panel.exclude, columns=[
+        "gpu_kind", MATCH_KEY, "verdict", x, series,
+        *(f"{d}_{s}" for d in dirs for s in ("median_ms", "tflops", "pct_peak"))])
     kinds = sorted(k for k in df.gpu_kind.dropna().unique())
     if len(kinds) < 2:
         out.notes.append((f"One GPU kind in this run ({kinds[0]})" if kinds else
@@ -53,7 +55,9 @@ def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         b = base.loc[other._key]
         differ = other.verdict.to_numpy() != b.verdict.to_numpy()  # (a row each: 10^6 rows)
         n_changed += int(differ.sum())
-        for label, was, now in zip(other.label[differ], b.verdict[differ], other.verdict[differ]):
+        # labels only of the cases named (apply_filter keeps the frame's index)
+        labels = run.frame.label.loc[other.index[differ]]
+        for label, was, now in zip(labels, b.verdict[differ], other.verdict[differ]):
             if len(changed) == MAX_CHANGED_NAMED:
                 break
             changed.append(f"{label}: {verdict_label(was)} on {baseline}, "

@@ -19,7 +19,8 @@ from attnbench.results.records import SEVERITY
 def draw_verdict_matrix(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     out = PanelOutput(panel)
     rows_col, cols_col = panel["rows"], panel["columns"]
-    df = apply_filter(run.frame, panel.include, panel.exclude)
+    df = apply_filter(run.frame, panel.include, panel.exclude,
+                      columns=[rows_col, cols_col, "verdict"])
     if df.empty:
         out.notes.append("No cases after this panel's filter.")
         return out
