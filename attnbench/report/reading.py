@@ -11,7 +11,6 @@ case dicts that the comparison and two panels matched on (:func:`key_digest`).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 from pathlib import Path
 from typing import Any, Iterable
@@ -219,8 +218,16 @@ def run_of_records(path: Path, manifest: dict[str, Any], records: Iterable[dict[
     return run_of(reader, Path(path), manifest)
 
 
-_LIBC = ctypes.util.find_library("c")
-_TRIM = getattr(ctypes.CDLL(_LIBC), "malloc_trim", None) if _LIBC else None
+def _malloc_trim():
+    """glibc's ``malloc_trim`` from the process's own symbols (no ``find_library``: on Linux
+    it runs ``ldconfig`` in a subprocess); None where there is none (macOS, musl, Windows)."""
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except (OSError, TypeError):
+        return None
+
+
+_TRIM = _malloc_trim()
 
 
 def _release_freed() -> None:
