@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import matplotlib
+import matplotlib.collections
 import matplotlib.text
 import numpy as np
 import pandas as pd
@@ -34,6 +35,12 @@ TENSOR_LABELS = {"out": "out", "dq": "dQ", "dk": "dK", "dv": "dV",
                  "dv_v": "dV·V", "dq_q": "dQ·Q", "dk_sum": "ΣdK", "parity": "parity"}
 DIRECTION_LABELS = {"fwd": "forward", "bwd": "backward"}
 PNG_DPI = 120
+MAX_VECTOR_MARKERS = 20_000
+"""Markers one collection (a scatter) may write into an SVG as elements; past that its markers
+are drawn into the SVG as one image at the PNG's dpi (the PNG is the same either way). A
+scatter of 10^6 cases made a 73 MB SVG, too big for a browser and ~0.3 GB of ``report``'s
+peak at 10^6 records (issue 29); 20,000 markers are ~2.2 MB (~110 B each), 60,000 as an image
+148 KB (tests/test_dense_scatter.py)."""
 
 
 @dataclass
@@ -114,6 +121,7 @@ def save_figure(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFil
     with matplotlib.rc_context({"figure.autolayout": False,
                                 "figure.constrained_layout.use": False}):
         fig.set_layout_engine(None)  # no engine at all: positions stay as computed
+    rasterize_dense_markers(fig)
     png, svg = ctx.out_dir / f"{stem}.png", ctx.out_dir / f"{stem}.svg"
     for path, kind, options in ((png, "png", {"dpi": PNG_DPI, "metadata": {"Software": None}}),
                                 (svg, "svg", {"metadata": {"Date": None}})):
@@ -123,6 +131,14 @@ def save_figure(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFil
     w, h = fig.get_size_inches()
     return FigureFile(stem=stem, caption=caption, png=png, svg=svg,
                       width_px=int(round(w * PNG_DPI)), height_px=int(round(h * PNG_DPI)))
+
+
+def rasterize_dense_markers(fig: Figure) -> None:
+    """Collections of more than :data:`MAX_VECTOR_MARKERS` markers drawn as an image in vector
+    output (rasterizing changes nothing in a PNG: Agg draws everything as pixels anyway)."""
+    for collection in fig.findobj(matplotlib.collections.Collection):
+        if len(collection.get_offsets()) > MAX_VECTOR_MARKERS:
+            collection.set_rasterized(True)
 
 
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
