@@ -61,3 +61,22 @@ def in_fresh_interpreter(module: str, function: str, *args: str):
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
+
+def simulated_run(tmp_path: Path, lines: int, failing_every: int = 0) -> Path:
+    """A run directory ``run<lines>`` under ``tmp_path``: a manifest and ``lines`` simulated
+    records of 7 seeds, ids ``0..lines-1`` (16 hex digits); with ``failing_every`` = k, every
+    k-th record (the first included) a ``fail``. For the readers' memory tests."""
+    import json
+
+    from attnbench.sweep.case import make_case
+
+    run_dir = tmp_path / f"run{lines}"
+    run_dir.mkdir()
+    (run_dir / "manifest.json").write_text(json.dumps({"run_id": run_dir.name}))
+    with open(run_dir / "records.jsonl", "w") as fh:
+        for i in range(lines):
+            case = make_case("memory", {"backend": "naive", "dtype": "bf16", "gpu": "SIM-A",
+                                        "seed": i % 7})
+            verdict = "fail" if failing_every and i % failing_every == 0 else "pass"
+            fh.write(json.dumps({**simulated_record(case, verdict), "id": f"{i:016x}"}) + "\n")
+    return run_dir

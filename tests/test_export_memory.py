@@ -3,7 +3,6 @@ journal line, measured as in tests/test_reader_memory.py (the peaks of a 4,000- 
 journal, differenced: fixed costs cancel), with a mutant that builds the whole table. That the
 chunks are typed as the whole table (same bytes): tests/test_export_chunks.py."""
 
-import json
 import tracemalloc
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import attnbench.cli as cli
 import attnbench.report.data as data
 import attnbench.report.export as export
 import attnbench.report.export_chunks as export_chunks
-from helpers import in_fresh_interpreter, simulated_record
+from helpers import in_fresh_interpreter, simulated_run
 
 LINES = 2000
 """Lines of the smaller journal; the larger has twice as many. ~3 s each."""
@@ -26,17 +25,7 @@ twice the bound (1.7x margin on that)."""
 
 
 def _run(tmp_path: Path, lines: int) -> Path:
-    from attnbench.sweep.case import make_case
-
-    run_dir = tmp_path / f"run{lines}"
-    run_dir.mkdir()
-    (run_dir / "manifest.json").write_text(json.dumps({"run_id": run_dir.name}))
-    with open(run_dir / "records.jsonl", "w") as fh:
-        for i in range(lines):
-            case = make_case("memory", {"backend": "naive", "dtype": "bf16", "gpu": "SIM-A",
-                                        "seed": i % 7})
-            fh.write(json.dumps({**simulated_record(case), "id": f"{i:016x}"}) + "\n")
-    return run_dir
+    return simulated_run(tmp_path, lines)
 
 
 def _peak(run_dir: Path, fmt: str, out: Path) -> int:

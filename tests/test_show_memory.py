@@ -4,7 +4,6 @@ added journal line, measured as in tests/test_reader_memory.py (the peaks of a 4
 The end of ``attnbench run`` prints through the same :class:`RunSummary`."""
 
 import contextlib
-import json
 import os
 import tracemalloc
 from pathlib import Path
@@ -16,7 +15,7 @@ import attnbench.report.sorted_lines as sorted_lines
 from attnbench.report.case_lines import case_lines
 from attnbench.report.sorted_lines import SortedLines
 from attnbench.results.store import load_records
-from helpers import in_fresh_interpreter, simulated_record
+from helpers import in_fresh_interpreter, simulated_run
 
 LINES = 2000
 """Lines of the smaller journal; the larger has twice as many. ~1 s each."""
@@ -27,18 +26,7 @@ lines here), ~3x under; the mutant that lists the records 7,520 B: ~15x over."""
 
 
 def _run(tmp_path: Path, lines: int) -> Path:
-    from attnbench.sweep.case import make_case
-
-    run_dir = tmp_path / f"run{lines}"
-    run_dir.mkdir()
-    (run_dir / "manifest.json").write_text(json.dumps({"run_id": run_dir.name}))
-    with open(run_dir / "records.jsonl", "w") as fh:
-        for i in range(lines):
-            case = make_case("memory", {"backend": "naive", "dtype": "bf16", "gpu": "SIM-A",
-                                        "seed": i % 7})
-            verdict = "fail" if i % 10 == 0 else "pass"  # failing cases: the listed 50
-            fh.write(json.dumps({**simulated_record(case, verdict), "id": f"{i:016x}"}) + "\n")
-    return run_dir
+    return simulated_run(tmp_path, lines, failing_every=10)  # failing: the listed 50
 
 
 def _peak(argv: list[str]) -> int:
