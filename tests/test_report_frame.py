@@ -115,3 +115,17 @@ def test_case_keys_are_key_digest_of_case_key(case):
 
     assert case_keys(case) == (digest(("gpu",)), digest(PARALLEL_IGNORES))
     assert key_digest(case) == digest(("gpu",))
+
+
+def test_columns_no_record_has_share_one_array(tmp_path, small_chunks):
+    """A simulated run has no accuracy, fp8 or compile numbers: those columns are NaN, as one
+    frame of every record holds them (the test above), and views of one read-only array, not 8 B
+    a row each (~0.25 GB at 10^6 rows). A write to one copies it and leaves the others NaN.
+    Mutant: ``np.full`` per column (as before) fails the shared-memory assertion."""
+    got, want = _both(_bound_run(tmp_path))
+    empty = [c for c in want.columns if want[c].dtype == np.float64 and want[c].isna().all()]
+    assert len(empty) > 10
+    first = got[empty[0]].to_numpy()
+    assert all(np.shares_memory(first, got[c].to_numpy()) for c in empty[1:])
+    got.loc[0, empty[0]] = 1.0
+    assert got[empty[0]].iloc[0] == 1.0 and all(got[c].isna().all() for c in empty[1:])
