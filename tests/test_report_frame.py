@@ -110,10 +110,11 @@ def test_case_keys_are_key_digest_of_case_key(case):
     from attnbench.report.reading import DIGEST_BYTES, PARALLEL_IGNORES, case_keys, key_digest
 
     def digest(ignore):
-        return hashlib.blake2b(case_key(case, ignore).encode(), digest_size=DIGEST_BYTES
-                               ).hexdigest()
+        raw = hashlib.blake2b(case_key(case, ignore).encode(), digest_size=DIGEST_BYTES)
+        return int.from_bytes(raw.digest(), "little", signed=True)
 
     assert case_keys(case) == (digest(("gpu",)), digest(PARALLEL_IGNORES))
+    assert all(-2**63 <= k < 2**63 for k in case_keys(case))  # an int64 column
     assert key_digest(case) == digest(("gpu",))
 
 

@@ -68,9 +68,12 @@ architecture panel find one case in two runs or on two GPU kinds."""
 PARALLEL_KEY = "parallel_key"
 """The case without ``gpu``, ``cp``, ``tp``, ``cp_algo``: a multi-rank case's world-size-1 twin."""
 PARALLEL_IGNORES = ("gpu", "cp", "tp", "cp_algo")
-DIGEST_BYTES = 12
-"""A key is the blake2b digest of the case's canonical text, not the text (~0.3 KB a row):
-96 bits, so two cases of 10^6 collide with odds ~10^-17."""
+DIGEST_BYTES = 8
+"""A key is the blake2b digest of the case's canonical text as a signed int64, not the text
+(~0.3 KB a row) nor its hex (32 B a row as text, and pandas hashes text as Python strings
+where it matches keys: ~0.2 GB of the architecture panel's peak at 10^6 rows). 64 bits: two
+runs of 10^6 cases (2 x 10^12 pairs of keys) hold two different cases under one key with odds
+~10^-7."""
 
 PARITY_COLUMNS = ("id", "label", "backend", "dtype", "seqlen_q", "cp", "tp", "cp_algo",
                   "world_size", "features", "verdict", "gpu_kind")
@@ -85,12 +88,12 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), check_circu
 options makes one a call) and without the check for cycles, which a parsed line cannot have."""
 
 
-def key_digest(case: dict[str, Any], ignore: Iterable[str] = ("gpu",)) -> str:
+def key_digest(case: dict[str, Any], ignore: Iterable[str] = ("gpu",)) -> int:
     drop = set(ignore)
     return _digest({k: v for k, v in case.items() if k not in drop})
 
 
-def case_keys(case: dict[str, Any]) -> tuple[str, str]:
+def case_keys(case: dict[str, Any]) -> tuple[int, int]:
     """``(MATCH_KEY, PARALLEL_KEY)`` of a case, as :func:`key_digest` makes them, from one copy
     of the case (two keys a record: ~100 -> ~33 us, 10^6 records)."""
     fields = {k: v for k, v in case.items() if k != "gpu"}
@@ -100,9 +103,10 @@ def case_keys(case: dict[str, Any]) -> tuple[str, str]:
     return match, _digest(fields)
 
 
-def _digest(fields: dict[str, Any]) -> str:
+def _digest(fields: dict[str, Any]) -> int:
     text = _CANONICAL.encode(fields)
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).hexdigest()
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 class RunReader:
