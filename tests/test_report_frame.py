@@ -59,3 +59,74 @@ def test_categories_sort_and_group_as_the_text(synthetic, small_chunks, name):
     keys_got = [k for k, _ in got.groupby(facets, dropna=False, sort=True)]
     keys_want = [k for k, _ in want.groupby(facets, dropna=False, sort=True)]
     assert [tuple(map(str, k)) for k in keys_got] == [tuple(map(str, k)) for k in keys_want]
+
+
+def _bound_run(tmp_path, rows: int = 3 * CHUNK_ROWS):
+    """A journal whose sizes sit at int32's bound (``sweep.case.MAX_SIZE``) and whose last
+    chunk has a seed past it (a valid seed: up to 2^63 - 1)."""
+    import json
+
+    from attnbench.sweep.case import MAX_SIZE, make_case
+    from helpers import simulated_record
+
+    run_dir = tmp_path / "bound"
+    run_dir.mkdir()
+    with open(run_dir / "records.jsonl", "w") as fh:
+        for i in range(rows):
+            seed = 2**31 + i if i >= 2 * CHUNK_ROWS else 2**31 - 1 - i
+            case = make_case("bound", {"backend": "naive", "dtype": "bf16", "gpu": "SIM-A",
+                                       "seqlen_q": MAX_SIZE - i, "seqlen_kv": MAX_SIZE,
+                                       "batch": 1, "heads_q": 8, "heads_kv": 8, "seed": seed})
+            fh.write(json.dumps(simulated_record(case)) + "\n")
+    return run_dir
+
+
+def test_int32_columns_hold_values_at_the_bound(tmp_path, small_chunks):
+    """Case sizes are int32 in the frame (4 B a row less each), and a value at the bound or past
+    it (a seed) reads back as it was. Mutant: ``astype(np.int32)`` without the range check wraps
+    the seeds past 2^31 to negative numbers, and this fails."""
+    from attnbench.sweep.case import MAX_SIZE
+
+    got, want = _both(_bound_run(tmp_path))
+    assert got.seqlen_q.dtype == np.int32 and got.seqlen_kv.dtype == np.int32
+    assert got.seed.dtype == np.int64  # one chunk's seeds do not fit: the column stays int64
+    assert got.seqlen_kv.max() == MAX_SIZE
+    for col in ("seqlen_q", "seqlen_kv", "seed", "batch", "world_size", "sequences"):
+        assert got[col].tolist() == want[col].tolist(), col
+
+
+@pytest.mark.parametrize("case", [
+    {"backend": "naive", "gpu": "H100", "cp": 2, "tp": 1, "cp_algo": "ring", "seqlen_q": 1024},
+    {"backend": "x\u00e9", "gpu": "A", "dropout": float("nan"), "seqlens_q": [3, 5], "cp": 1},
+    {"b": 1, "a": None, "tp": 4},  # no gpu, no cp_algo
+])
+def test_case_keys_are_key_digest_of_case_key(case):
+    """The two keys made from one copy of the case are the digests of
+    :func:`~attnbench.report.data.case_key`'s text (what compare and the panels matched on).
+    Mutant: not dropping ``cp_algo`` from the parallel key fails the first case."""
+    import hashlib
+
+    from attnbench.report.data import case_key
+    from attnbench.report.reading import DIGEST_BYTES, PARALLEL_IGNORES, case_keys, key_digest
+
+    def digest(ignore):
+        raw = hashlib.blake2b(case_key(case, ignore).encode(), digest_size=DIGEST_BYTES)
+        return int.from_bytes(raw.digest(), "little", signed=True)
+
+    assert case_keys(case) == (digest(("gpu",)), digest(PARALLEL_IGNORES))
+    assert all(-2**63 <= k < 2**63 for k in case_keys(case))  # an int64 column
+    assert key_digest(case) == digest(("gpu",))
+
+
+def test_columns_no_record_has_share_one_array(tmp_path, small_chunks):
+    """A simulated run has no accuracy, fp8 or compile numbers: those columns are NaN, as one
+    frame of every record holds them (the test above), and views of one read-only array, not 8 B
+    a row each (~0.25 GB at 10^6 rows). A write to one copies it and leaves the others NaN.
+    Mutant: ``np.full`` per column (as before) fails the shared-memory assertion."""
+    got, want = _both(_bound_run(tmp_path))
+    empty = [c for c in want.columns if want[c].dtype == np.float64 and want[c].isna().all()]
+    assert len(empty) > 10
+    first = got[empty[0]].to_numpy()
+    assert all(np.shares_memory(first, got[c].to_numpy()) for c in empty[1:])
+    got.loc[0, empty[0]] = 1.0
+    assert got[empty[0]].iloc[0] == 1.0 and all(got[c].isna().all() for c in empty[1:])

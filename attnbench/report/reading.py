@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -21,7 +22,7 @@ from pandas.api.types import union_categoricals
 
 from attnbench.errors import ReportError, RunDirError
 from attnbench.report.code_changes import BackendCodeTally
-from attnbench.report.data import Run, case_key, flatten, journal_of, load_manifest, number
+from attnbench.report.data import Run, flatten, journal_of, load_manifest, number
 from attnbench.report.environment import EnvironmentTally
 from attnbench.report.trends import SeriesCollector
 from attnbench.results.ledger import last_records
@@ -50,15 +51,29 @@ failure's. Not ``verdict`` (``.map`` then sort), ``label``, ``id``, the keys (di
 case, so codes and categories would cost more than the text), nor ``compile_*`` (filled with
 new text by the compile panel)."""
 
+INT32 = ("batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "head_dim", "head_dim_v",
+         "window_left", "window_right", "cp", "tp", "world_size", "page_size", "sequences",
+         "seed")
+"""Integer columns kept as int32 in a chunk whose values all fit (4 B a row, not 8: ~60 MB of
+a 10^6-row frame); a chunk with one that does not (a seed past 2^31, a hostile record's size)
+stays int64, and so does the column it joins. Sizes are at most ``sweep.case.MAX_SIZE`` = 2^31
+- 1 and ranks at most 64. No page computes with them in the column's type (a product such as
+the FLOPs of a case is made from the record, in Python or float64, before the frame): pages
+compare, group, sort and print them, which int32 does as int64 does."""
+_INT32 = np.iinfo(np.int32)
+
 MATCH_KEY = "match_key"
 """The case without ``gpu`` (:func:`~attnbench.report.data.case_key`): how compare and the
 architecture panel find one case in two runs or on two GPU kinds."""
 PARALLEL_KEY = "parallel_key"
 """The case without ``gpu``, ``cp``, ``tp``, ``cp_algo``: a multi-rank case's world-size-1 twin."""
 PARALLEL_IGNORES = ("gpu", "cp", "tp", "cp_algo")
-DIGEST_BYTES = 12
-"""A key is the blake2b digest of the case's canonical text, not the text (~0.3 KB a row):
-96 bits, so two cases of 10^6 collide with odds ~10^-17."""
+DIGEST_BYTES = 8
+"""A key is the blake2b digest of the case's canonical text as a signed int64, not the text
+(~0.3 KB a row) nor its hex (32 B a row as text, and pandas hashes text as Python strings
+where it matches keys: ~0.2 GB of the architecture panel's peak at 10^6 rows). 64 bits: two
+runs of 10^6 cases (2 x 10^12 pairs of keys) hold two different cases under one key with odds
+~10^-7."""
 
 PARITY_COLUMNS = ("id", "label", "backend", "dtype", "seqlen_q", "cp", "tp", "cp_algo",
                   "world_size", "features", "verdict", "gpu_kind")
@@ -68,9 +83,30 @@ MAX_FAILURES_LISTED = 300
 """Failures the page lists with their reason and crash; the rest are counted."""
 
 
-def key_digest(case: dict[str, Any], ignore: Iterable[str] = ("gpu",)) -> str:
-    text = case_key(case, ignore)
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).hexdigest()
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), check_circular=False)
+""":func:`~attnbench.report.data.case_key`'s text, its encoder made once (``json.dumps`` with
+options makes one a call) and without the check for cycles, which a parsed line cannot have."""
+
+
+def key_digest(case: dict[str, Any], ignore: Iterable[str] = ("gpu",)) -> int:
+    drop = set(ignore)
+    return _digest({k: v for k, v in case.items() if k not in drop})
+
+
+def case_keys(case: dict[str, Any]) -> tuple[int, int]:
+    """``(MATCH_KEY, PARALLEL_KEY)`` of a case, as :func:`key_digest` makes them, from one copy
+    of the case (two keys a record: ~100 -> ~33 us, 10^6 records)."""
+    fields = {k: v for k, v in case.items() if k != "gpu"}
+    match = _digest(fields)
+    for name in PARALLEL_IGNORES[1:]:
+        fields.pop(name, None)
+    return match, _digest(fields)
+
+
+def _digest(fields: dict[str, Any]) -> int:
+    text = _CANONICAL.encode(fields)
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 class RunReader:
@@ -97,11 +133,13 @@ class RunReader:
     def add(self, rec: dict[str, Any]) -> None:
         row = flatten(rec, self.run_id)
         case = rec.get("case") or {}
-        row[MATCH_KEY] = key_digest(case)
+        if self.tallies:
+            row[MATCH_KEY], row[PARALLEL_KEY] = case_keys(case)
+        else:
+            row[MATCH_KEY] = key_digest(case)
         self.environments.add(rec)
         self.backend_code.add(rec)
         if self.tallies:
-            row[PARALLEL_KEY] = key_digest(case, PARALLEL_IGNORES)
             self.series.add(rec)
             self._parity(rec, row)
             if row["verdict"] in BAD_VERDICTS:
@@ -151,18 +189,33 @@ class RunReader:
         for name in CATEGORICAL if categories else ():
             if name in df and _all_text(df[name]):
                 df[name] = df[name].astype("category")
+        for name in INT32 if categories else ():
+            if name in df and _fits_int32(df[name]):
+                df[name] = df[name].astype(np.int32)
         return df
 
     def frame(self) -> pd.DataFrame:
         """The frame of every row added, built a column at a time (each column's parts freed
-        once joined: the peak is the frame and one column, not the frame twice)."""
+        once joined: the peak is the frame and one column, not the frame twice). The columns
+        that no record has (33 of a simulated run's: accuracy, fp8, compile, bandwidth) are
+        views of one array of NaN: 8 B a row once, not per column (~0.25 GB at 10^6 rows)."""
         self._flush()
         if not self.parts:
             empty = flatten({"case": {}}, self.run_id)
             empty.update({MATCH_KEY: "", PARALLEL_KEY: ""} if self.tallies else {MATCH_KEY: ""})
             return self._narrow(pd.DataFrame(columns=list(empty)), categories=False)
         columns = {}
+        missing = None  # the NaN of every column no record has: one array, read-only, shared
         for name in list(self.parts):
+            if all(isinstance(p, int) for p in self.parts[name]):
+                if missing is None:
+                    nan = np.full(sum(self.parts[name]), np.nan)
+                    nan.flags.writeable = False  # never written in place, whoever holds it
+                    missing = pd.Series(nan, copy=False)
+                del self.parts[name]
+                # a shallow copy: pandas knows the array is shared, so a write copies it
+                columns[name] = missing.copy(deep=False)
+                continue
             parts = [pd.Series(np.full(p, np.nan)) if isinstance(p, int) else p
                      for p in self.parts.pop(name)]
             if name in CATEGORICAL:
@@ -243,6 +296,12 @@ def _all_text(column: pd.Series) -> bool:
     """Every value text or missing: what a categorical column may hold here (a hostile record's
     number among the text stays as it was)."""
     return pd.api.types.infer_dtype(column, skipna=True) in ("string", "empty")
+
+
+def _fits_int32(column: pd.Series) -> bool:
+    """An int64 column whose every value int32 holds (an empty one too)."""
+    return column.dtype == np.int64 and (
+        column.empty or (_INT32.min <= column.min() and column.max() <= _INT32.max))
 
 
 def _joinable(parts: list[pd.Series]) -> list[pd.Series]:

@@ -66,7 +66,8 @@ def draw_verdict_matrix(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     ax.set_yticks(np.arange(len(row_vals)) + 0.5, [mpl_text(r) for r in row_vals])
     ax.set_ylabel(rows_col)
     ax.tick_params(length=0)
-    present = [v for v in SEVERITY if v in set(df.verdict)]
+    seen = set(df.verdict.unique())  # once, not per verdict (10 passes over 10^6 rows: ~9 s)
+    present = [v for v in SEVERITY if v in seen]
     legend_below(fig, [Patch(color=VERDICT_COLORS[v]) for v in present],
                  [verdict_label(v) for v in present],
                  title="cell colour = worst verdict in the cell")
