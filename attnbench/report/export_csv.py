@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from attnbench.report.export_chunks import _kind_rows, _note_kinds
+from attnbench.report.export_chunks import _float_kinds, _kind, _kind_rows
 
 EXACT_INT = 2 ** 53
 """Every int up to this is a float64 exactly: past it, an int read as a float rounds, and the
@@ -75,7 +75,9 @@ class CsvSpool:
         self._columns: tuple[str, ...] | None = None
         """The rows' keys (every row has the same, in this order)."""
         self._order: list[str] = []
-        self._getter: Callable[[dict], tuple] | None = None
+        self._own: Callable[[dict], tuple] | None = None
+        self._from: list[int] = []
+        """Per column of the table, its place in the rows' own order."""
         self._formats: list[str] = []
         self._chunks: list[tuple[int, tuple[str, ...], frozenset[int]]] = []
         """Per chunk: its bytes, the formats it was written in, its columns holding numbers."""
@@ -97,20 +99,28 @@ class CsvSpool:
             raise Irregular("a run without rows")  # its empty frame types every column object
 
     def _write(self, rows: list[dict[str, Any]]) -> None:
-        columns = _note_kinds(self._kinds[-1], rows)
-        if columns is None or len(columns) < 2 or self._columns not in (None, columns):
+        keys = rows[0].keys()
+        if len(keys) < 2 or not all(row.keys() == keys for row in rows) \
+                or self._columns is not None and keys != set(self._columns):
             raise Irregular("rows of several shapes")
         if self._columns is None:
-            self._columns = columns
+            self._columns = tuple(keys)
+            self._own = operator.itemgetter(*self._columns)
+        cols = list(zip(*map(self._own, rows)))  # a column at a time: C-speed type sets
+        kinds = self._kinds[-1]
+        types = [set(map(type, col)) for col in cols]
+        for name, col, col_types in zip(self._columns, cols, types):
+            _note(kinds.setdefault(name, {}), col, col_types)
         self._guess()
-        values = list(map(self._getter, rows))
-        cols = list(zip(*values))
         numeric = set()
+        out_cols = []
         for j, fmt in enumerate(self._formats):
-            cols[j], has_number = self._cells(j, cols[j], fmt)
+            col, has_number = self._cells(j, cols[self._from[j]], fmt, types[self._from[j]])
+            out_cols.append(col)
             if has_number:
                 numeric.add(j)
             self._used[j].add(fmt)
+        cols = out_cols
         out = io.StringIO()
         csv.writer(out, lineterminator=LINE_END).writerows(zip(*cols))
         data = out.getvalue().encode("utf-8")
@@ -131,14 +141,15 @@ class CsvSpool:
             raise Irregular("columns changed")
         if not self._order:
             self._order = order
-            self._getter = operator.itemgetter(*order)
+            self._from = [self._columns.index(c) for c in order]
             self._used = [set() for _ in order]
         self._formats = formats
 
-    def _cells(self, j: int, col: tuple, fmt: str) -> tuple[Sequence[Any], bool]:
-        """A column's values of one chunk as the CSV writer should print them (NaN: None,
-        which it prints empty; see the module's formats), and whether it holds a number."""
-        types = set(map(type, col))
+    def _cells(self, j: int, col: tuple, fmt: str, types: set[type]
+               ) -> tuple[Sequence[Any], bool]:
+        """A column's values of one chunk (of these types) as the CSV writer should print
+        them (NaN: None, which it prints empty; see the module's formats), and whether it
+        holds a number."""
         if float not in types and int not in types:
             if types & {dict, list, tuple}:
                 return list(map(scalar, col)), False
@@ -200,6 +211,18 @@ class CsvSpool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _note(seen: dict[Any, Any], col: tuple, types: set[type]) -> None:
+    """Add the kinds a column of a chunk holds to those ``seen`` (as
+    :func:`~attnbench.report.export_chunks._note_kinds` does, from the column at hand)."""
+    for kind_type in types:
+        if kind_type is float:
+            floats = col if len(types) == 1 else [v for v in col if type(v) is float]
+            for value in _float_kinds(floats):
+                seen.setdefault(_kind(value), value)
+        elif kind_type not in seen:
+            seen[kind_type] = next(v for v in col if type(v) is kind_type)
 
 
 def _mended(data: bytes, mend: list[tuple[int, str]]) -> bytes:
