@@ -1,15 +1,16 @@
-"""``attnbench export --format csv`` without a frame: the rows written as CSV straight away.
+"""``attnbench export --format csv`` and ``json`` without a frame: the rows written at once.
 
 pandas' ``to_csv`` of :func:`~attnbench.report.export.export_frame` writes a cell as the
 column's type decides (issue 29: frames and ``to_csv`` were ~60 % of export's 163 s at 10^6
-rows). Its cells, for the values a flattened row holds (str, int, float, bool, None, dicts,
+rows; the JSON path's ``to_dict`` as slow). Its cells (and JSON's values), for the values a flattened row holds (str, int, float, bool, None, dicts,
 lists, tuples), read the same whatever the type but in two cases:
 
 - ``F``, a float64 column (numbers with a None, NaN or a float): an int is a float, ``139.0``;
 - ``I``, a count column made ``Int64`` (:func:`~attnbench.report.export._counts_as_integers`):
   a whole float is an int, ``6``;
 - ``N``, any other: an int ``139``, a float its repr (numpy's ``astype(str)`` of a float64 is
-  the repr: checked on 4*10^5 random doubles), NaN and None empty, a dict or list JSON text.
+  the repr: checked on 4*10^5 random doubles), NaN and None empty, a dict or list JSON text
+  (in JSON: NaN, the infinities and None null, a dict or list itself).
 
 So each chunk of rows is written at once, in a temporary file, as the columns' types would be
 if the table ended there (:func:`~attnbench.report.export_chunks` keeps one value of each kind
@@ -20,7 +21,7 @@ written before are mended (``N`` or ``I`` to ``F``: an int cell becomes a float;
 shapes, a run without rows, an int past 2^53 in a number column, a type change no mending
 undoes -- raise :class:`Irregular` before any byte is written, and the frames write them
 (:func:`~attnbench.report.export.export_chunks`). That the bytes are pandas' is
-tests/test_export_csv.py's oracle.
+tests/test_export_rows.py's oracle.
 """
 
 from __future__ import annotations
@@ -54,19 +55,24 @@ def scalar(value: Any) -> Any:
     return value
 
 
+_INFINITIES = frozenset((math.inf, -math.inf))
+
+
 class Irregular(Exception):
-    """Rows :class:`CsvSpool` does not write as the frame would: the frames path writes them."""
+    """Rows :class:`RowSpool` does not write as the frame would: the frames path writes them."""
 
 
 FormatsOf = Callable[[list[list[dict[str, Any]]]], tuple[list[str], list[str]]]
 """Kind rows per run -> (the table's columns in order, their formats ``F`` / ``I`` / ``N``)."""
 
 
-class CsvSpool:
+class RowSpool:
     """The runs' rows as CSV in a temporary file, a chunk at a time, and what each chunk
     assumed of its columns' formats."""
 
-    def __init__(self, formats_of: FormatsOf, chunk_rows: int) -> None:
+    def __init__(self, formats_of: FormatsOf, chunk_rows: int, fmt: str = "csv") -> None:
+        self._json = fmt == "json"
+        """JSON rows (:func:`~attnbench.report.export.json_chunks`' bytes), else CSV."""
         self._formats_of = formats_of
         self._chunk_rows = chunk_rows
         self._file = tempfile.TemporaryFile()  # gone when closed, also when killed
@@ -121,11 +127,16 @@ class CsvSpool:
                 numeric.add(j)
             self._used[j].add(fmt)
         cols = out_cols
-        out = io.StringIO()
-        csv.writer(out, lineterminator=LINE_END).writerows(zip(*cols))
-        data = out.getvalue().encode("utf-8")
+        if self._json:
+            order = self._order
+            data = ",\n".join([json.dumps(dict(zip(order, row)), allow_nan=False)
+                                for row in zip(*cols)]).encode("utf-8")
+        else:
+            out = io.StringIO()
+            csv.writer(out, lineterminator=LINE_END).writerows(zip(*cols))
+            data = out.getvalue().encode("utf-8")
         self._file.write(data)
-        if b"\r" in data:  # the writer quotes no lone CR (lineterminator "\n"): not re-read
+        if b"\r" in data and not self._json:  # the writer quotes no lone CR (lineterminator "\n"): not re-read
             numeric.add(-1)
         self._chunks.append((len(data), tuple(self._formats), frozenset(numeric)))
 
@@ -151,13 +162,18 @@ class CsvSpool:
         them (NaN: None, which it prints empty; see the module's formats), and whether it
         holds a number."""
         if float not in types and int not in types:
-            if types & {dict, list, tuple}:
+            if types & {dict, list, tuple} and not self._json:
                 return list(map(scalar, col)), False
             return col, False
         if int in types:
             ints = col if len(types) == 1 else [v for v in col if type(v) is int]
             if max(ints) > EXACT_INT or min(ints) < -EXACT_INT:
                 self._big.add(j)
+        if self._json and float in types:  # strict JSON: the infinities null too
+            col = [None if v in _INFINITIES else v for v in col]
+            types = set(map(type, col))
+            if float not in types and int not in types:
+                return col, False
         if types == {float}:
             if not any(map(math.isnan, col)):
                 if fmt != "I":
@@ -168,7 +184,7 @@ class CsvSpool:
             return [None if v != v else float(v) if type(v) is int else v for v in col], True
         if fmt == "I":
             return [None if v != v else int(v) if type(v) is float else v for v in col], True
-        if types & {dict, list, tuple}:
+        if types & {dict, list, tuple} and not self._json:
             col = list(map(scalar, col))
         return [None if v != v else v for v in col], True
 
@@ -195,18 +211,26 @@ class CsvSpool:
         return self._written(mends)
 
     def _written(self, mends: list[tuple[int, list[tuple[int, str]]]]) -> Iterator[bytes]:
-        header = io.StringIO()
-        csv.writer(header, lineterminator=LINE_END).writerow(self._order)
-        yield header.getvalue().encode("utf-8")
+        if self._json:
+            yield b"[\n"
+        else:
+            header = io.StringIO()
+            csv.writer(header, lineterminator=LINE_END).writerow(self._order)
+            yield header.getvalue().encode("utf-8")
+        mend_chunk = _mended_json if self._json else _mended
         self._file.seek(0)
-        for size, mend in mends:
+        for i, (size, mend) in enumerate(mends):
             data = self._file.read(size)
-            yield _mended(data, mend) if mend else data
+            if mend:
+                data = mend_chunk(data, [(j, self._order[j], how) for j, how in mend])
+            yield b",\n" + data if self._json and i else data
+        if self._json:
+            yield b"\n]\n"
 
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> "CsvSpool":
+    def __enter__(self) -> "RowSpool":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -225,14 +249,27 @@ def _note(seen: dict[Any, Any], col: tuple, types: set[type]) -> None:
             seen[kind_type] = next(v for v in col if type(v) is kind_type)
 
 
-def _mended(data: bytes, mend: list[tuple[int, str]]) -> bytes:
+def _mended_json(data: bytes, mend: list[tuple[int, str, str]]) -> bytes:
+    """:func:`_mended` for JSON rows (one a line: JSON text holds no raw newline)."""
+    rows = []
+    for line in data.decode("utf-8").split(",\n"):
+        row = json.loads(line)
+        for _, name, how in mend:
+            value = row[name]
+            if value is not None:
+                row[name] = float(value) if how == "float" else int(value)
+        rows.append(json.dumps(row, allow_nan=False))
+    return ",\n".join(rows).encode("utf-8")
+
+
+def _mended(data: bytes, mend: list[tuple[int, str, str]]) -> bytes:
     """A chunk's CSV with the number cells of some columns printed in the table's format:
     ``float``, an int cell as the float it is in a float64 column; ``int``, a whole float as
     the int of an Int64 column."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator=LINE_END)
     for row in csv.reader(io.StringIO(data.decode("utf-8"), newline="")):
-        for j, how in mend:
+        for j, _, how in mend:
             cell = row[j]
             if not cell:
                 continue
@@ -245,10 +282,11 @@ def _mended(data: bytes, mend: list[tuple[int, str]]) -> bytes:
     return out.getvalue().encode("utf-8")
 
 
-def csv_spool(run_dirs: Sequence[Path], rows_of: Callable[[Path], Iterator[dict]],
-              formats_of: FormatsOf, chunk_rows: int) -> CsvSpool:
-    """A :class:`CsvSpool` of the runs' rows (``rows_of(run_dir)``), read once."""
-    spool = CsvSpool(formats_of, chunk_rows)
+def row_spool(run_dirs: Sequence[Path], rows_of: Callable[[Path], Iterator[dict]],
+              formats_of: FormatsOf, chunk_rows: int, fmt: str) -> RowSpool:
+    """A :class:`RowSpool` of the runs' rows (``rows_of(run_dir)``) in ``fmt`` (csv, json),
+    read once."""
+    spool = RowSpool(formats_of, chunk_rows, fmt)
     try:
         for run_dir in run_dirs:
             spool.add_run(rows_of(Path(run_dir)))
