@@ -84,7 +84,7 @@ class RowSpool:
         self._own: Callable[[dict], tuple] | None = None
         self._from: list[int] = []
         """Per column of the table, its place in the rows' own order."""
-        self._formats: list[str] = []
+        self._formats: tuple[str, ...] = ()
         self._chunks: list[tuple[int, tuple[str, ...], frozenset[int]]] = []
         """Per chunk: its bytes, the formats it was written in, its columns holding numbers."""
         self._big: set[int] = set()
@@ -138,7 +138,7 @@ class RowSpool:
         self._file.write(data)
         if b"\r" in data and not self._json:  # the writer quotes no lone CR (lineterminator "\n"): not re-read
             numeric.add(-1)
-        self._chunks.append((len(data), tuple(self._formats), frozenset(numeric)))
+        self._chunks.append((len(data), self._formats, frozenset(numeric)))
 
     def _guess(self) -> None:
         """The columns' formats as the table read so far types them (again only when a column
@@ -154,7 +154,7 @@ class RowSpool:
             self._order = order
             self._from = [self._columns.index(c) for c in order]
             self._used = [set() for _ in order]
-        self._formats = formats
+        self._formats = tuple(formats)  # one tuple shared by the chunks written in it
 
     def _cells(self, j: int, col: tuple, fmt: str, types: set[type]
                ) -> tuple[Sequence[Any], bool]:
