@@ -17,8 +17,8 @@ and how verdicts read: "timed" is "not judged"),
 wiring and the functions behind ``attnbench report`` and ``attnbench compare``); for ``show``:
 ``run_summary`` (counts, failing cases and findings from one pass over a run), ``case_lines``
 (``--all``'s line per case) and ``sorted_lines`` (sorting them in bounded memory); for
-``export``: ``export`` (the formats) and ``export_chunks`` (the table in chunks, each typed as
-the whole).
+``export``: ``export`` (the formats), ``export_chunks`` (the table in chunks, each typed as
+the whole) and ``export_rows`` (CSV and JSON written from the rows, as the frames would print them).
 """
 
 from attnbench import package_face

@@ -32,8 +32,11 @@ from typing import Any, Iterator, Sequence
 
 import pandas as pd
 
+import attnbench.report.export_chunks as chunking
 from attnbench.errors import EXIT_OK, ReportError, UsageError
 from attnbench.report.export_chunks import spool_runs
+from attnbench.report.export_rows import Irregular, row_spool
+from attnbench.report.export_rows import scalar as _scalar
 from attnbench.results.files import refusal, write_atomic
 
 FORMATS = ("csv", "parquet", "json")
@@ -111,13 +114,6 @@ def _counts_as_integers(df: pd.DataFrame) -> pd.DataFrame:
         if ((present % 1) == 0).all():
             df[col] = df[col].astype("Int64")
     return df
-
-
-def _scalar(value: Any) -> Any:
-    """A cell as CSV and Parquet can hold it: dicts and lists become JSON text."""
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value, sort_keys=True)
-    return value
 
 
 def _parquet_scalar(value: Any) -> Any:
@@ -210,10 +206,51 @@ def _drain(sink: io.BytesIO) -> bytes:
 WRITERS = {"csv": csv_chunks, "json": json_chunks, "parquet": parquet_chunks}
 
 
+def _formats(kind_rows: list[list[dict[str, Any]]]) -> tuple[list[str], list[str]]:
+    """The columns of the runs' table and how CSV prints each (``F`` float64, ``I`` Int64,
+    ``N`` any other: :mod:`~attnbench.report.export_rows`), from rows that hold every kind
+    of value each run's columns hold (:mod:`~attnbench.report.export_chunks`)."""
+    frames = [_run_frame(rows, run) for run, rows in enumerate(kind_rows)]
+    df = _ordered(pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0])
+    return list(df.columns), ["F" if t == "float64" else "I" if isinstance(t, pd.Int64Dtype)
+                              else "N" for t in df.dtypes]
+
+
 def export_chunks(run_dirs: Sequence[Path], fmt: str) -> Iterator[bytes]:
     """The runs' table in ``fmt``, in chunks of bytes; the runs are read (and every record
-    checked) before the first."""
-    with spool_runs(run_dirs, _rows) as spool:
+    checked) before the first. CSV and JSON are written from the rows (:mod:`~attnbench.
+    report.export_rows`: the frames' bytes), the frames writing what that does not cover."""
+    if fmt in ("csv", "json"):
+        chunks = from_rows(run_dirs, fmt)
+        if chunks is not None:
+            yield from chunks
+            return
+    yield from frames_chunks(run_dirs, fmt)
+
+
+def from_rows(run_dirs: Sequence[Path], fmt: str, rows_of=None) -> Iterator[bytes] | None:
+    """CSV or JSON from the rows (``rows_of(run_dir)``: :func:`_rows`), or None where they
+    are :class:`Irregular` (decided before the first byte)."""
+    try:
+        spool = row_spool(run_dirs, rows_of or _rows, _formats, chunking.CHUNK_ROWS, fmt)
+    except Irregular:
+        return None
+    try:
+        written = spool.chunks()
+    except Irregular:
+        spool.close()
+        return None
+
+    def chunks() -> Iterator[bytes]:
+        with spool:
+            yield from written
+    return chunks()
+
+
+def frames_chunks(run_dirs: Sequence[Path], fmt: str, rows_of=None) -> Iterator[bytes]:
+    """The runs' table in ``fmt`` written from frames, each typed as the whole table
+    (:mod:`~attnbench.report.export_chunks`); ``rows_of`` as :func:`from_rows`'."""
+    with spool_runs(run_dirs, rows_of or _rows) as spool:
         yield from WRITERS[fmt](
             (_ordered(frame), front) for frame, front in spool.frames(_run_frame))
 

@@ -1,0 +1,114 @@
+"""``attnbench export --format csv`` and ``json`` written from the rows
+(report/export_rows.py, issue 29: export's time) print the bytes of the frames path
+(``frames_chunks``: pandas' ``to_csv`` and ``to_dict``, the oracle): real runs, and rows made to reach every format change a
+chunk may have to be mended for, in chunks of 1, 3 and all rows."""
+
+import json
+import math
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+import attnbench.report.export_chunks as export_chunks
+from attnbench.report.export import frames_chunks, from_rows
+from attnbench.report.synthetic import write_synthetic_run
+
+CHUNKS = (1, 3, 10**9)
+
+
+def _both(run_dirs, chunk, monkeypatch, rows_of=None, fmt="csv"
+          ) -> tuple[bytes | None, bytes]:
+    monkeypatch.setattr(export_chunks, "CHUNK_ROWS", chunk)
+    fast = from_rows(run_dirs, fmt, rows_of)
+    fast = None if fast is None else b"".join(fast)
+    return fast, b"".join(frames_chunks(run_dirs, fmt, rows_of))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[Path]:
+    root = tmp_path_factory.mktemp("export_csv")
+    one = write_synthetic_run(root / "one", size="small")  # crashes: int/None exit codes
+    two = write_synthetic_run(root / "two", size="small", gpus=("A100",), seed=1)
+    lines = (two / "records.jsonl").read_text().splitlines()
+    odd = json.loads(lines[3])  # text CSV must quote (dicts and packs: the odd rows below)
+    odd.update(reason='a "quoted", comma\nand a newline', label="ünïcode, too")
+    lines[3] = json.dumps(odd)
+    (two / "records.jsonl").write_text("\n".join(lines) + "\n")
+    return [one, two]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_runs_are_written_as_the_frames_write_them(runs, chunk, fmt, monkeypatch):
+    for run_dirs in (runs[:1], runs[1:], runs):
+        fast, frames = _both(run_dirs, chunk, monkeypatch, fmt=fmt)
+        assert fast is not None, "real runs take the rows' path"
+        assert fast == frames
+
+
+def test_the_tiny_run_too(tiny, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(tiny, run, ignore=shutil.ignore_patterns("dashboard", "compare-*", ".lock"))
+    for chunk, fmt in zip(CHUNKS * 2, ["csv"] * 3 + ["json"] * 3):
+        fast, frames = _both([run], chunk, monkeypatch, fmt=fmt)
+        assert fast is not None and fast == frames
+
+
+def _odd_rows(seed: int, late: str) -> list[dict]:
+    """Rows of flatten's kind of values; ``late``: what the last rows bring that the first
+    did not (a format change for chunks already written)."""
+    rng = random.Random(seed)
+    texts = ["plain", "", "a,b", 'say "x"', "two\nlines", " spaced ", "nan", "ü"]
+    rows = []
+    for i in range(40):
+        last = i >= 30
+        rows.append({
+            "run_id": "r", "id": f"c{i}", "label": rng.choice(texts), "verdict": "pass",
+            "reason": rng.choice(texts),
+            "f": rng.choice([0.1, -0.0, 1e16, 1e-5, 123456789.125, math.inf, math.nan, 2.0]),
+            "code": (rng.choice([-11, 137]) if last and late in ("int", "big") else None)
+            if not (late == "big" and last) else 2**60,
+            "fwd_n": rng.choice([5.0, 20.0, math.nan]) if not (last and late == "fraction")
+            else 2.5,
+            "out_nonfinite": math.nan if not last else 0.0,
+            "x_n": rng.choice([3, 4]),
+            "noisy": rng.choice([True, False]),
+            "maybe": rng.choice([True, None]),
+            "mask": rng.choice(["none", {"window": 64}]),
+            "seqlens_q": rng.choice([None, (40, 24)]),
+            "mixed": rng.choice([1, 2]) if not (last and late == "text") else "x",
+            "seq": i if not (last and late in ("none", "cr")) else None,
+            "all_nan": math.nan,
+        })
+    rows[0]["fwd_n"] = 5  # an int among a count column's floats
+    if late == "cr":  # a lone CR is not quoted (lineterminator "\n"): CSV cannot read it back
+        rows[0]["label"] = "cr\rhere"
+    return rows
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+@pytest.mark.parametrize("late", ["int", "fraction", "none", "text", "big", "cr", ""])
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("seed", range(3))
+def test_odd_rows_are_written_as_the_frames_write_them(late, chunk, seed, fmt, monkeypatch):
+    # Mutants, each failing here: no mending (``_mended`` returning the chunk as it was:
+    # ``code``'s -11 stays -11, not -11.0, in chunks written before the column gained a None
+    # -- late "int", "none"); formats guessed once, from the first chunk (the same); NaN
+    # printed as ``nan`` (``_cells`` returning float columns untouched); whole floats of an
+    # Int64 count column printed as floats (fwd_n 5.0); JSON's infinities not null (raises).
+    rows = _odd_rows(seed, late)
+    fast, frames = _both([Path("r")], chunk, monkeypatch, lambda _: iter(rows), fmt)
+    if late in ("text", "big") or late == "cr" and fmt == "csv":  # not mended (an int past 2^53; F -> N; a CR in a
+        # chunk to mend): the frames write it
+        assert fast is None or fast == frames
+    else:
+        assert fast is not None, "these rows take the rows' path"
+        assert fast == frames
+
+
+def test_rows_of_several_shapes_go_to_the_frames(monkeypatch):
+    rows = [{"a": 1, "b": "x"}, {"a": 2}]
+    fast, frames = _both([Path("r")], 10**9, monkeypatch, lambda _: iter(rows))
+    assert fast is None and frames.startswith(b"a,b\n")
