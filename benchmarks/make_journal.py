@@ -4,8 +4,10 @@
 
 Records are real ones (:func:`attnbench.results.records.make_record` on the cases of a small
 sweep over 3 GPU kinds x 4 lengths x 4 seeds, shaped like the simulated workers' records:
-~1.2 KB a line) repeated with new case ids, so ``status``, ``show``, ``report``, ``export`` and
-``compare`` read N distinct cases; one in ``--fail-every`` is a ``fail`` with a reason (what
+~1.2 KB a line) repeated with new case ids and seeds (each block of 48 its own 4), so ``status``,
+``show``, ``report``, ``export`` and ``compare`` read N distinct cases (``--repeat-cases``: the
+48 cases' own seeds again, as journals made before 2026-12-02 had: then the report's panels and
+compare's pairs met 48 distinct cases, not N); one in ``--fail-every`` is a ``fail`` with a reason (what
 ``show`` lists). The manifest says the sweep has N cases. 1M records: ~1.2 GB, ~30 s here.
 Parsing a real sweep of 10^6 cases instead costs ~50 s and ~0.5 GB before the first line.
 """
@@ -13,6 +15,7 @@ Parsing a real sweep of 10^6 cases instead costs ~50 s and ~0.5 GB before the fi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -49,6 +52,8 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--fail-every", type=int, default=100)
+    parser.add_argument("--repeat-cases", action="store_true",
+                        help="the sweep's 48 cases again and again (only the ids differ)")
     args = parser.parse_args()
     t0 = time.perf_counter()
     sweep = parse_sweep(SWEEP, "journal.yaml")
@@ -59,7 +64,12 @@ def main() -> int:
     with open(args.out / "records.jsonl", "w", encoding="utf-8") as fh:
         for i in range(args.records):
             verdict = "fail" if args.fail_every and i % args.fail_every == 0 else "pass"
-            record = template(cases[i % len(cases)], verdict)
+            case = cases[i % len(cases)]
+            if not args.repeat_cases:
+                # a case of its own, on each of the 3 GPU kinds (the architecture panel's
+                # and compare's matches): the sweep's seeds 0-3 become 4k..4k+3 in block k
+                case = dataclasses.replace(case, seed=case.seed + 4 * (i // len(cases)))
+            record = template(case, verdict)
             record["id"] = f"{i:016x}"  # the length of a real case id
             fh.write(json.dumps(record, separators=(",", ":")) + "\n")
     size = (args.out / "records.jsonl").stat().st_size
