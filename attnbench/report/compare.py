@@ -179,21 +179,58 @@ def _text(column: pd.Series) -> pd.Series:
     return column.astype(object) if isinstance(column.dtype, pd.CategoricalDtype) else column
 
 
-def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
-    fa, fb = _keyed(a), _keyed(b)
-    m = fa.merge(fb, on="match_key", suffixes=("_a", "_b"))
+UNREAD_PAIRED = ("label_a",)
+"""Columns of the pairs that no output reads (each pair is named by B's label: the same case;
+~170 B a pair, ~0.16 GB at 10^6 pairs)."""
+
+
+def _paired_rows(fa: pd.DataFrame, fb: pd.DataFrame) -> pd.DataFrame:
+    """Which row of ``fa`` meets which of ``fb``: same-kind pairs in the merge's order, then
+    the cross-kind pairs of records with no twin on their own kind (see compare_runs). The
+    merge on the case alone meets every kind of A with every kind of B (k^2 rows a case on k
+    GPU kinds): it is made of the key, the kind and the row's place only (~40 B a row), never
+    of the ~60 compared columns (1.4 KB a row: 3.6 GiB for 10^6 cases on 3 kinds)."""
+    def narrow(f: pd.DataFrame) -> pd.DataFrame:
+        return pd.DataFrame({"match_key": f.match_key.to_numpy(), "run_gpu": f.run_gpu.to_numpy(),
+                             "row": np.arange(len(f))})
+    m = narrow(fa).merge(narrow(fb), on="match_key", suffixes=("_a", "_b"))
     unknown = (m.run_gpu_a == "?") | (m.run_gpu_b == "?")
     same = m[(m.run_gpu_a == m.run_gpu_b) | unknown]
-    paired = set(zip(same.match_key, same.run_gpu_a))
     # A record with no twin on its own GPU kind is set against the other run's records of the
-    # same case on other kinds: a ratio, never a verdict.
-    lone_a = [(k, g) not in paired for k, g in zip(m.match_key, m.run_gpu_a)]
-    lone_b = [(k, g) not in paired for k, g in zip(m.match_key, m.run_gpu_b)]
-    cross = m[(m.run_gpu_a != m.run_gpu_b) & ~unknown & (pd.Series(lone_a, index=m.index)
-                                                         | pd.Series(lone_b, index=m.index))]
-    # one block per type (copy), as a frame copied whole was: the frames' columns come one
-    # block each (report.reading), and adding ~20 columns to those warns of fragmentation
-    pairs = pd.concat([same, cross], ignore_index=True).copy()
+    # same case on other kinds: a ratio, never a verdict. (Membership in index form: a set of
+    # 10^6 (key, kind) tuples was ~0.1 GB.)
+    paired = pd.MultiIndex.from_arrays([same.match_key, same.run_gpu_a])
+    lone_a = ~pd.MultiIndex.from_arrays([m.match_key, m.run_gpu_a]).isin(paired)
+    lone_b = ~pd.MultiIndex.from_arrays([m.match_key, m.run_gpu_b]).isin(paired)
+    cross = m[(m.run_gpu_a != m.run_gpu_b) & ~unknown & (lone_a | lone_b)]
+    return pd.concat([same, cross], ignore_index=True)
+
+
+def _pairs_frame(fa: pd.DataFrame, fb: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """The pairs ``rows`` names, as ``fa.merge(fb, on="match_key", suffixes=("_a", "_b"))``
+    lays them out (its columns, in its order, of its types; less :data:`UNREAD_PAIRED`), one
+    column taken at a time."""
+    layout = fa.iloc[:0].merge(fb.iloc[:0], on="match_key", suffixes=("_a", "_b"))
+    ia, ib = rows.row_a.to_numpy(), rows.row_b.to_numpy()
+    columns = {}
+    for name in layout.columns:
+        if name in UNREAD_PAIRED:
+            continue
+        if name == "match_key":
+            columns[name] = fa[name].take(ia)
+        elif name.endswith("_a") and name[:-2] in fa.columns:
+            columns[name] = fa[name[:-2]].take(ia)
+        else:
+            columns[name] = fb[name[:-2] if name.endswith("_b") else name].take(ib)
+    # One block per type: a frame made of a dict is consolidated as it is made (the copy that
+    # compare made of its pairs before: adding ~20 columns to a block a column warns).
+    return pd.DataFrame({k: v.to_numpy() if not isinstance(v.dtype, pd.CategoricalDtype)
+                         else v.reset_index(drop=True) for k, v in columns.items()})
+
+
+def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
+    fa, fb = _keyed(a), _keyed(b)
+    pairs = _pairs_frame(fa, fb, _paired_rows(fa, fb))
     pairs["same_kind"] = ((pairs.run_gpu_a == pairs.run_gpu_b) | (pairs.run_gpu_a == "?")
                           | (pairs.run_gpu_b == "?"))
     for d in DIRECTIONS:
