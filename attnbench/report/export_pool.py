@@ -64,10 +64,11 @@ def worth_a_pool(run_dirs: Sequence[Path]) -> bool:
 
 
 def pool_chunks(run_dirs: Sequence[Path], fmt: str, jobs: int, formats_of: FormatsOf,
-                task_lines: int = TASK_LINES) -> Iterator[bytes] | None:
-    """The runs' table in ``fmt`` (csv, json) read by ``jobs`` workers: the bytes of
-    :func:`~attnbench.report.export.from_rows`, or None where the pieces are
-    :class:`Irregular` (decided before the first byte)."""
+                task_lines: int | None = None) -> Iterator[bytes] | None:
+    """The runs' table in ``fmt`` (csv, json) read by ``jobs`` workers, ``task_lines`` lines
+    a task (:data:`TASK_LINES`): the bytes of :func:`~attnbench.report.export.from_rows`, or
+    None where the pieces are :class:`Irregular` (decided before the first byte)."""
+    task_lines = task_lines or TASK_LINES
     spool = RowSpool(formats_of, task_lines, fmt)
     pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
     try:
