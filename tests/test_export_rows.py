@@ -205,3 +205,20 @@ def test_a_workers_bad_line_reads_as_with_one_process(runs, tmp_path, capsys, mo
     assert told(2) == (rc, out, err)
     monkeypatch.setattr(export_pool, "_next_done", lambda pending: pending.pop())
     assert told(2) != (rc, out, err)
+
+
+def _die(*_):
+    """A worker killed (out of memory, by a signal)."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_that_dies_is_one_line(runs, monkeypatch):
+    import attnbench.report.export_pool as export_pool
+    from attnbench.errors import ReportError
+
+    monkeypatch.setattr(export_pool, "_piece", _die)  # sent to the workers by name
+    with pytest.raises(ReportError, match=r"records.jsonl: a worker of --jobs 2 died .*--jobs 1$"):
+        _pooled(runs[:1], "csv", 2, 5)

@@ -24,6 +24,7 @@ import multiprocessing
 import os
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -69,8 +70,11 @@ def pool_chunks(run_dirs: Sequence[Path], fmt: str, jobs: int, formats_of: Forma
     a task (:data:`TASK_LINES`): the bytes of :func:`~attnbench.report.export.from_rows`, or
     None where the pieces are :class:`Irregular` (decided before the first byte)."""
     task_lines = task_lines or TASK_LINES
+    try:
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    except (NotImplementedError, OSError):  # no working semaphores here: one process reads
+        return None
     spool = RowSpool(formats_of, task_lines, fmt)
-    pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
     try:
         for run_dir in run_dirs:
             spool.new_run()
@@ -121,7 +125,11 @@ def _pieces(pool: ProcessPoolExecutor, jobs: int, run_dir: Path, fmt: str, task_
     for _ in range(WINDOW * jobs):
         submit()
     while pending:
-        what, value = _next_done(pending).result()
+        try:
+            what, value = _next_done(pending).result()
+        except BrokenProcessPool:
+            raise ReportError(f"{path}: a worker of --jobs {jobs} died (killed, or out of "
+                              "memory); try --jobs 1") from None
         submit()
         if what == "error":
             raise ReportError(value)
