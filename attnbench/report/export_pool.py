@@ -7,11 +7,12 @@ here: it cuts the journal into ranges of :data:`TASK_LINES` lines
 (:func:`~attnbench.results.ledger.line_ranges`, noting where each retried case is yielded).
 A worker yields a range's records as the serial reader would
 (:func:`~attnbench.results.ledger.range_records`, every line checked), flattens them and prints
-them as one chunk typed by its own rows alone (:meth:`~attnbench.report.export_rows.RowSpool.
-piece`), and sends back bytes and a few values of each kind a column holds. Here the pieces are
-taken in journal order, the table's formats found from all their kinds, and each piece mended
-to them as the serial path mends a chunk typed by the rows before it (a chunk's rows' kinds
-are a part of the table's either way). A worker's bad line is raised when its piece's turn
+them as one chunk typed by its rows and the kinds of the pieces taken before it was sent
+(:meth:`~attnbench.report.export_rows.RowSpool.piece`), and sends back bytes and a few values
+of each kind a column holds. Here the pieces are taken in journal order, the table's formats
+found from all their kinds, and each piece mended to them as the serial path mends a chunk
+typed by the rows before it (the kinds a chunk was typed by are a part of the table's either
+way). A worker's bad line is raised when its piece's turn
 comes: the first in journal order, as the serial path raises it. What the mending does not
 cover (:class:`~attnbench.report.export_rows.Irregular`) goes to the serial path.
 
@@ -26,7 +27,7 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from attnbench.errors import ReportError, RunDirError
 from attnbench.report.export_chunks import _kind
@@ -78,7 +79,8 @@ def pool_chunks(run_dirs: Sequence[Path], fmt: str, jobs: int, formats_of: Forma
     try:
         for run_dir in run_dirs:
             spool.new_run()
-            for piece in _pieces(pool, jobs, Path(run_dir), fmt, task_lines, formats_of):
+            for piece in _pieces(pool, jobs, Path(run_dir), fmt, task_lines, formats_of,
+                                 spool.known_kinds):
                 spool.add_piece(piece)
         spool.end_pieces()
         written = spool.chunks()
@@ -98,9 +100,12 @@ def pool_chunks(run_dirs: Sequence[Path], fmt: str, jobs: int, formats_of: Forma
 
 
 def _pieces(pool: ProcessPoolExecutor, jobs: int, run_dir: Path, fmt: str, task_lines: int,
-            formats_of: FormatsOf) -> Iterator[Piece]:
+            formats_of: FormatsOf, known: Callable[[], dict]) -> Iterator[Piece]:
     """One run's pieces in journal order, refused as the serial reader refuses (export's
-    ``_rows``): the journal's first pass and first record before the manifest."""
+    ``_rows``): the journal's first pass and first record before the manifest. Each task
+    is sent the kinds of the pieces taken so far (``known()``): it types its rows with them,
+    as the serial path types a chunk with the rows before it, so that few pieces need mending
+    here (a column holding a None in one piece of ten would have the other nine mended)."""
     from attnbench.report.data import journal_of, load_manifest
 
     path = journal_of(run_dir)
@@ -120,7 +125,8 @@ def _pieces(pool: ProcessPoolExecutor, jobs: int, run_dir: Path, fmt: str, task_
     def submit() -> None:
         part = next(todo, None)
         if part is not None:
-            pending.append(pool.submit(_piece, str(path), run_id, fmt, part, formats_of))
+            pending.append(pool.submit(_piece, str(path), run_id, fmt, part, formats_of,
+                                       known()))
 
     for _ in range(WINDOW * jobs):
         submit()
@@ -144,8 +150,8 @@ def _next_done(pending: deque[Future]) -> Future:
     return pending.popleft()
 
 
-def _piece(path: str, run_id: str, fmt: str, part: LineRange, formats_of: FormatsOf
-           ) -> tuple[str, Any]:
+def _piece(path: str, run_id: str, fmt: str, part: LineRange, formats_of: FormatsOf,
+           known: dict[str, dict[Any, Any]]) -> tuple[str, Any]:
     """A worker's task: ``("piece", Piece)`` of a range's rows, ``("empty", None)`` where it
     yields none (a retried case's later lines), ``("error", message)`` for a bad line (the
     serial path's message), ``("irregular", why)``."""
@@ -159,7 +165,7 @@ def _piece(path: str, run_id: str, fmt: str, part: LineRange, formats_of: Format
         return "empty", None
     spool = RowSpool(_Remembered(formats_of), len(rows), fmt)
     try:
-        spool.add_run(iter(rows))
+        spool.add_run(iter(rows), known)
         return "piece", spool.piece()
     except Irregular as exc:
         return "irregular", str(exc)

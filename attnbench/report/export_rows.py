@@ -110,8 +110,11 @@ class RowSpool:
         self._shared: dict[Any, Any] = {}
         """Pieces' formats and number-column sets, one of each (:meth:`add_piece`)."""
 
-    def add_run(self, rows: Iterator[dict[str, Any]]) -> None:
-        self._kinds.append({})
+    def add_run(self, rows: Iterator[dict[str, Any]],
+                kinds: dict[str, dict[Any, Any]] | None = None) -> None:
+        """The run's rows; ``kinds``: those of its rows before these (a worker's rows follow
+        others: :mod:`~attnbench.report.export_pool`), typed with them."""
+        self._kinds.append({} if kinds is None else kinds)
         chunk: list[dict[str, Any]] = []
         for row in rows:
             chunk.append(row)
@@ -254,6 +257,10 @@ class RowSpool:
         return Piece(self._kinds[0], self._columns, tuple(self._order), formats, numeric,
                      frozenset(self._big), tuple(map(frozenset, self._used)),
                      self._file.read(size))
+
+    def known_kinds(self) -> dict[str, dict[Any, Any]]:
+        """A copy of the kinds of the pieces added so far to this run."""
+        return {name: dict(seen) for name, seen in self._kinds[-1].items()}
 
     def new_run(self) -> None:
         """The pieces added next are another run's."""
