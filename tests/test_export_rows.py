@@ -112,3 +112,126 @@ def test_rows_of_several_shapes_go_to_the_frames(monkeypatch):
     rows = [{"a": 1, "b": "x"}, {"a": 2}]
     fast, frames = _both([Path("r")], 10**9, monkeypatch, lambda _: iter(rows))
     assert fast is None and frames.startswith(b"a,b\n")
+
+
+# --jobs N (report/export_pool.py): workers print line ranges typed alone; the main process
+# takes them in order and mends them to the table's formats. Ranges of 1 and 3 lines put every
+# type change (a crash's int exit code among Nones) across worker boundaries.
+
+def _retried(runs: list[Path], root: Path) -> Path:
+    """The first run with three cases recorded again (a retried case: yielded where it first
+    appeared, its last record), one of them twice."""
+    run = root / "retried"
+    shutil.copytree(runs[0], run, ignore=shutil.ignore_patterns("dashboard", ".lock"))
+    lines = (run / "records.jsonl").read_text().splitlines()
+    again = []
+    for n, i in enumerate((1, 4, 4, 9)):
+        record = json.loads(lines[i])
+        record.update(reason=f"attempt {n}", attempt=2 + n)
+        again.append(json.dumps(record))
+    (run / "records.jsonl").write_text("\n".join(lines[:6] + again[:2] + lines[6:] + again[2:])
+                                       + "\n")
+    return run
+
+
+def _pooled(run_dirs, fmt, jobs, lines) -> bytes | None:
+    from attnbench.report.export import _formats
+    from attnbench.report.export_pool import pool_chunks
+
+    chunks = pool_chunks(run_dirs, fmt, jobs, _formats, lines)
+    return None if chunks is None else b"".join(chunks)
+
+
+def _typed_alone(monkeypatch) -> None:
+    """Workers not told the kinds of the pieces before theirs (as the first few are not):
+    every type change across ranges is mended here."""
+    import attnbench.report.export_rows as export_rows
+
+    monkeypatch.setattr(export_rows.RowSpool, "known_kinds", lambda self: {})
+
+
+@pytest.mark.parametrize("alone", [False, True])
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+@pytest.mark.parametrize("jobs, lines", [(2, 1), (3, 3)])
+def test_jobs_print_the_bytes_of_one_process(runs, tmp_path, fmt, jobs, lines, alone,
+                                             monkeypatch):
+    import attnbench.report.export_rows as export_rows
+
+    if alone:
+        _typed_alone(monkeypatch)
+    mended = []
+    for name in ("_mended", "_mended_json"):
+        real = getattr(export_rows, name)
+        monkeypatch.setattr(export_rows, name,
+                            lambda data, mend, real=real: mended.append(mend) or real(data, mend))
+    run_dirs = [_retried(runs, tmp_path), *runs]
+    monkeypatch.setattr(export_chunks, "CHUNK_ROWS", lines)
+    serial = b"".join(from_rows(run_dirs, fmt))
+    assert all(f"attempt {n}".encode() in serial for n in (0, 2, 3))  # each case's last
+    assert b"attempt 1" not in serial
+    mended.clear()
+    assert _pooled(run_dirs, fmt, jobs, lines) == serial
+    if lines == 1 and alone:  # a line's row alone holds an exit code, or a None
+        assert mended, "pieces typed alone are mended"
+
+
+def test_the_bytes_catch_pieces_out_of_order_or_not_mended(runs, monkeypatch):
+    # Mutants: the newest piece taken first; a type one piece saw (an int exit code where
+    # others hold None) not mended in the pieces that did not see it. Each changes the bytes.
+    import attnbench.report.export_pool as export_pool
+    import attnbench.report.export_rows as export_rows
+
+    monkeypatch.setattr(export_chunks, "CHUNK_ROWS", 1)
+    _typed_alone(monkeypatch)
+    serial = b"".join(from_rows(runs[:1], "csv"))
+    with monkeypatch.context() as m:
+        m.setattr(export_pool, "_next_done", lambda pending: pending.pop())
+        assert _pooled(runs[:1], "csv", 2, 3) not in (serial, None)
+    monkeypatch.setattr(export_rows, "_mended", lambda data, mend: data)
+    assert _pooled(runs[:1], "csv", 2, 1) not in (serial, None)
+
+
+def test_a_workers_bad_line_reads_as_with_one_process(runs, tmp_path, capsys, monkeypatch):
+    # Two bad lines in different ranges: the first in the journal is named, as by --jobs 1
+    # (mutant: pieces taken newest first names the second).
+    import attnbench.cli as cli
+    import attnbench.report.export_pool as export_pool
+
+    run = tmp_path / "bad"
+    shutil.copytree(runs[0], run, ignore=shutil.ignore_patterns("dashboard", ".lock"))
+    lines = (run / "records.jsonl").read_text().splitlines()
+    for i in (5, 20):
+        record = json.loads(lines[i])
+        record["attempt"] = 0  # checked when a worker parses the line: not by the first pass
+        lines[i] = json.dumps(record)
+    (run / "records.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(export_pool, "MIN_POOL_BYTES", 0)
+    monkeypatch.setattr(export_pool, "TASK_LINES", 4)
+
+    def told(jobs: int) -> tuple[int, str, str]:
+        rc = cli.main(["export", str(run), "--jobs", str(jobs)])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    rc, out, err = told(1)
+    assert rc != 0 and out == "" and f"records.jsonl:6: " in err and len(err.splitlines()) == 1
+    assert told(2) == (rc, out, err)
+    monkeypatch.setattr(export_pool, "_next_done", lambda pending: pending.pop())
+    assert told(2) != (rc, out, err)
+
+
+def _die(*_):
+    """A worker killed (out of memory, by a signal)."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_that_dies_is_one_line(runs, monkeypatch):
+    import attnbench.report.export_pool as export_pool
+    from attnbench.errors import ReportError
+
+    monkeypatch.setattr(export_pool, "_piece", _die)  # sent to the workers by name
+    with pytest.raises(ReportError, match=r"records.jsonl: a worker of --jobs 2 died .*--jobs 1$"):
+        _pooled(runs[:1], "csv", 2, 5)

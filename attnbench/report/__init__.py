@@ -18,7 +18,8 @@ wiring and the functions behind ``attnbench report`` and ``attnbench compare``);
 ``run_summary`` (counts, failing cases and findings from one pass over a run), ``case_lines``
 (``--all``'s line per case) and ``sorted_lines`` (sorting them in bounded memory); for
 ``export``: ``export`` (the formats), ``export_chunks`` (the table in chunks, each typed as
-the whole) and ``export_rows`` (CSV and JSON written from the rows, as the frames would print them).
+the whole), ``export_rows`` (CSV and JSON written from the rows, as the frames would print them)
+and ``export_pool`` (the same from rows read by several processes: ``--jobs``).
 """
 
 from attnbench import package_face

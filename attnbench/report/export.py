@@ -35,6 +35,7 @@ import pandas as pd
 import attnbench.report.export_chunks as chunking
 from attnbench.errors import EXIT_OK, ReportError, UsageError
 from attnbench.report.export_chunks import spool_runs
+from attnbench.report.export_pool import default_jobs, pool_chunks, worth_a_pool
 from attnbench.report.export_rows import Irregular, row_spool
 from attnbench.report.export_rows import scalar as _scalar
 from attnbench.results.files import refusal, write_atomic
@@ -216,12 +217,18 @@ def _formats(kind_rows: list[list[dict[str, Any]]]) -> tuple[list[str], list[str
                               else "N" for t in df.dtypes]
 
 
-def export_chunks(run_dirs: Sequence[Path], fmt: str) -> Iterator[bytes]:
+def export_chunks(run_dirs: Sequence[Path], fmt: str, jobs: int = 1) -> Iterator[bytes]:
     """The runs' table in ``fmt``, in chunks of bytes; the runs are read (and every record
     checked) before the first. CSV and JSON are written from the rows (:mod:`~attnbench.
-    report.export_rows`: the frames' bytes), the frames writing what that does not cover."""
+    report.export_rows`: the frames' bytes), by ``jobs`` processes where the journals are
+    long enough (:mod:`~attnbench.report.export_pool`: the same bytes), the frames writing
+    what that does not cover. Parquet is written by this process alone."""
     if fmt in ("csv", "json"):
-        chunks = from_rows(run_dirs, fmt)
+        chunks = None
+        if jobs > 1 and worth_a_pool(run_dirs):
+            chunks = pool_chunks(run_dirs, fmt, jobs, _formats)
+        if chunks is None:
+            chunks = from_rows(run_dirs, fmt)
         if chunks is not None:
             yield from chunks
             return
@@ -256,7 +263,7 @@ def frames_chunks(run_dirs: Sequence[Path], fmt: str, rows_of=None) -> Iterator[
 
 
 def export_runs(run_dirs: Sequence[Path], fmt: str, out: Path | None,
-                force: bool = False) -> int:
+                force: bool = False, jobs: int = 1) -> int:
     """Write the table to ``out`` (a file; ``-`` or None: standard output). Parquet, being
     binary, goes to a terminal only through a redirect. An existing ``out`` is replaced only
     with ``force`` (then atomically: a reader sees the old table or the new one); a run given
@@ -273,7 +280,7 @@ def export_runs(run_dirs: Sequence[Path], fmt: str, out: Path | None,
     for i, path in enumerate(paths):
         if path in paths[:i]:
             raise UsageError(f"RUN: {run_dirs[i]} is given twice (its rows would be doubled)")
-    chunks = export_chunks(run_dirs, fmt)
+    chunks = export_chunks(run_dirs, fmt, jobs) if jobs != 1 else export_chunks(run_dirs, fmt)
     if out in (None, Path("-")):
         sys.stdout.flush()
         for data in chunks:
@@ -319,4 +326,22 @@ def add_export_command(subparsers: argparse._SubParsersAction) -> None:
                         "refused without --force")
     p.add_argument("--force", action="store_true",
                    help="replace an existing --out file")
-    p.set_defaults(func=lambda args: export_runs(args.runs, args.format, args.out, args.force))
+    p.add_argument("--jobs", "-j", type=_jobs, default=None, metavar="N",
+                   help="processes reading the runs for csv and json (default: the CPUs "
+                        "this process may use, at most 8; 1: this process alone; parquet "
+                        "is always read by one)")
+    p.set_defaults(func=lambda args: export_runs(
+        args.runs, args.format, args.out, args.force,
+        default_jobs() if args.jobs is None else args.jobs))
+
+
+def _jobs(text: str) -> int:
+    """``--jobs``: a whole number, 1 or more."""
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if jobs < 1:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected a whole number of "
+                                         "processes, 1 or more")
+    return jobs

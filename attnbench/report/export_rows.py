@@ -33,7 +33,7 @@ import math
 import operator
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from attnbench.report.export_chunks import _float_kinds, _kind, _kind_rows
 
@@ -60,6 +60,23 @@ _INFINITIES = frozenset((math.inf, -math.inf))
 
 class Irregular(Exception):
     """Rows :class:`RowSpool` does not write as the frame would: the frames path writes them."""
+
+
+class Piece(NamedTuple):
+    """A chunk one worker wrote (:meth:`RowSpool.piece`): its rows' bytes and what
+    :meth:`RowSpool.chunks` needs to mend them; no record, no row."""
+
+    kinds: dict[str, dict[Any, Any]]
+    """Column -> one value of each kind it holds (:func:`_note`)."""
+    columns: tuple[str, ...]
+    """The rows' keys, in their order."""
+    order: tuple[str, ...]
+    """The columns as written (the table's order, as this chunk alone types it)."""
+    formats: tuple[str, ...]
+    numeric: frozenset[int]
+    big: frozenset[int]
+    used: tuple[frozenset[str], ...]
+    data: bytes
 
 
 FormatsOf = Callable[[list[list[dict[str, Any]]]], tuple[list[str], list[str]]]
@@ -90,9 +107,14 @@ class RowSpool:
         self._big: set[int] = set()
         """Columns holding an int past :data:`EXACT_INT`."""
         self._used: list[set[str]] = []
+        self._shared: dict[Any, Any] = {}
+        """Pieces' formats and number-column sets, one of each (:meth:`add_piece`)."""
 
-    def add_run(self, rows: Iterator[dict[str, Any]]) -> None:
-        self._kinds.append({})
+    def add_run(self, rows: Iterator[dict[str, Any]],
+                kinds: dict[str, dict[Any, Any]] | None = None) -> None:
+        """The run's rows; ``kinds``: those of its rows before these (a worker's rows follow
+        others: :mod:`~attnbench.report.export_pool`), typed with them."""
+        self._kinds.append({} if kinds is None else kinds)
         chunk: list[dict[str, Any]] = []
         for row in rows:
             chunk.append(row)
@@ -226,6 +248,59 @@ class RowSpool:
             yield b",\n" + data if self._json and i else data
         if self._json:
             yield b"\n]\n"
+
+    def piece(self) -> "Piece":
+        """What this spool of one run wrote in one chunk (a worker's, in its own formats:
+        :mod:`~attnbench.report.export_pool`), as plain data."""
+        size, formats, numeric = self._chunks[0]
+        self._file.seek(0)
+        return Piece(self._kinds[0], self._columns, tuple(self._order), formats, numeric,
+                     frozenset(self._big), tuple(map(frozenset, self._used)),
+                     self._file.read(size))
+
+    def known_kinds(self) -> dict[str, dict[Any, Any]]:
+        """A copy of the kinds of the pieces added so far to this run."""
+        return {name: dict(seen) for name, seen in self._kinds[-1].items()}
+
+    def new_run(self) -> None:
+        """The pieces added next are another run's."""
+        self._kinds.append({})
+
+    def add_piece(self, piece: "Piece") -> None:
+        """A chunk a worker wrote (:meth:`piece`), the next in the table. Its formats are
+        its own chunk's guess; :meth:`end_pieces` takes the table's, and :meth:`chunks`
+        mends to them as to a guess of the rows before it."""
+        if self._columns is None:
+            self._columns = piece.columns
+            self._order = list(piece.order)
+            self._used = [set() for _ in piece.order]
+        if set(piece.columns) != set(self._columns):
+            raise Irregular("rows of several shapes")
+        if list(piece.order) != self._order:
+            raise Irregular("columns changed")
+        kinds = self._kinds[-1]
+        for name in self._columns:  # in the first chunk's order, as _write notes them
+            seen = kinds.setdefault(name, {})
+            for kind, value in piece.kinds[name].items():
+                seen.setdefault(kind, value)
+        self._big |= piece.big
+        for used, formats in zip(self._used, piece.used):
+            used |= formats
+        self._file.write(piece.data)
+        # a few distinct formats and number-column sets: one of each kept, not one a piece
+        # (~2 KB each: at 10^6 lines in pieces of 2,000, ~2 MB)
+        formats = self._shared.setdefault(piece.formats, piece.formats)
+        numeric = self._shared.setdefault(piece.numeric, piece.numeric)
+        self._chunks.append((len(piece.data), formats, numeric))
+
+    def end_pieces(self) -> None:
+        """The table's formats, from every piece's kinds (before :meth:`chunks`)."""
+        if not all(self._kinds) or self._columns is None:
+            raise Irregular("a run without rows")
+        order, formats = self._formats_of([_kind_rows(k) for k in self._kinds])
+        if order != self._order:
+            raise Irregular("columns changed")
+        self._formats = tuple(formats)
 
     def close(self) -> None:
         self._file.close()

@@ -14,12 +14,13 @@ from __future__ import annotations
 import os
 import re
 import sys
+import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from attnbench.errors import RunDirError
-from attnbench.results.journal import (TORN, JournalLine, journal_lines, journal_records,
-                                       line_record, open_journal)
+from attnbench.results.journal import (_READ_BUFFER, TORN, JournalLine, journal_lines,
+                                       journal_records, line_record, open_journal, read_lines)
 
 
 class Entry:
@@ -119,21 +120,126 @@ def _line_id(path: Path, line: JournalLine):
     return record["id"] if isinstance(record, dict) else record
 
 
-def _last_lines(path: Path) -> tuple[dict[str, int | tuple[int, int, int]], int]:
+def _last_lines(path: Path, parts: "_Parts | None" = None
+                ) -> tuple[dict[str, int | tuple[int, ...]], int]:
     """Case id -> the line number of its only record, or ``(number, offset, length)`` of the
-    last of several; and the number of lines read (pass 1 of :func:`last_records`)."""
-    last: dict[str, int | tuple[int, int, int]] = {}
+    last of several; and the number of lines read (pass 1 of :func:`last_records`). With
+    ``parts``, also what :func:`line_ranges` needs: the last of several is
+    ``(number, offset, length, first)``, ``first`` the line of its first record."""
+    last: dict[str, int | tuple[int, ...]] = {}
     lines = 0
     for line in journal_lines(path):
         rid = _line_id(path, line)
         if rid is TORN:
             break
         lines = line.number
+        if parts is not None:
+            parts.note(line, rid)
         if rid is None:
             continue
-        last[rid] = line.number if rid not in last else (line.number, line.offset,
-                                                         len(line.data))
+        seen = last.get(rid)
+        if seen is None:
+            last[rid] = line.number
+        elif parts is None:  # (the first line, 8 B more a retried case: only where asked)
+            last[rid] = (line.number, line.offset, len(line.data))
+        else:
+            last[rid] = (line.number, line.offset, len(line.data),
+                         seen if isinstance(seen, int) else seen[3])
+            parts.repeats.append(line.number)
     return last, lines
+
+
+class LineRange(NamedTuple):
+    """Lines ``start`` .. ``start + count - 1`` of a journal (the first at byte ``offset``):
+    what a process needs to yield, on its own, the records :func:`last_records` yields at
+    those lines (:func:`range_records`). Plain data, sent to another process."""
+
+    start: int
+    offset: int
+    count: int
+    digest: int
+    """CRC-32 of the ids of its records in order, as pass 1 read them: a journal rewritten
+    since (not by appending) reads otherwise."""
+    firsts: dict[int, tuple[int, int, int]]
+    """Line of a retried case's first record -> ``(number, offset, length)`` of its last:
+    yielded there."""
+    repeats: frozenset[int]
+    """Lines of a retried case after its first: checked, not yielded."""
+
+
+class _Parts:
+    """Where each range of ``every`` lines starts and its ids' digest, noted during pass 1."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.starts: list[tuple[int, int]] = []
+        self.digests: list[int] = []
+        self.repeats: list[int] = []
+
+    def note(self, line: JournalLine, rid: str | None) -> None:
+        if line.number % self.every == 1 or self.every == 1:
+            self.starts.append((line.number, line.offset))
+            self.digests.append(0)
+        if rid is not None:
+            self.digests[-1] = zlib.crc32(rid.encode("ascii", "replace"), self.digests[-1])
+
+
+def line_ranges(path: Path | str, every: int) -> list[LineRange]:
+    """The journal at ``path`` cut into ranges of ``every`` lines (the last shorter), for
+    :func:`range_records` run by several processes: :func:`last_records`' first pass (bad lines
+    it reads raise :class:`RunDirError` here), which also notes each range's start, each
+    retried case's first line and its other lines."""
+    path = Path(path)
+    parts = _Parts(every)
+    last, lines = _last_lines(path, parts)
+    firsts: list[dict[int, tuple[int, int, int]]] = [{} for _ in parts.starts]
+    for seen in last.values():
+        if not isinstance(seen, int):
+            firsts[(seen[3] - 1) // every][seen[3]] = seen[:3]
+    repeats: list[set[int]] = [set() for _ in parts.starts]
+    for number in parts.repeats:
+        repeats[(number - 1) // every].add(number)
+    del last
+    return [LineRange(start, offset, min(every, lines - start + 1), digest, firsts[i],
+                      frozenset(repeats[i]))
+            for i, ((start, offset), digest) in enumerate(zip(parts.starts, parts.digests))
+            if start <= lines]
+
+
+def range_records(path: Path | str, part: LineRange) -> Iterator[dict]:
+    """The records :func:`last_records` yields at the lines of ``part``, each line checked as
+    there: a bad line raises the same :class:`RunDirError`; so does a range whose ids are not
+    those pass 1 read (the journal rewritten in between)."""
+    path = Path(path)
+    fd = open_journal(path)
+    digest = 0
+    end = part.start + part.count
+    with os.fdopen(fd, "rb", buffering=_READ_BUFFER) as fh:
+        try:
+            fh.seek(part.offset)
+            for line in read_lines(fh):
+                number = line.number + part.start - 1
+                if number >= end:
+                    break
+                line = line._replace(number=number, offset=line.offset + part.offset)
+                record = line_record(path, line)
+                if record is TORN:
+                    break
+                if record is None:
+                    continue
+                rid = record["id"]
+                if _fast_id(line) not in (None, rid):
+                    raise RunDirError(f"{path}:{number}: a record with two ids; not a line "
+                                      "attnbench wrote")
+                digest = zlib.crc32(rid.encode("ascii", "replace"), digest)
+                if number in part.repeats:
+                    continue
+                seen = part.firsts.get(number)
+                yield record if seen is None else _record_at(path, fd, rid, *seen)
+        except OSError as exc:
+            raise RunDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if digest != part.digest:
+        raise _changed(path, part.start)
 
 
 def _record_at(path: Path, fd: int, rid: str, number: int, offset: int, length: int) -> dict:
