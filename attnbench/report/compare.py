@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from pandas.api.extensions import ExtensionDtype
 
 from attnbench.report.code_changes import backend_warnings, options_warnings
 from attnbench.report.data import DIRECTIONS, Run
@@ -208,24 +209,26 @@ def _paired_rows(fa: pd.DataFrame, fb: pd.DataFrame) -> pd.DataFrame:
 
 def _pairs_frame(fa: pd.DataFrame, fb: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     """The pairs ``rows`` names, as ``fa.merge(fb, on="match_key", suffixes=("_a", "_b"))``
-    lays them out (its columns, in its order, of its types; less :data:`UNREAD_PAIRED`), one
-    column taken at a time."""
-    layout = fa.iloc[:0].merge(fb.iloc[:0], on="match_key", suffixes=("_a", "_b"))
+    lays them out (A's columns, then B's but the key; a name both have gets its side's
+    suffix), of the frames' types, less :data:`UNREAD_PAIRED`: each column taken once."""
+    both = set(fa.columns) & set(fb.columns)
     ia, ib = rows.row_a.to_numpy(), rows.row_b.to_numpy()
     columns = {}
-    for name in layout.columns:
-        if name in UNREAD_PAIRED:
-            continue
-        if name == "match_key":
-            columns[name] = fa[name].take(ia)
-        elif name.endswith("_a") and name[:-2] in fa.columns:
-            columns[name] = fa[name[:-2]].take(ia)
-        else:
-            columns[name] = fb[name[:-2] if name.endswith("_b") else name].take(ib)
-    # One block per type: a frame made of a dict is consolidated as it is made (the copy that
-    # compare made of its pairs before: adding ~20 columns to a block a column warns).
-    return pd.DataFrame({k: v.to_numpy() if not isinstance(v.dtype, pd.CategoricalDtype)
-                         else v.reset_index(drop=True) for k, v in columns.items()})
+    for frame, suffix, at in ((fa, "_a", ia), (fb, "_b", ib)):
+        for name in frame.columns:
+            if frame is fb and name == "match_key":
+                continue
+            label = name + suffix if name in both and name != "match_key" else name
+            if label not in UNREAD_PAIRED:
+                column = frame[name]
+                # the values taken as they are held: text stays Arrow text, categories
+                # codes (to_numpy would make a Python object a cell)
+                values = (column.array if isinstance(column.dtype, ExtensionDtype)
+                          else column.to_numpy())
+                columns[label] = values.take(at)
+    # One block per type: a frame made of a dict is consolidated as it is made (adding ~20
+    # columns to a frame of a block a column warns of fragmentation).
+    return pd.DataFrame(columns)
 
 
 def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
