@@ -119,3 +119,64 @@ def test_zero_exact_gradient_is_judged_by_the_problems_scale(backend, dtype):
     assert notes and all("exact tensor is zero" in n for n in notes)
     bad = run("buggy_backends:ScaledDq", dtype=dtype, seqlen_q=16, seqlen_kv=2, mask="causal")
     assert bad["verdict"] == "fail"  # a real error in a small dQ is still seen
+
+
+SINK = dict(dtype="bf16", inputs="sink", mask="causal", seqlen_q=128, heads_q=4, heads_kv=2,
+            head_dim=32)
+"""docs/coverage.md's case: beside an attention sink a flash-style backward (delta =
+rowsum(dO * O) from the rounded O) leaves dQ/dK 12-15x autograd's error and dk_sum ~0.04-0.25."""
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "mutant.base"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_flash_style_backward_passes_beside_an_attention_sink(backend, seed):
+    """Correct kernels that recompute the softmax from (O, lse) -- sdpa's CPU flash backward
+    and ``mutant.base`` (naive's ``backward_from_stats``, the code every backward mutant edits)
+    -- pass: their tensors are judged against the worse of naive's two backwards, and dk_sum
+    against twice the baselines' own residual. Before, autograd alone set both bounds and these
+    cases failed (sdpa: dk_sum 0.039-0.054 > 0.03-0.042; dK 0.039 > 0.026)."""
+    record = run(backend, seed=seed, **SINK)
+    assert record["verdict"] == "pass", record["reason"]
+    # dv_v and dq_q stay as tight as elsewhere: the sink's cancellation is dK's and dQ's alone
+    for name in ("dv_v", "dq_q"):
+        assert record["accuracy"]["identities"][name]["bound"] < 0.05, name
+
+
+def test_judged_against_autograd_alone_a_correct_kernel_fails_beside_a_sink(monkeypatch):
+    """The rule's mutant: naive's flash-style backward replaced by its autograd one (the
+    baselines before) fails sdpa on the first case above -- these cases exercise the rule."""
+    from attnbench.backends.naive import NaiveBackend
+
+    def autograd(self, q, k, v, out, lse, dout, spec):
+        return self.backward(NaiveBackend.forward(self, q, k, v, spec).ctx, dout)
+
+    monkeypatch.setattr(NaiveBackend, "backward_from_stats", autograd)
+    record = run("sdpa", seed=0, **SINK)
+    assert record["verdict"] == "fail" and ("identity", "dk_sum") in failing_checks(record)
+
+
+@pytest.mark.parametrize("mutant, caught_by", [
+    ("mutant.dq_stale_delta", {"dq", "dq_q"}), ("mutant.dq_log2_scale", {"dq", "dq_q"}),
+    ("mutant.gqa_dkv_mean", {"dk", "dv"})])
+def test_backward_bugs_still_fail_beside_an_attention_sink(mutant, caught_by):
+    """The bugs of a flash-style backward, on the same sink cases, against the same bounds:
+    measured worst check 146-209x (stale delta), 4.1-31x (lost ln 2), 42-81x (GQA mean)."""
+    record = run(mutant, seed=0, **SINK)
+    assert record["verdict"] == "fail"
+    assert {t for _, t in failing_checks(record)} & caught_by, record["reason"]
+
+
+def test_where_the_flash_style_baseline_does_not_fit_autograd_alone_judges(monkeypatch):
+    """naive's flash-style backward holds an fp32 S x S where autograd's was in the dtype: out
+    of memory there, the tensors are judged against autograd's errors (as before), not the
+    absolute bound. Mutant: the OOM caught with the forward's (no baseline) fails this."""
+    from attnbench.backends.naive import NaiveBackend
+
+    def out_of_memory(self, *args):
+        raise MemoryError("fp32 S x S")
+
+    monkeypatch.setattr(NaiveBackend, "backward_from_stats", out_of_memory)
+    record = run("sdpa", dtype="bf16", seed=0)
+    assert record["verdict"] == "pass", record["reason"]
+    assert record["accuracy"]["tensors"]["dq"]["baseline"] == "naive"
+    assert record["accuracy"]["tensors"]["dq"]["baseline_rel_l2"] > 0
