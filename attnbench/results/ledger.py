@@ -67,16 +67,13 @@ def last_records(path: Path | str) -> Iterator[dict]:
         for line in journal_lines(path):
             if line.number > lines:
                 return
-            record = line_record(path, line)
+            record = _checked_record(path, line)
             if record is TORN:
                 return
             if record is None:
                 continue
             rid = record["id"]
             seen = last.get(rid)
-            if _fast_id(line) not in (None, rid):
-                raise RunDirError(f"{path}:{line.number}: a record with two ids; not a line "
-                                  "attnbench wrote")
             if isinstance(seen, int):  # its only record
                 if seen != line.number:
                     raise _changed(path, line.number)
@@ -106,6 +103,16 @@ def _fast_id(line: JournalLine) -> str | None:
     """The id of a whole line written as :data:`_ID` reads, else None."""
     match = _ID.match(line.data) if line.ended else None
     return match.group(1).decode("ascii") if match else None
+
+
+def _checked_record(path: Path, line: JournalLine):
+    """:func:`line_record` of a line whose id pass 1 read (:func:`_fast_id`): a record whose
+    parsed id is another (a second ``"id"`` key later in the line) raises :class:`RunDirError`."""
+    record = line_record(path, line)
+    if isinstance(record, dict) and _fast_id(line) not in (None, record["id"]):
+        raise RunDirError(f"{path}:{line.number}: a record with two ids; not a line attnbench "
+                          "wrote")
+    return record
 
 
 def _line_id(path: Path, line: JournalLine):
@@ -222,15 +229,12 @@ def range_records(path: Path | str, part: LineRange) -> Iterator[dict]:
                 if number >= end:
                     break
                 line = line._replace(number=number, offset=line.offset + part.offset)
-                record = line_record(path, line)
+                record = _checked_record(path, line)
                 if record is TORN:
                     break
                 if record is None:
                     continue
                 rid = record["id"]
-                if _fast_id(line) not in (None, rid):
-                    raise RunDirError(f"{path}:{number}: a record with two ids; not a line "
-                                      "attnbench wrote")
                 digest = zlib.crc32(rid.encode("ascii", "replace"), digest)
                 if number in part.repeats:
                     continue
