@@ -209,7 +209,6 @@ def test_a_blank_line_moves_the_records_after_it_so_one_process_reads(runs, tmp_
     shutil.copytree(runs["retried"], run, ignore=shutil.ignore_patterns("dashboard", ".lock"))
     _rewrite(run, lambda lines: lines[:2] + [""] + lines[2:])
     monkeypatch.setattr(reading, "CHUNK_ROWS", CHUNK)
-    monkeypatch.setattr(read_pool, "MIN_POOL_BYTES", 0, raising=False)
     import attnbench.report.export_pool as export_pool
 
     monkeypatch.setattr(export_pool, "MIN_POOL_BYTES", 0)
