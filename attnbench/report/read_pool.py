@@ -70,14 +70,15 @@ def pool_read(run_dir: str | Path, jobs: int, columns: Iterable[str] | None = No
     manifest = load_manifest(run_dir)
     reader = RunReader(str(manifest.get("run_id") or run_dir.name), columns, tallies)
     try:
-        parts = line_ranges(path, task_lines or TASK_LINES)
-    except RunDirError as exc:
-        raise ReportError(str(exc)) from None
-    try:
         pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+        pool.submit(_ready)  # the workers start (~1 s: Python, pandas) during pass 1
     except (NotImplementedError, OSError):  # no working semaphores here: one process reads
         return None
     try:
+        try:
+            parts = line_ranges(path, task_lines or TASK_LINES)
+        except RunDirError as exc:
+            raise ReportError(str(exc)) from None
         for other in _readers(pool, jobs, path, reader, parts):
             reader.merge(other)
     except Misaligned:
@@ -128,6 +129,10 @@ def _readers(pool: ProcessPoolExecutor, jobs: int, path: Path, reader: RunReader
 def _next_done(pending: deque[Future]) -> Future:
     """The next range in journal order (the oldest task)."""
     return pending.popleft()
+
+
+def _ready() -> None:
+    """A worker's first task: nothing, once this module (and pandas) is imported to run it."""
 
 
 def _read_range(path: str, run_id: str, part: LineRange, start: int,
