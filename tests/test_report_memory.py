@@ -4,6 +4,7 @@ in a bounded process (docs/cluster.md). Growth per added record, as in test_read
 peaks of a 4,000- and a 2,000-record journal apart, per added record, so fixed costs (the read
 buffer, pandas' own) cancel."""
 
+import copy
 import json
 import tracemalloc
 from pathlib import Path
@@ -107,3 +108,61 @@ def test_compare_load_holds_a_few_numbers_per_case(tmp_path):
 def test_the_compare_bound_catches_a_load_that_keeps_records(tmp_path, small_chunks,
                                                              keeping_records):
     assert _growth_per_record(load_compared, tmp_path) > 3 * COMPARE_BOUND
+
+
+# --jobs 2 (report/read_pool.py): this process's growth, within the bounds above; the workers
+# hold a range each, whatever the journal. Measured 414 B (read_run; 758 B by one process in
+# the same session) and 428 B (load_compared; 410 B); the mutant that keeps a copy of every
+# range's reader measured 6,035 B: 5.9x over COMPARE_BOUND.
+POOL_TASK_LINES = 200
+"""Lines a range here (10,000 in a report): 10-20 ranges, so that what is in flight (4) is a
+part of the journal and what grows is the frame."""
+# (pool_read: journals of any size go to the pool; read_run_jobs sends small ones to one process)
+
+
+def _pooled(reader: str):
+    """``read_run`` or ``load_compared`` with ``--jobs 2``, never the one-process path."""
+    from attnbench.report.compare import COMPARED
+    from attnbench.report.read_pool import pool_read
+
+    columns, tallies = (None, True) if reader == "read_run" else (COMPARED, False)
+
+    def read(run_dir: Path):
+        run = pool_read(run_dir, 2, columns, tallies)
+        assert run is not None
+        return run
+    return read
+
+
+def _small_pool() -> None:
+    import attnbench.report.read_pool as read_pool
+
+    reading.CHUNK_ROWS = CHUNK_ROWS
+    read_pool.TASK_LINES = POOL_TASK_LINES
+
+
+def fresh_pooled_growth_per_record(tmp: str, reader: str) -> float:
+    """:func:`_growth_per_record` of ``reader`` with ``--jobs 2``, in a fresh interpreter."""
+    _small_pool()
+    return _growth_per_record(_pooled(reader), Path(tmp))
+
+
+@pytest.mark.parametrize("reader, bound", [("read_run", REPORT_BOUND),
+                                           ("load_compared", COMPARE_BOUND)])
+def test_a_pooled_load_grows_as_one_process_does(tmp_path, reader, bound):
+    assert in_fresh_interpreter("test_report_memory", "fresh_pooled_growth_per_record",
+                                str(tmp_path), reader) < bound
+
+
+def test_the_bound_catches_a_pool_that_keeps_its_ranges(tmp_path, monkeypatch):
+    # Mutant: every range's reader kept (with its rows and chunks) after it is merged.
+    import attnbench.report.read_pool as read_pool
+
+    monkeypatch.setattr(reading, "CHUNK_ROWS", CHUNK_ROWS)
+    monkeypatch.setattr(read_pool, "TASK_LINES", POOL_TASK_LINES)
+    kept = []
+    real = reading.RunReader.merge
+    monkeypatch.setattr(reading.RunReader, "merge",
+                        lambda self, other: kept.append(copy.deepcopy(other))
+                        or real(self, other))
+    assert _growth_per_record(_pooled("load_compared"), tmp_path) > 2 * COMPARE_BOUND

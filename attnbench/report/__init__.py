@@ -19,7 +19,9 @@ wiring and the functions behind ``attnbench report`` and ``attnbench compare``);
 (``--all``'s line per case) and ``sorted_lines`` (sorting them in bounded memory); for
 ``export``: ``export`` (the formats), ``export_chunks`` (the table in chunks, each typed as
 the whole), ``export_rows`` (CSV and JSON written from the rows, as the frames would print them)
-and ``export_pool`` (the same from rows read by several processes: ``--jobs``).
+and ``export_pool`` (the same from rows read by several processes: ``--jobs``); for
+``report`` and ``compare``: ``read_pool`` (a run read by several processes, ``--jobs``);
+``jobs`` (``--jobs`` parsed, for the three).
 """
 
 from attnbench import package_face
@@ -38,6 +40,8 @@ __all__, __getattr__ = package_face(__name__, {
     "html": ("sort_key",),
     "interactive": ("PAGE", "script_json"),
     "page": ("render",),
+    "jobs": ("JOBS_LIMIT", "parse_jobs"),
+    "read_pool": ("read_run_jobs",),
     "reading": ("RunReader", "read_run", "run_of_records"),
     "run_summary": ("RunSummary",),
     "sorted_lines": ("SortedLines",),

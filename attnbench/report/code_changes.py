@@ -39,6 +39,14 @@ class BackendCodeTally:
         key = tuple((k, _text(code.get(k))) for _, k in CODE_FIELDS if k in code)
         self.seen.setdefault(name, Counter())[key] += 1
 
+    def merge(self, other: "BackendCodeTally") -> None:
+        """Add what ``other`` tallied of the records after these (order matters: a tie goes
+        to the code seen first, and the backends stay in the order first seen)."""
+        for name, counts in other.seen.items():
+            mine = self.seen.setdefault(name, Counter())
+            for key, n in counts.items():
+                mine[key] += n
+
     def result(self) -> dict[str, dict[str, Any]]:
         return {name: dict(counts.most_common(1)[0][0]) for name, counts in self.seen.items()}
 

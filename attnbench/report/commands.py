@@ -18,7 +18,9 @@ from attnbench.report.compare import FAIL_ON, compare_runs, load_compared, summa
 from attnbench.report.compare_formats import FORMATS, comparison_json, comparison_markdown
 from attnbench.report.dashboard import Dashboard, default_dashboard, load_dashboard
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK, ReportError, printable
-from attnbench.report.reading import read_run
+from attnbench.report.export_pool import default_jobs
+from attnbench.report.jobs import parse_jobs
+from attnbench.report.read_pool import read_run_jobs
 from attnbench.results.files import refusal
 
 log = logging.getLogger("attnbench.report")
@@ -44,16 +46,18 @@ def resolve_dashboard(dashboard: Path | None, name: str = "default") -> Dashboar
     return default_dashboard()
 
 
-def write_report(run_dir: Path, dashboard: Path | None = None, out_dir: Path | None = None) -> Path:
+def write_report(run_dir: Path, dashboard: Path | None = None, out_dir: Path | None = None,
+                 jobs: int = 1) -> Path:
     """Draw the dashboard for one run; returns the path of its ``index.html``.
 
-    ``out_dir`` defaults to ``<run_dir>/dashboard/`` (:data:`REPORT_DIR`). Raises
+    ``out_dir`` defaults to ``<run_dir>/dashboard/`` (:data:`REPORT_DIR`); ``jobs``: processes
+    reading the journal (:func:`~attnbench.report.read_pool.read_run_jobs`). Raises
     :class:`ReportError` on bad input.
     """
     from attnbench.report.page import build_report  # matplotlib only when drawing
 
     spec = resolve_dashboard(Path(dashboard) if dashboard else None)
-    run = read_run(Path(run_dir))
+    run = read_run_jobs(Path(run_dir), jobs)
     out = Path(out_dir) if out_dir else Path(run_dir) / REPORT_DIR
     try:
         return build_report(run, spec, out)
@@ -64,11 +68,12 @@ def write_report(run_dir: Path, dashboard: Path | None = None, out_dir: Path | N
 
 def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: Path | None = None,
                 dashboard: bool = True, stream: TextIO | None = None, fmt: str = "text",
-                fail_on: str = "both") -> int:
+                fail_on: str = "both", jobs: int = 1) -> int:
     """Compare each run with the first (the baseline): write the comparison dashboard (unless
     ``dashboard`` is false; ``out_dir`` defaults to ``compare-<A>-vs-<B>/`` inside the last
     run's directory) and print the summary to ``stream`` as ``fmt`` (text, json, markdown:
-    :mod:`attnbench.report.compare_formats`). Returns the exit status: ``EXIT_FAILURES`` when
+    :mod:`attnbench.report.compare_formats`); ``jobs``: processes reading each journal, one
+    run after the other. Returns the exit status: ``EXIT_FAILURES`` when
     a regression the gate ``fail_on`` counts (speed, accuracy or both) happened on the same GPU
     kind, else ``EXIT_OK``. Raises :class:`ReportError` on bad input.
     """
@@ -76,7 +81,7 @@ def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: P
     if len(set(paths)) < len(paths):
         dup = next(p for p in paths if paths.count(p) > 1)
         raise ReportError(f"RUN: {dup} is given twice")
-    runs = [load_compared(Path(d)) for d in run_dirs]
+    runs = [load_compared(Path(d), jobs) for d in run_dirs]
     ids = [r.run_id for r in runs]
     for run in runs:
         if ids.count(run.run_id) > 1:  # copies of one run directory: tell them apart by path
@@ -143,6 +148,7 @@ def add_report_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="dashboard definition (default: dashboards/default.yaml)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help=f"output directory (default: RUN/{REPORT_DIR}/, beside the records)")
+    _add_jobs(p)
     p.set_defaults(func=cmd_report)
 
     c = subparsers.add_parser(
@@ -171,12 +177,24 @@ def add_report_commands(subparsers: argparse._SubParsersAction) -> None:
                    help="what makes the exit status 1: speed (a case SLOW on the same GPU "
                         "kind), accuracy (a case from a good verdict to a failing one), or "
                         "both (default)")
+    _add_jobs(c)
     c.set_defaults(func=cmd_compare)
+
+
+def _add_jobs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", "-j", type=parse_jobs, default=None, metavar="N",
+                   help="processes reading each journal (default: the CPUs this process may "
+                        "use, at most 8; 1: this process alone; journals under 16 MiB are "
+                        "read by one)")
+
+
+def _jobs_of(args: argparse.Namespace) -> int:
+    return default_jobs() if args.jobs is None else args.jobs
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     try:
-        index = write_report(args.run, args.dashboard, args.out)
+        index = write_report(args.run, args.dashboard, args.out, _jobs_of(args))
     except ReportError as exc:
         print(f"attnbench report: {printable(exc, 2000)}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -196,7 +214,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         return run_compare(args.runs, threshold=args.threshold, out_dir=args.out,
                            dashboard=not args.no_dashboard, stream=sys.stdout,
-                           fmt=args.format, fail_on=args.fail_on)
+                           fmt=args.format, fail_on=args.fail_on, jobs=_jobs_of(args))
     except ReportError as exc:
         print(f"attnbench compare: {printable(exc, 2000)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -46,9 +46,9 @@ from pandas.api.extensions import ExtensionDtype
 from attnbench.report.code_changes import backend_warnings, options_warnings
 from attnbench.report.data import DIRECTIONS, Run
 from attnbench.report.doubt import why_ambiguous
-from attnbench.report.reading import read_run
 from attnbench.report.environment import (kind_text, mixed_kinds, representative, run_warnings,
                                           software_text, warned_labels)
+from attnbench.report.read_pool import read_run_jobs
 from attnbench.report.style import verdict_label
 from attnbench.results.records import (BAD_VERDICTS, DIED_VERDICTS, JUDGED_VERDICTS,
                                        NOT_JUDGED_VERDICTS, RAN_VERDICTS, TENSORS)
@@ -269,10 +269,11 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
                       warnings=warnings)
 
 
-def load_compared(run_dir: Path) -> Run:
+def load_compared(run_dir: Path, jobs: int = 1) -> Run:
     """A run as a comparison reads it: :data:`COMPARED` columns, environments and backend code,
-    in one streamed pass."""
-    return read_run(run_dir, columns=COMPARED, tallies=False)
+    in one streamed pass, by ``jobs`` processes
+    (:func:`~attnbench.report.read_pool.read_run_jobs`)."""
+    return read_run_jobs(run_dir, jobs, columns=COMPARED, tallies=False)
 
 
 def run_facts(run: Run) -> dict[str, str]:

@@ -77,6 +77,15 @@ class EnvironmentTally:
         ident = env.get("identity") or {}
         group.devices.add((env.get("host"), ident.get("uuid") or env.get("device")))
 
+    def merge(self, other: "EnvironmentTally") -> None:
+        """Add what ``other`` tallied of the records after these (order matters: ties in
+        :meth:`result` go to the environment seen first)."""
+        for key, group in other.found.items():
+            mine = self.found.setdefault(key, Environment(group.view))
+            mine.records += group.records
+            mine.devices |= group.devices
+            self.counts[key] += other.counts[key]
+
     def result(self) -> list[Environment]:
         return [self.found[key] for key, _ in self.counts.most_common()]
 

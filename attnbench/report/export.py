@@ -38,6 +38,7 @@ from attnbench.report.export_chunks import spool_runs
 from attnbench.report.export_pool import default_jobs, pool_chunks, worth_a_pool
 from attnbench.report.export_rows import Irregular, row_spool
 from attnbench.report.export_rows import scalar as _scalar
+from attnbench.report.jobs import parse_jobs
 from attnbench.results.files import refusal, write_atomic
 
 FORMATS = ("csv", "parquet", "json")
@@ -326,22 +327,10 @@ def add_export_command(subparsers: argparse._SubParsersAction) -> None:
                         "refused without --force")
     p.add_argument("--force", action="store_true",
                    help="replace an existing --out file")
-    p.add_argument("--jobs", "-j", type=_jobs, default=None, metavar="N",
+    p.add_argument("--jobs", "-j", type=parse_jobs, default=None, metavar="N",
                    help="processes reading the runs for csv and json (default: the CPUs "
                         "this process may use, at most 8; 1: this process alone; parquet "
                         "is always read by one)")
     p.set_defaults(func=lambda args: export_runs(
         args.runs, args.format, args.out, args.force,
         default_jobs() if args.jobs is None else args.jobs))
-
-
-def _jobs(text: str) -> int:
-    """``--jobs``: a whole number, 1 or more."""
-    try:
-        jobs = int(text)
-    except ValueError:
-        jobs = 0
-    if jobs < 1:
-        raise argparse.ArgumentTypeError(f"got {text!r}, expected a whole number of "
-                                         "processes, 1 or more")
-    return jobs

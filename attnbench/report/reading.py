@@ -117,10 +117,13 @@ class RunReader:
     crashes), which a comparison does not."""
 
     def __init__(self, run_id: str = "", columns: Iterable[str] | None = None,
-                 tallies: bool = True):
+                 tallies: bool = True, start: int = 0, chunk_rows: int | None = None):
         self.run_id = run_id
         self.columns = None if columns is None else list(dict.fromkeys(columns))
         self.tallies = tallies
+        self.chunk_rows = chunk_rows or CHUNK_ROWS
+        self.start = start  # file-order position of the first record (a range's: not 0)
+        self.head: list[dict[str, Any]] = []  # a range's rows of a chunk begun before it
         self.rows: list[dict[str, Any]] = []
         self.parts: dict[str, list[pd.Series | int]] = {}  # column -> chunks (int: n NaN)
         self.environments = EnvironmentTally()
@@ -128,7 +131,7 @@ class RunReader:
         self.series = SeriesCollector()
         self.parity: list[dict[str, Any]] = []
         self.failures: list[tuple] = []  # (sort key, id, crash) of the first failures listed
-        self.count = 0
+        self.count = start
 
     def add(self, rec: dict[str, Any]) -> None:
         row = flatten(rec, self.run_id)
@@ -144,10 +147,39 @@ class RunReader:
             self._parity(rec, row)
             if row["verdict"] in BAD_VERDICTS:
                 self._failure(rec, row)
+        self._take(row)
+
+    def _take(self, row: dict[str, Any]) -> None:
+        """A row into the chunk being buffered; chunks end where those of a read from the
+        first record end (every ``chunk_rows`` records), whatever ``start``: one frame from
+        ranges read apart, as from one read (types are inferred a chunk at a time)."""
         self.rows.append(row)
         self.count += 1
-        if len(self.rows) >= CHUNK_ROWS:
+        if self.count % self.chunk_rows == 0:
             self._flush()
+
+    def merge(self, other: "RunReader") -> None:
+        """Join what ``other`` read of the records that follow those read here (a range's
+        :class:`RunReader`, its ``start`` this one's ``count``): its rows and chunks after
+        these, its tallies merged after these; the result is that of one reader of both."""
+        if other.start != self.count:
+            raise Misaligned(f"a range starting at record {other.start} after {self.count}")
+        for row in other.head:
+            self._take(row)
+        if other.parts:
+            if self.rows:  # its first whole chunk would follow a chunk not yet ended
+                raise Misaligned(f"chunks of a range starting at record {other.start}")
+            for name, parts in other.parts.items():
+                self.parts.setdefault(name, []).extend(parts)
+            self.count = other.count - len(other.rows)
+        for row in other.rows:
+            self._take(row)
+        self.environments.merge(other.environments)
+        self.backend_code.merge(other.backend_code)
+        self.series.merge(other.series)
+        self.parity.extend(other.parity)
+        self.failures.extend(other.failures)  # positions already file-order (``start``)
+        self._cut_failures()
 
     def _parity(self, rec: dict[str, Any], row: dict[str, Any]) -> None:
         for chk in rec.get("checks") or []:
@@ -162,8 +194,15 @@ class RunReader:
         """Keep the crash of the failures the page lists: the first MAX_FAILURES_LISTED in its
         order (severity, backend, features, label; missing values last; then file order)."""
         key = (SEVERITY.index(row["verdict"]) if row["verdict"] in SEVERITY else len(SEVERITY),
-               *(_sort_text(row[c]) for c in ("backend", "features", "label")), self.count)
+               *(_sort_text(row[c]) for c in ("backend", "features", "label")), self._position())
         self.failures.append((key, row["id"], rec.get("crash") or None))
+        self._cut_failures()
+
+    def _position(self) -> int:
+        """The record's position in the journal (file order): ties in the failures' order."""
+        return self.count
+
+    def _cut_failures(self) -> None:
         if len(self.failures) > 2 * MAX_FAILURES_LISTED:  # amortised: sort and cut now and then
             self.failures = sorted(self.failures)[:MAX_FAILURES_LISTED]
 
@@ -171,6 +210,10 @@ class RunReader:
         """The buffered rows as a DataFrame (its types inferred as for one of every row), kept
         as one Series per column: a column of the chunk is a view of a block shared by all its
         columns of one type, so each is copied out and the chunk freed."""
+        if self.rows and (self.count - len(self.rows)) % self.chunk_rows:
+            # a range's first rows, of a chunk begun in the range before: joined there, as rows
+            self.head, self.rows = self.rows, []
+            return
         if self.rows:
             chunk = self._narrow(pd.DataFrame(self.rows))
             self.rows = []
@@ -235,6 +278,11 @@ class RunReader:
 
     def parity_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.parity)
+
+
+class Misaligned(ValueError):
+    """A range's reader that does not follow the records read (a blank line, which pass 1
+    does not count, moved the records after it): the run is read by one process instead."""
 
 
 def read_run(run_dir: str | Path, columns: Iterable[str] | None = None,

@@ -65,7 +65,12 @@ class _Mean:
         self.partials: list[float] = []
 
     def add(self, value: float) -> None:
-        x, i = math.log2(value), 0
+        self._add_log(math.log2(value))
+        self.n += 1
+
+    def _add_log(self, x: float) -> None:
+        """``x`` into the exact sum (Shewchuk's partials, as ``math.fsum`` keeps them)."""
+        i = 0
         for y in self.partials:
             if abs(x) < abs(y):
                 x, y = y, x
@@ -76,7 +81,13 @@ class _Mean:
                 i += 1
             x = high
         self.partials[i:] = [x]
-        self.n += 1
+
+    def merge(self, other: "_Mean") -> None:
+        """Add another mean's values: their exact sum joins this one (each partial added
+        as :meth:`add` adds a logarithm), so the mean is that of every value added here."""
+        for x in other.partials:
+            self._add_log(x)
+        self.n += other.n
 
     def value(self) -> float:
         return 2 ** (math.fsum(self.partials) / self.n)
@@ -97,6 +108,13 @@ class Series:
         error, baseline = self.lengths.setdefault(point.keys, (_Mean(), _Mean()))
         error.add(point.error)
         baseline.add(point.baseline)
+
+    def merge(self, other: "Series") -> None:
+        """Add ``other``'s points (the same series, of records after these)."""
+        for n, (error, baseline) in other.lengths.items():
+            mine = self.lengths.setdefault(n, (_Mean(), _Mean()))
+            mine[0].merge(error)
+            mine[1].merge(baseline)
 
     def by_length(self) -> list[tuple[int, float, float]]:
         """(keys, geometric-mean error, geometric-mean baseline) per length, shortest first."""
@@ -164,6 +182,16 @@ class SeriesCollector:
                                                         _label(case))
             series.add(Point(int(case.get("seqlen_kv") or case.get("seqlen_q") or 0),
                              float(error), float(base)))
+
+    def merge(self, other: "SeriesCollector") -> None:
+        """Add what ``other`` collected of the records after these (series stay in the order
+        first seen)."""
+        for key, series in other._found.items():
+            mine = self._found.get(key)
+            if mine is None:
+                self._found[key] = series
+            else:
+                mine.merge(series)
 
     def series(self) -> list[Series]:
         return list(self._found.values())
