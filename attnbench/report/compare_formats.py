@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from attnbench.errors import printable
-from attnbench.report.compare import Comparison, ambiguous_reasons, describe, run_facts
+from attnbench.report.compare import (Comparison, ambiguous_reasons, describe, run_facts,
+                                      worst_pair)
 from attnbench.report.data import DIRECTIONS
 from attnbench.report.style import verdict_label
 
@@ -89,7 +90,7 @@ def comparison_json(comps: Sequence[Comparison], fail_on: str, index: Path | Non
             if len(p) else {},
             "regressions": [{**_pair(r), "what": _what(r)}
                             for r in c.regressions_on(fail_on).itertuples()],
-            "pairs": [_pair(r) for r in p.itertuples()],
+            "pairs": [_pair(r) for r in c.named(p).itertuples()],
         })
     return json.dumps(body, indent=1, allow_nan=False, default=str)
 
@@ -143,7 +144,7 @@ def comparison_markdown(comps: Sequence[Comparison], fail_on: str, index: Path |
             lines += ["", "Verdicts changed: " + ", ".join(
                 f"{n} {md(k)}" for k, n in changed.verdict_change.value_counts().items()) + "."]
         if len(p) and p.worst_err_ratio.notna().any():
-            worst = p.loc[p.worst_err_ratio.idxmax()]
+            worst = worst_pair(c)
             lines += ["", f"Accuracy: error ratio B/A median {p.worst_err_ratio.median():.2f}, "
                       f"worst {worst.worst_err_ratio:.3g}x ({md(worst.label_b)})."]
         reg = c.regressions_on(fail_on)
@@ -157,15 +158,16 @@ def comparison_markdown(comps: Sequence[Comparison], fail_on: str, index: Path |
             if len(reg) > MAX_MARKDOWN_ROWS:
                 lines.append(f"\n... and {len(reg) - MAX_MARKDOWN_ROWS} more (`--format json` "
                              "or the dashboard lists all)")
-        lines += _ambiguous_block(p)
+        lines += _ambiguous_block(c)
         lines.append("")
     if index is not None:
         lines.append(f"Dashboard: {md(index, 1000)}")
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _ambiguous_block(p) -> list[str]:
+def _ambiguous_block(c: Comparison) -> list[str]:
     """The AMBIGUOUS pairs and why, folded (they ask for a rerun, not a review)."""
+    p = c.pairs
     if not len(p):
         return []
     amb = p[(p.fwd_class == "AMBIGUOUS") | (p.bwd_class == "AMBIGUOUS")]
@@ -175,7 +177,7 @@ def _ambiguous_block(p) -> list[str]:
                         for d in DIRECTIONS if ambiguous_reasons(p, d))
     out = ["", f"<details><summary>{len(amb)} AMBIGUOUS ({md(summary)})</summary>", "",
            "| case | fwd | bwd |", "|---|---|---|"]
-    for r in amb.head(MAX_MARKDOWN_ROWS).itertuples():
+    for r in c.named(amb.head(MAX_MARKDOWN_ROWS)).itertuples():
         out.append(f"| {md(r.label_b)} | {md(r.fwd_why)} | {md(r.bwd_why)} |")
     if len(amb) > MAX_MARKDOWN_ROWS:
         out.append(f"\n... and {len(amb) - MAX_MARKDOWN_ROWS} more")
