@@ -324,6 +324,13 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     rows = _paired_rows(fa, fb)
     pairs = _pairs_frame(fa, fb, rows, PAIRED)
     pairs["row_a"], pairs["row_b"] = rows.row_a.to_numpy(), rows.row_b.to_numpy()
+    for name in ("verdict", "run_gpu"):  # a few values: codes, the same categories both sides
+        sides = [pairs[f"{name}_{s}"] for s in "ab"]  # (compared with each other)
+        kinds = pd.CategoricalDtype(sorted(set(sides[0].dropna().unique())
+                                           | set(sides[1].dropna().unique())))
+        for s, column in zip("ab", sides):
+            pairs[f"{name}_{s}"] = column.astype(kinds)
+        del sides, column
     pairs["same_kind"] = ((pairs.run_gpu_a == pairs.run_gpu_b) | (pairs.run_gpu_a == "?")
                           | (pairs.run_gpu_b == "?"))
     for d in DIRECTIONS:  # each statistic taken as it is read, then let go
