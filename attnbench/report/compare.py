@@ -116,8 +116,8 @@ def timing_columns(pairs: Any, d: str, threshold: float) -> dict[str, Any]:
     range ``_lo`` / ``_hi``, ``<d>_noisy`` ("", "A", "B" or "A and B": whose timing never
     settled) and ``<d>_why`` (AMBIGUOUS only: :func:`~attnbench.report.doubt.why_ambiguous`)."""
     # per side, as a pair's dict held them: a missing value NaN, a missing flag True (bool())
-    side = {s: {stat: _floats(pairs[f"{d}_{stat}_{s}"]) for stat in ("median_ms", "min_ms", "q3_ms")}
-            for s in "ab"}
+    side = {s: {stat: _floats(pairs[f"{d}_{stat}_{s}"])
+                for stat in ("median_ms", "min_ms", "q3_ms")} for s in "ab"}
     for s in "ab":
         side[s]["noisy"] = _flags(pairs[f"{d}_noisy_{s}"])
     a, b = side["a"], side["b"]
@@ -140,7 +140,8 @@ def timing_columns(pairs: Any, d: str, threshold: float) -> dict[str, Any]:
     ambiguous = np.flatnonzero(code == 3)  # the few a run has, a pair at a time
     if len(ambiguous):  # q1 and n: read by why_ambiguous alone, for these pairs
         for s, x in (("a", a), ("b", b)):
-            x.update({stat: _floats(pairs[f"{d}_{stat}_{s}"])[ambiguous] for stat in ("q1_ms", "n")})
+            x.update({stat: _floats(pairs[f"{d}_{stat}_{s}"])[ambiguous]
+                      for stat in ("q1_ms", "n")})
     for j, i in enumerate(ambiguous):
         sa, sb = ({"median": float(x["median_ms"][i]), "min": float(x["min_ms"][i]),
                    "q3": float(x["q3_ms"][i]), "q1": float(x["q1_ms"][j]), "n": float(x["n"][j]),
@@ -397,7 +398,8 @@ def run_facts(run: Run) -> dict[str, str]:
     m, df = run.manifest, run.frame
     view = representative(run.environments)
     facts = {"GPU": ", ".join(run.gpu_kinds) or "?"}
-    families = sorted(set(df.gpu_family.dropna().unique().astype(str))) if "gpu_family" in df else []
+    families = (sorted(set(df.gpu_family.dropna().unique().astype(str)))
+                if "gpu_family" in df else [])
     if families and families != run.gpu_kinds:
         facts["family"] = ", ".join(families)
     for key, name in (("driver_version", "driver"), ("cuda_runtime", "CUDA"), ("cudnn", "cuDNN"),
