@@ -254,9 +254,9 @@ def _paired_rows(fa: pd.DataFrame, fb: pd.DataFrame) -> pd.DataFrame:
     code_type = np.min_scalar_type(len(kinds))
 
     def narrow(f: pd.DataFrame) -> pd.DataFrame:
+        codes, names = pd.factorize(f.run_gpu)  # the few names looked up, not every row's
         return pd.DataFrame({"match_key": f.match_key.to_numpy(),
-                             "kind": kinds.get_indexer(f.run_gpu.to_numpy(dtype=object)
-                                                       ).astype(code_type),
+                             "kind": kinds.get_indexer(names).astype(code_type)[codes],
                              "row": _places(len(f))})
     m = narrow(fa).merge(narrow(fb), on="match_key", suffixes=("_a", "_b"))
     kind_a, kind_b = m.kind_a.to_numpy(), m.kind_b.to_numpy()
