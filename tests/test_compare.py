@@ -99,7 +99,8 @@ def test_real_run_with_a_slower_case_and_a_new_failure_exits_1(tiny, capsys, tmp
     assert len(comp.pairs) == len(records) and comp.only_a.empty and comp.only_b.empty
     reg = comp.regressions
     assert set(reg.id_b.str[::-1]) == {slow_id, broken_id}
-    slow = comp.pairs[comp.pairs.id_b.str[::-1] == slow_id].iloc[0]
+    named = comp.named(comp.pairs)
+    slow = named[named.id_b.str[::-1] == slow_id].iloc[0]
     assert slow.fwd_class == "SLOW" and slow.bwd_class == "SLOW"
     assert "REGRESSIONS (2)" in out and "pass -> crash" in out
     assert f"SLOW fwd {100 * (factor - 1):+.1f}% time" in out

@@ -2,8 +2,8 @@
 compared columns (:func:`attnbench.report.compare._paired_rows` and ``_pairs_frame``, issue 29:
 merging the ~60 compared columns on the case alone met every kind of A with every kind of B,
 3.6 GiB for 10^6 cases on 3 GPU kinds). The pairs must be those of that merge, filtered as it
-was: same columns (less those no output reads), order, types and values, on every pair of the synthetic runs (same kind,
-across kinds, a kind unknown)."""
+was: same columns (those the outputs read: compare.PAIRED), order, types and values, on every
+pair of the synthetic runs (same kind, across kinds, a kind unknown)."""
 
 import itertools
 
@@ -27,7 +27,8 @@ def _merged_then_filtered(fa: pd.DataFrame, fb: pd.DataFrame) -> pd.DataFrame:
     lone_b = pd.Series([(k, g) not in paired for k, g in zip(m.match_key, m.run_gpu_b)],
                        index=m.index, dtype=bool)
     cross = m[(m.run_gpu_a != m.run_gpu_b) & ~unknown & (lone_a | lone_b)]
-    return pd.concat([same, cross], ignore_index=True).drop(columns=list(compare.UNREAD_PAIRED))
+    pairs = pd.concat([same, cross], ignore_index=True)
+    return pairs[[c for c in pairs.columns if c in compare.PAIRED]]
 
 
 def _pairs(fa, fb):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from attnbench.report.compare import FAIL_ON, compare_runs, load_compared, summary_text
-from attnbench.report.compare_formats import FORMATS, comparison_json, comparison_markdown
+from attnbench.report.compare_formats import FORMATS, comparison_markdown, write_comparison_json
 from attnbench.report.dashboard import Dashboard, default_dashboard, load_dashboard
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK, ReportError, printable
 from attnbench.report.export_pool import default_jobs
@@ -108,7 +108,7 @@ def run_compare(run_dirs: Sequence[Path], *, threshold: float = 0.05, out_dir: P
                               f"{refusal(exc)}") from None
     stream = stream or sys.stdout
     if fmt == "json":
-        stream.write(comparison_json(comps, fail_on, index) + "\n")
+        write_comparison_json(comps, fail_on, index, stream)
     elif fmt == "markdown":
         stream.write(comparison_markdown(comps, fail_on, index))
     else:

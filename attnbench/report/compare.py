@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 import pandas as pd
@@ -88,46 +88,89 @@ def classify(a: dict[str, float], b: dict[str, float], threshold: float) -> str:
     return "AMBIGUOUS"
 
 
-def timing_columns(pairs: pd.DataFrame, d: str, threshold: float) -> dict[str, Any]:
+CLASS_CODES = np.array(["n/a", "SLOW", "FAST", "AMBIGUOUS", "SAME", "RATIO"], dtype=object)
+NOISY_CODES = np.array(["", "A", "B", "A and B"], dtype=object)
+"""A class or noisy text per code: every pair's cell refers to one of these strings (a string
+made per cell, as numpy's astype(object) does, was ~60 B a pair a column)."""
+
+
+def _floats(column: Any) -> np.ndarray:
+    """A column as float64, a missing value NaN (a taken numpy array is used as it is)."""
+    if isinstance(column, np.ndarray):
+        return column.astype(float, copy=False)
+    return column.to_numpy(dtype=float, na_value=np.nan)
+
+
+def _flags(column: Any) -> np.ndarray:
+    """A noisy column as bool, as a pair's dict held it: a missing flag True (``bool(NaN)``)."""
+    if np.asarray(column).dtype == bool:
+        return np.asarray(column)
+    return np.array([bool(v) for v in column], dtype=bool)
+
+
+def timing_columns(pairs: Any, d: str, threshold: float) -> dict[str, Any]:
     """Direction ``d``'s columns of the pairs, all rows at once (:func:`classify` a pair at a
-    time, over the ``<d>_<stat>_a`` / ``_b`` columns; a Python loop cost ~10 us a pair, 20 s
-    for 10^6): ``<d>_class`` (RATIO across GPU kinds), ``<d>_speed`` (A's median over B's;
-    above 1: B is faster) and its robust range ``_lo`` / ``_hi``, ``<d>_noisy`` ("", "A", "B"
-    or "A and B": whose timing never settled) and ``<d>_why`` (AMBIGUOUS only:
-    :func:`~attnbench.report.doubt.why_ambiguous`)."""
+    time, over the ``<d>_<stat>_a`` / ``_b`` columns and ``same_kind`` of ``pairs``, a frame or
+    a dict of arrays; a Python loop cost ~10 us a pair, 20 s for 10^6): ``<d>_class`` (RATIO
+    across GPU kinds), ``<d>_speed`` (A's median over B's; above 1: B is faster) and its robust
+    range ``_lo`` / ``_hi``, ``<d>_noisy`` ("", "A", "B" or "A and B": whose timing never
+    settled) and ``<d>_why`` (AMBIGUOUS only: :func:`~attnbench.report.doubt.why_ambiguous`)."""
     # per side, as a pair's dict held them: a missing value NaN, a missing flag True (bool())
-    side = {s: {stat: pairs[f"{d}_{stat}_{s}"].to_numpy(dtype=float, na_value=np.nan)
-                for stat in ("median_ms", "min_ms", "q1_ms", "q3_ms", "n")} for s in "ab"}
+    side = {s: {stat: _floats(pairs[f"{d}_{stat}_{s}"])
+                for stat in ("median_ms", "min_ms", "q3_ms")} for s in "ab"}
     for s in "ab":
-        side[s]["noisy"] = np.array([bool(v) for v in pairs[f"{d}_noisy_{s}"]], dtype=bool)
+        side[s]["noisy"] = _flags(pairs[f"{d}_noisy_{s}"])
     a, b = side["a"], side["b"]
     a_noisy, b_noisy = a["noisy"], b["noisy"]
+    same_kind = np.asarray(pairs["same_kind"], dtype=bool)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        stats = np.stack([x[k] for x in (a, b) for k in ("median_ms", "min_ms", "q3_ms")])
-        none = (~np.isfinite(stats) | (stats <= 0)).any(axis=0)  # classify's "n/a"
-        cls = np.select(
+        none = np.zeros(len(same_kind), dtype=bool)  # classify's "n/a"
+        for x in (a, b):
+            for k in ("median_ms", "min_ms", "q3_ms"):
+                none |= ~np.isfinite(x[k]) | (x[k] <= 0)
+        code = np.select(
             [none, b["min_ms"] > a["q3_ms"] * (1 + threshold),
              a["min_ms"] > b["q3_ms"] * (1 + threshold), a_noisy | b_noisy,
              np.abs(b["median_ms"] / a["median_ms"] - 1) <= threshold],
-            ["n/a", "SLOW", "FAST", "AMBIGUOUS", "SAME"], "AMBIGUOUS").astype(object)
-        cls[~none & ~pairs.same_kind.to_numpy(dtype=bool)] = "RATIO"
+            [np.int8(k) for k in range(5)], np.int8(3))  # CLASS_CODES
+        code[~none & ~same_kind] = 5  # RATIO
         speed, lo, hi = (np.where(none, math.nan, a[x] / b[y]) for x, y in
                          (("median_ms", "median_ms"), ("min_ms", "q3_ms"), ("q3_ms", "min_ms")))
-    why = np.full(len(pairs), "", dtype=object)
-    for i in np.flatnonzero(cls == "AMBIGUOUS"):  # the few a run has, a pair at a time
+    why = np.full(len(same_kind), "", dtype=object)
+    ambiguous = np.flatnonzero(code == 3)  # the few a run has, a pair at a time
+    if len(ambiguous):  # q1 and n: read by why_ambiguous alone, for these pairs
+        for s, x in (("a", a), ("b", b)):
+            x.update({stat: _floats(pairs[f"{d}_{stat}_{s}"])[ambiguous]
+                      for stat in ("q1_ms", "n")})
+    for j, i in enumerate(ambiguous):
         sa, sb = ({"median": float(x["median_ms"][i]), "min": float(x["min_ms"][i]),
-                   "q3": float(x["q3_ms"][i]), "q1": float(x["q1_ms"][i]), "n": float(x["n"][i]),
+                   "q3": float(x["q3_ms"][i]), "q1": float(x["q1_ms"][j]), "n": float(x["n"][j]),
                    "noisy": bool(x["noisy"][i])} for x in (a, b))
         why[i] = why_ambiguous(sa, sb, threshold)
-    noisy = np.select([a_noisy & b_noisy, a_noisy, b_noisy], ["A and B", "A", "B"], "")
-    return {f"{d}_class": cls.tolist(), f"{d}_speed": speed, f"{d}_speed_lo": lo,
-            f"{d}_speed_hi": hi, f"{d}_noisy": noisy.astype(object).tolist(),
-            f"{d}_why": why.tolist()}
+    noisy = NOISY_CODES[a_noisy.astype(np.int8) + 2 * b_noisy.astype(np.int8)]
+    return {f"{d}_class": CLASS_CODES[code].tolist(), f"{d}_speed": speed, f"{d}_speed_lo": lo,
+            f"{d}_speed_hi": hi, f"{d}_noisy": noisy.tolist(), f"{d}_why": why.tolist()}
+
+
+NAMES = {"a": ("id",), "b": ("id", "label")}
+"""Text of each side that the pairs do not hold (``id_a``, ``id_b``, ``label_b``): taken only
+for the pairs an output names (:meth:`Comparison.named`; ~110 B a pair, ~0.1 GiB at 10^6
+pairs, when every pair held them)."""
+PAIRED = frozenset({
+    *(f"{name}_{s}" for s in "ab" for name in ("verdict", "gpu_family", "run_gpu",
+                                              *(f"{d}_median_ms" for d in DIRECTIONS))),
+    *(f"{name}_b" for name in ("reason", "features", "backend", "dtype", "seqlen_q"))})
+"""The columns of the two runs that the pairs hold: those the outputs read (text, JSON,
+markdown, the page). The rest of the compared columns (timing statistics, errors) are taken a
+few at a time to compute the pairs' classes and ratios, then let go (:func:`compare_runs`):
+holding all ~84 was ~590 B a pair, 0.6 GiB at 10^6 pairs."""
 
 
 @dataclass
 class Comparison:
-    """Run B against baseline run A; ``pairs`` has one row per matched (case, GPU kind pair)."""
+    """Run B against baseline run A; ``pairs`` has one row per matched (case, GPU kind pair);
+    its ``row_a`` / ``row_b`` are the pair's rows in ``names_a`` / ``names_b`` (:data:`NAMES`:
+    :meth:`named` adds them to the pairs an output names)."""
 
     a: Run
     b: Run
@@ -139,6 +182,18 @@ class Comparison:
     """Facts of the runs that differ (GPU kinds, sweep, versions not in ``warnings``)."""
     warnings: list[str] = field(default_factory=list)
     """``runs differ in torch: 2.5.1 -> 2.6.0``: environment differences, one line each."""
+    names_a: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    names_b: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+
+    def named(self, pairs: pd.DataFrame) -> pd.DataFrame:
+        """``pairs`` (rows of :attr:`pairs`) with ``id_a``, ``id_b`` and ``label_b``, taken
+        for these rows only."""
+        columns = {}
+        for side, names in (("a", self.names_a), ("b", self.names_b)):
+            at = pairs[f"row_{side}"].to_numpy()
+            for name in names.columns:
+                columns[f"{name}_{side}"] = names[name].array.take(at)
+        return pairs.assign(**columns)
 
     @property
     def regressions(self) -> pd.DataFrame:
@@ -146,10 +201,11 @@ class Comparison:
 
     def regressions_on(self, fail_on: str) -> pd.DataFrame:
         """The regressions a gate counts (:data:`FAIL_ON`): ``speed``, a case SLOW on the same
-        GPU kind; ``accuracy``, a case that went from a good verdict to a bad one; ``both``."""
+        GPU kind; ``accuracy``, a case that went from a good verdict to a bad one; ``both``;
+        :meth:`named`."""
         p = self.pairs
         if p.empty:
-            return p
+            return self.named(p)
         slow = p.same_kind & ((p.fwd_class == "SLOW") | (p.bwd_class == "SLOW"))
         keep = pd.Series(False, index=p.index)
         if fail_on in ("speed", "both"):
@@ -159,8 +215,8 @@ class Comparison:
         reg = p[keep]
         # verdict regressions first, then the largest slowdown
         worst_speed = reg[[f"{d}_speed" for d in DIRECTIONS]].min(axis=1).fillna(1.0)
-        return reg.assign(_o=~reg.verdict_regression, _s=worst_speed).sort_values(
-            ["_o", "_s"]).drop(columns=["_o", "_s"])
+        return self.named(reg.assign(_o=~reg.verdict_regression, _s=worst_speed).sort_values(
+            ["_o", "_s"]).drop(columns=["_o", "_s"]))
 
 
 def _keyed(run: Run) -> pd.DataFrame:
@@ -180,72 +236,121 @@ def _text(column: pd.Series) -> pd.Series:
     return column.astype(object) if isinstance(column.dtype, pd.CategoricalDtype) else column
 
 
-UNREAD_PAIRED = ("label_a",)
-"""Columns of the pairs that no output reads (each pair is named by B's label: the same case;
-~170 B a pair, ~0.16 GB at 10^6 pairs)."""
+def _places(n: int) -> np.ndarray:
+    """Row places 0..n-1, int32 where they fit (half the bytes of int64 in a merge of 3 rows a
+    record)."""
+    return np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
 
 
 def _paired_rows(fa: pd.DataFrame, fb: pd.DataFrame) -> pd.DataFrame:
-    """Which row of ``fa`` meets which of ``fb``: same-kind pairs in the merge's order, then
-    the cross-kind pairs of records with no twin on their own kind (see compare_runs). The
-    merge on the case alone meets every kind of A with every kind of B (k^2 rows a case on k
-    GPU kinds): it is made of the key, the kind and the row's place only (~40 B a row), never
-    of the ~60 compared columns (1.4 KB a row: 3.6 GiB for 10^6 cases on 3 kinds)."""
+    """Which row of ``fa`` meets which of ``fb`` (``row_a``, ``row_b``): same-kind pairs in the
+    merge's order, then the cross-kind pairs of records with no twin on their own kind (see
+    compare_runs). The merge on the case alone meets every kind of A with every kind of B (k^2
+    rows a case on k GPU kinds): it is made of the key, a code of the kind and the row's place
+    only (~20 B a row), never of the ~60 compared columns (1.4 KB a row: 3.6 GiB for 10^6
+    cases on 3 kinds), nor of the kinds' names (a Python string a row: ~0.3 GiB there)."""
+    kinds = pd.Index(sorted(set(fa.run_gpu.unique()) | set(fb.run_gpu.unique())), dtype=object)
+    unknown_code = kinds.get_indexer(["?"])[0]  # -1, which no row has, when none is unknown
+    code_type = np.min_scalar_type(len(kinds))
+
     def narrow(f: pd.DataFrame) -> pd.DataFrame:
-        return pd.DataFrame({"match_key": f.match_key.to_numpy(), "run_gpu": f.run_gpu.to_numpy(),
-                             "row": np.arange(len(f))})
+        codes, names = pd.factorize(f.run_gpu)  # the few names looked up, not every row's
+        return pd.DataFrame({"match_key": f.match_key.to_numpy(),
+                             "kind": kinds.get_indexer(names).astype(code_type)[codes],
+                             "row": _places(len(f))})
     m = narrow(fa).merge(narrow(fb), on="match_key", suffixes=("_a", "_b"))
-    unknown = (m.run_gpu_a == "?") | (m.run_gpu_b == "?")
-    same = m[(m.run_gpu_a == m.run_gpu_b) | unknown]
+    kind_a, kind_b = m.kind_a.to_numpy(), m.kind_b.to_numpy()
+    unknown = (kind_a == unknown_code) | (kind_b == unknown_code)
+    same = (kind_a == kind_b) | unknown
     # A record with no twin on its own GPU kind is set against the other run's records of the
-    # same case on other kinds: a ratio, never a verdict. (Membership in index form: a set of
-    # 10^6 (key, kind) tuples was ~0.1 GB.)
-    paired = pd.MultiIndex.from_arrays([same.match_key, same.run_gpu_a])
-    lone_a = ~pd.MultiIndex.from_arrays([m.match_key, m.run_gpu_a]).isin(paired)
-    lone_b = ~pd.MultiIndex.from_arrays([m.match_key, m.run_gpu_b]).isin(paired)
-    cross = m[(m.run_gpu_a != m.run_gpu_b) & ~unknown & (lone_a | lone_b)]
-    return pd.concat([same, cross], ignore_index=True)
+    # same case on other kinds: a ratio, never a verdict. Membership of (case, kind) as one
+    # number, the case's code times the kinds plus the kind's (a set of 10^6 (key, kind)
+    # tuples was ~0.1 GB).
+    case = pd.factorize(m.match_key.to_numpy())[0] * len(kinds)
+    paired = (case + kind_a)[same]
+    lone = ~np.isin(case + kind_a, paired) | ~np.isin(case + kind_b, paired)
+    del case, paired
+    cross = ~same & lone
+    return pd.DataFrame({f"row_{s}": np.concatenate([m[f"row_{s}"].to_numpy()[same],
+                                                     m[f"row_{s}"].to_numpy()[cross]])
+                         for s in "ab"})
 
 
-def _pairs_frame(fa: pd.DataFrame, fb: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
-    """The pairs ``rows`` names, as ``fa.merge(fb, on="match_key", suffixes=("_a", "_b"))``
-    lays them out (A's columns, then B's but the key; a name both have gets its side's
-    suffix), of the frames' types, less :data:`UNREAD_PAIRED`: each column taken once."""
+def _taken(fa: pd.DataFrame, fb: pd.DataFrame, rows: pd.DataFrame, keep: Collection[str]
+           ) -> dict[str, Any]:
+    """The columns of the pairs ``rows`` names whose label (as the merge names them: a name
+    both frames have gets its side's suffix) is in ``keep``, in the merge's order (A's, then
+    B's but the key), each taken once as its frame holds it."""
     both = set(fa.columns) & set(fb.columns)
-    ia, ib = rows.row_a.to_numpy(), rows.row_b.to_numpy()
     columns = {}
-    for frame, suffix, at in ((fa, "_a", ia), (fb, "_b", ib)):
+    for frame, suffix, at in ((fa, "_a", rows.row_a.to_numpy()), (fb, "_b", rows.row_b.to_numpy())):
         for name in frame.columns:
             if frame is fb and name == "match_key":
                 continue
             label = name + suffix if name in both and name != "match_key" else name
-            if label not in UNREAD_PAIRED:
+            if label in keep:
                 column = frame[name]
                 # the values taken as they are held: text stays Arrow text, categories
                 # codes (to_numpy would make a Python object a cell)
                 values = (column.array if isinstance(column.dtype, ExtensionDtype)
                           else column.to_numpy())
                 columns[label] = values.take(at)
+    return columns
+
+
+class _Taken(dict):
+    """Columns of the pairs (the ``held`` ones, and any other taken from the two frames when
+    read, :func:`_taken`, not kept): what :func:`timing_columns` reads of a direction, one
+    column alive at a time instead of its ~12 (~100 B a pair)."""
+
+    def __init__(self, fa: pd.DataFrame, fb: pd.DataFrame, rows: pd.DataFrame, **held: Any):
+        super().__init__(held)
+        self.frames = fa, fb, rows
+
+    def __missing__(self, label: str) -> Any:
+        return _taken(*self.frames, {label})[label]
+
+
+def _pairs_frame(fa: pd.DataFrame, fb: pd.DataFrame, rows: pd.DataFrame,
+                 keep: Collection[str] = PAIRED) -> pd.DataFrame:
+    """The pairs ``rows`` names, as ``fa.merge(fb, on="match_key", suffixes=("_a", "_b"))``
+    lays them out, of the frames' types, only the columns ``keep`` names (:func:`_taken`)."""
     # One block per type: a frame made of a dict is consolidated as it is made (adding ~20
     # columns to a frame of a block a column warns of fragmentation).
-    return pd.DataFrame(columns)
+    return pd.DataFrame(_taken(fa, fb, rows, keep), index=pd.RangeIndex(len(rows)))
 
 
 def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     fa, fb = _keyed(a), _keyed(b)
-    pairs = _pairs_frame(fa, fb, _paired_rows(fa, fb))
+    rows = _paired_rows(fa, fb)
+    pairs = _pairs_frame(fa, fb, rows, PAIRED)
+    pairs["row_a"], pairs["row_b"] = rows.row_a.to_numpy(), rows.row_b.to_numpy()
+    for name in ("verdict", "run_gpu"):  # a few values: codes, the same categories both sides
+        sides = [pairs[f"{name}_{s}"] for s in "ab"]  # (compared with each other)
+        kinds = pd.CategoricalDtype(sorted(set(sides[0].dropna().unique())
+                                           | set(sides[1].dropna().unique())))
+        for s, column in zip("ab", sides):
+            pairs[f"{name}_{s}"] = column.astype(kinds)
+        del sides, column
     pairs["same_kind"] = ((pairs.run_gpu_a == pairs.run_gpu_b) | (pairs.run_gpu_a == "?")
                           | (pairs.run_gpu_b == "?"))
-    for d in DIRECTIONS:
-        for name, column in timing_columns(pairs, d, threshold).items():
+    for d in DIRECTIONS:  # each statistic taken as it is read, then let go
+        stats = _Taken(fa, fb, rows, same_kind=pairs.same_kind.to_numpy(),
+                       **{f"{d}_median_ms_{s}": pairs[f"{d}_median_ms_{s}"] for s in "ab"})
+        for name, column in timing_columns(stats, d, threshold).items():
             pairs[name] = column
+        del stats
     # Accuracy: only between judged verdicts. A case not judged on either side (timed) has no
     # accuracy to compare, so pass -> timed is no change, and no regression.
-    judged = pairs.verdict_a.isin(JUDGED_VERDICTS) & pairs.verdict_b.isin(JUDGED_VERDICTS)
-    for t in TENSORS:
-        ea, eb = pairs[f"{t}_rel_l2_a"], pairs[f"{t}_rel_l2_b"]
-        pairs[f"{t}_err_ratio"] = np.where(judged & (ea > 0) & (eb >= 0),
-                                           eb / ea.where(ea > 0), np.nan)
+    judged = (pairs.verdict_a.isin(JUDGED_VERDICTS) & pairs.verdict_b.isin(JUDGED_VERDICTS)
+              ).to_numpy()
+    for t in TENSORS:  # each tensor's errors taken, set against each other, let go
+        errors = _taken(fa, fb, rows, {f"{t}_rel_l2_a", f"{t}_rel_l2_b"})
+        ea, eb = _floats(errors[f"{t}_rel_l2_a"]), _floats(errors[f"{t}_rel_l2_b"])
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            pairs[f"{t}_err_ratio"] = np.where(judged & (ea > 0) & (eb >= 0),
+                                               eb / np.where(ea > 0, ea, np.nan), np.nan)
+        del errors, ea, eb
     ratio_cols = [f"{t}_err_ratio" for t in TENSORS]
     pairs["worst_err_ratio"] = pairs[ratio_cols].max(axis=1, skipna=True) if len(pairs) else []
     # Both ran to the end and one was not judged: they differ in what was checked, not in the
@@ -258,15 +363,25 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     pairs["verdict_regression"] = pairs.same_kind & (
         ((pairs.verdict_a == "pass") & pairs.verdict_b.isin(BAD_VERDICTS))
         | (pairs.verdict_a.isin(NOT_JUDGED_VERDICTS) & pairs.verdict_b.isin(DIED_VERDICTS)))
-    pairs["verdict_change"] = [
-        f"{verdict_label(va)} → {verdict_label(vb)}" if va != vb else verdict_label(va)
-        for va, vb in zip(pairs.verdict_a, pairs.verdict_b)]
-    only_a = fa[~fa.match_key.isin(set(fb.match_key))]
-    only_b = fb[~fb.match_key.isin(set(fa.match_key))]
+    pairs["verdict_change"] = _verdict_changes(pairs.verdict_a, pairs.verdict_b)
+    only_a = fa[~fa.match_key.isin(fb.match_key.to_numpy())]
+    only_b = fb[~fb.match_key.isin(fa.match_key.to_numpy())]
     warnings = environment_warnings(a, b)
     return Comparison(a=a, b=b, threshold=threshold, pairs=pairs, only_a=only_a, only_b=only_b,
                       differences=differences(a, b, skip=warned_labels(warnings)),
-                      warnings=warnings)
+                      warnings=warnings, names_a=fa[list(NAMES["a"])],
+                      names_b=fb[list(NAMES["b"])])
+
+
+def _verdict_changes(va: pd.Series, vb: pd.Series) -> np.ndarray:
+    """``pass → fail`` where the verdicts differ, else ``pass``, a pair at a time: one string
+    per distinct change, which every pair of it refers to (a Python string a pair, and the
+    verdicts read out one pair at a time, were ~70 B a pair)."""
+    code_a, seen_a = pd.factorize(va, use_na_sentinel=False)
+    code_b, seen_b = pd.factorize(vb, use_na_sentinel=False)
+    texts = np.array([f"{verdict_label(x)} → {verdict_label(y)}" if x != y else verdict_label(x)
+                      for x in seen_a for y in seen_b] or [""], dtype=object)
+    return texts[code_a * len(seen_b) + code_b]  # objects, as a list was: text (pandas' str)
 
 
 def load_compared(run_dir: Path, jobs: int = 1) -> Run:
@@ -284,7 +399,8 @@ def run_facts(run: Run) -> dict[str, str]:
     m, df = run.manifest, run.frame
     view = representative(run.environments)
     facts = {"GPU": ", ".join(run.gpu_kinds) or "?"}
-    families = sorted(set(df.gpu_family.dropna().astype(str))) if "gpu_family" in df else []
+    families = (sorted(set(df.gpu_family.dropna().unique().astype(str)))
+                if "gpu_family" in df else [])
     if families and families != run.gpu_kinds:
         facts["family"] = ", ".join(families)
     for key, name in (("driver_version", "driver"), ("cuda_runtime", "CUDA"), ("cudnn", "cuDNN"),
@@ -313,7 +429,8 @@ def run_facts(run: Run) -> dict[str, str]:
 
 
 def _values(df: pd.DataFrame, col: str) -> str:
-    return ", ".join(sorted(set(df[col].dropna().astype(str)))) if col in df else ""
+    # the distinct values made text, not every row's (a Python string a row: ~70 B a case)
+    return ", ".join(sorted(set(df[col].dropna().unique().astype(str)))) if col in df else ""
 
 
 def measured_peaks(run: Run) -> str:
@@ -322,7 +439,8 @@ def measured_peaks(run: Run) -> str:
     df = run.frame
     if "measured_peak_tflops" not in df or df.measured_peak_tflops.isna().all():
         return ""
-    rows = df[df.measured_peak_tflops.notna()]
+    # the three columns read, not a copy of every row that has a peak (~230 B a case)
+    rows = df.loc[df.measured_peak_tflops.notna(), ["gpu_kind", "dtype", "measured_peak_tflops"]]
     peaks = rows.groupby([_text(rows.gpu_kind).fillna("?").astype(str),
                           rows.dtype.astype(str)])
     many = rows.gpu_kind.nunique() > 1
@@ -397,6 +515,12 @@ def ambiguous_reasons(pairs: pd.DataFrame, direction: str) -> dict[str, int]:
     return {k: int(n) for k, n in kinds.value_counts().items()}
 
 
+def worst_pair(c: Comparison) -> pd.Series:
+    """The pair of the largest error ratio B/A (the first of equals), :meth:`named`."""
+    p = c.pairs
+    return c.named(p.loc[[p.worst_err_ratio.idxmax()]]).iloc[0]
+
+
 def _same_family(pairs: pd.DataFrame) -> str:
     """", same family H100" when both kinds of these pairs are of one family."""
     families = set(pairs.gpu_family_a.dropna()) | set(pairs.gpu_family_b.dropna())
@@ -442,7 +566,7 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None,
                              f"{n} {k}" for k, n in unjudged.verdict_change.value_counts().items())
                          + ")")
         if len(p) and p.worst_err_ratio.notna().any():
-            worst = p.loc[p.worst_err_ratio.idxmax()]
+            worst = worst_pair(c)
             lines.append(f"  accuracy: error ratio B/A median {p.worst_err_ratio.median():.2f}, "
                          f"worst {worst.worst_err_ratio:.3g}x ({worst.label_b})")
         reg = c.regressions_on(fail_on)

@@ -17,11 +17,13 @@ import html
 import json
 import math
 import re
+import secrets
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence, TextIO
 
 from attnbench.errors import printable
-from attnbench.report.compare import Comparison, ambiguous_reasons, describe, run_facts
+from attnbench.report.compare import (Comparison, ambiguous_reasons, describe, run_facts,
+                                      worst_pair)
 from attnbench.report.data import DIRECTIONS
 from attnbench.report.style import verdict_label
 
@@ -70,11 +72,64 @@ def _run(run) -> dict[str, Any]:
             "facts": run_facts(run)}
 
 
+PAIRS_CHUNK = 10_000
+"""Pairs named and written at a time (:func:`write_comparison_json`): ~10 MB of their JSON."""
+
+
 def comparison_json(comps: Sequence[Comparison], fail_on: str, index: Path | None) -> str:
+    return "".join(_json_parts(comps, fail_on, index))
+
+
+def write_comparison_json(comps: Sequence[Comparison], fail_on: str, index: Path | None,
+                          stream: TextIO) -> None:
+    """:func:`comparison_json` and a newline written to ``stream`` a pair at a time: a list of
+    every pair's dict, then json's chunks of it, were ~10 KB a pair (1 GB for 10^5 pairs)."""
+    for part in _json_parts(comps, fail_on, index):
+        stream.write(part)
+    stream.write("\n")
+
+
+def _json_parts(comps: Sequence[Comparison], fail_on: str, index: Path | None
+                ) -> Iterator[str]:
+    """The JSON text of the comparisons, as ``json.dumps(body, indent=1)`` writes it, in parts:
+    the body with a placeholder where each comparison's pairs go, then the pairs one at a time,
+    indented as they would be in place."""
+    token = f"attnbench-pairs-{secrets.token_hex(16)}-"  # no run's text can hold it
+    text = json.dumps(_json_body(comps, fail_on, index, token), indent=1, allow_nan=False,
+                      default=str)
+    for i, c in enumerate(comps):
+        mark = json.dumps(f"{token}{i}")
+        at = text.index(mark)
+        line = text[text.rfind("\n", 0, at) + 1:at]  # '   "pairs": '
+        yield text[:at]
+        text = text[at + len(mark):]
+        yield from _pairs_json(c, len(line) - len(line.lstrip(" ")))
+    yield text
+
+
+def _pairs_json(c: Comparison, indent: int) -> Iterator[str]:
+    """``c``'s pairs as a JSON list whose key sits ``indent`` spaces in (json's indent=1)."""
+    p = c.pairs
+    if p.empty:
+        yield "[]"
+        return
+    inner = "\n" + " " * (indent + 1)
+    yield "["
+    separator = ""
+    for start in range(0, len(p), PAIRS_CHUNK):
+        for r in c.named(p.iloc[start:start + PAIRS_CHUNK]).itertuples():
+            item = json.dumps(_pair(r), indent=1, allow_nan=False, default=str)
+            yield separator + inner + item.replace("\n", inner)
+            separator = ","
+    yield "\n" + " " * indent + "]"
+
+
+def _json_body(comps: Sequence[Comparison], fail_on: str, index: Path | None, token: str
+               ) -> dict[str, Any]:
     body = {"schema": SCHEMA, "fail_on": fail_on,
             "regressions": sum(len(c.regressions_on(fail_on)) for c in comps),
             "dashboard": str(index) if index else None, "comparisons": []}
-    for c in comps:
+    for i, c in enumerate(comps):
         p = c.pairs
         body["comparisons"].append({
             "a": _run(c.a), "b": _run(c.b), "threshold": c.threshold,
@@ -89,9 +144,9 @@ def comparison_json(comps: Sequence[Comparison], fail_on: str, index: Path | Non
             if len(p) else {},
             "regressions": [{**_pair(r), "what": _what(r)}
                             for r in c.regressions_on(fail_on).itertuples()],
-            "pairs": [_pair(r) for r in p.itertuples()],
+            "pairs": f"{token}{i}",  # _json_parts writes them in its place
         })
-    return json.dumps(body, indent=1, allow_nan=False, default=str)
+    return body
 
 
 # -- Markdown ---------------------------------------------------------------------------------
@@ -143,7 +198,7 @@ def comparison_markdown(comps: Sequence[Comparison], fail_on: str, index: Path |
             lines += ["", "Verdicts changed: " + ", ".join(
                 f"{n} {md(k)}" for k, n in changed.verdict_change.value_counts().items()) + "."]
         if len(p) and p.worst_err_ratio.notna().any():
-            worst = p.loc[p.worst_err_ratio.idxmax()]
+            worst = worst_pair(c)
             lines += ["", f"Accuracy: error ratio B/A median {p.worst_err_ratio.median():.2f}, "
                       f"worst {worst.worst_err_ratio:.3g}x ({md(worst.label_b)})."]
         reg = c.regressions_on(fail_on)
@@ -157,15 +212,16 @@ def comparison_markdown(comps: Sequence[Comparison], fail_on: str, index: Path |
             if len(reg) > MAX_MARKDOWN_ROWS:
                 lines.append(f"\n... and {len(reg) - MAX_MARKDOWN_ROWS} more (`--format json` "
                              "or the dashboard lists all)")
-        lines += _ambiguous_block(p)
+        lines += _ambiguous_block(c)
         lines.append("")
     if index is not None:
         lines.append(f"Dashboard: {md(index, 1000)}")
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _ambiguous_block(p) -> list[str]:
+def _ambiguous_block(c: Comparison) -> list[str]:
     """The AMBIGUOUS pairs and why, folded (they ask for a rerun, not a review)."""
+    p = c.pairs
     if not len(p):
         return []
     amb = p[(p.fwd_class == "AMBIGUOUS") | (p.bwd_class == "AMBIGUOUS")]
@@ -175,7 +231,7 @@ def _ambiguous_block(p) -> list[str]:
                         for d in DIRECTIONS if ambiguous_reasons(p, d))
     out = ["", f"<details><summary>{len(amb)} AMBIGUOUS ({md(summary)})</summary>", "",
            "| case | fwd | bwd |", "|---|---|---|"]
-    for r in amb.head(MAX_MARKDOWN_ROWS).itertuples():
+    for r in c.named(amb.head(MAX_MARKDOWN_ROWS)).itertuples():
         out.append(f"| {md(r.label_b)} | {md(r.fwd_why)} | {md(r.bwd_why)} |")
     if len(amb) > MAX_MARKDOWN_ROWS:
         out.append(f"\n... and {len(amb) - MAX_MARKDOWN_ROWS} more")

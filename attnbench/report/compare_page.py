@@ -280,7 +280,7 @@ def pairs_table(i: int, c: Comparison) -> str:
             "<th>fwd speed B/A</th><th>bwd ms A</th><th>bwd ms B</th><th>bwd speed B/A</th>"
             "<th>worst err ratio</th><th>case</th></tr>")
     rows = []
-    for r in p.head(MAX_CASES_LISTED).itertuples():
+    for r in c.named(p.head(MAX_CASES_LISTED)).itertuples():
         verdict = (verdict_badge(r.verdict_a) if r.verdict_a == r.verdict_b else
                    f"{verdict_badge(r.verdict_a)} → {verdict_badge(r.verdict_b)}")
         cells = [_class_cell(r.fwd_class, r.fwd_noisy), _class_cell(r.bwd_class, r.bwd_noisy),
