@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import attnbench.report.export_pool as export_pool
 import attnbench.report.read_pool as read_pool
 import attnbench.report.reading as reading
 from attnbench.errors import ReportError
@@ -199,7 +200,7 @@ def test_jobs_read_the_run_of_one_process(runs, jobs, lines, tallies, monkeypatc
 
 def test_out_of_order_in_the_pool_is_read_again_by_one_process(runs, monkeypatch):
     monkeypatch.setattr(reading, "CHUNK_ROWS", CHUNK)
-    monkeypatch.setattr(read_pool, "_next_done", lambda pending: pending.pop())
+    monkeypatch.setattr(export_pool, "_next_done", lambda pending: pending.pop())
     assert read_pool.pool_read(runs["plain"], 2, task_lines=3) is None
 
 

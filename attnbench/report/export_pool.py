@@ -120,33 +120,49 @@ def _pieces(pool: ProcessPoolExecutor, jobs: int, run_dir: Path, fmt: str, task_
     manifest = load_manifest(run_dir)
     run_id = str(manifest.get("run_id") or run_dir.name)
     todo = iter(parts)
-    pending: deque[Future] = deque()
 
-    def submit() -> None:
+    def submit() -> Future | None:
         part = next(todo, None)
-        if part is not None:
-            pending.append(pool.submit(_piece, str(path), run_id, fmt, part, formats_of,
-                                       known()))
+        return None if part is None else pool.submit(_piece, str(path), run_id, fmt, part,
+                                                     formats_of, known())
 
-    for _ in range(WINDOW * jobs):
-        submit()
-    while pending:
-        try:
-            what, value = _next_done(pending).result()
-        except BrokenProcessPool:
-            raise ReportError(f"{path}: a worker of --jobs {jobs} died (killed, or out of "
-                              "memory); try --jobs 1") from None
-        submit()
-        if what == "error":
-            raise ReportError(value)
+    for what, value in results_in_order(submit, WINDOW * jobs, path, jobs):
         if what == "irregular":
             raise Irregular(value)
         if what == "piece":
             yield value
 
 
+def results_in_order(submit: Callable[[], Future | None], in_flight: int, path: Path,
+                     jobs: int) -> Iterator[tuple[str, Any]]:
+    """Each task's ``(what, value)`` in the order the tasks were submitted (journal order),
+    at most ``in_flight`` at once; ``submit()`` sends the next task, None when there is none.
+    A dead worker and a task's ``("error", message)`` (a bad line: the serial path's message)
+    raise :class:`ReportError`. The order of ``export --jobs`` and ``report``/``compare
+    --jobs`` (:mod:`attnbench.report.read_pool`)."""
+    pending: deque[Future] = deque()
+
+    def more() -> None:
+        future = submit()
+        if future is not None:
+            pending.append(future)
+
+    for _ in range(in_flight):
+        more()
+    while pending:
+        try:
+            what, value = _next_done(pending).result()
+        except BrokenProcessPool:
+            raise ReportError(f"{path}: a worker of --jobs {jobs} died (killed, or out of "
+                              "memory); try --jobs 1") from None
+        more()
+        if what == "error":
+            raise ReportError(value)
+        yield what, value
+
+
 def _next_done(pending: deque[Future]) -> Future:
-    """The next piece in journal order (the oldest task)."""
+    """The next result in journal order (the oldest task)."""
     return pending.popleft()
 
 

@@ -24,15 +24,13 @@ children's pickled readers (pandas Series, dicts, numbers), never data from the 
 from __future__ import annotations
 
 import multiprocessing
-from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from attnbench.errors import ReportError, RunDirError
 from attnbench.report.data import Run, journal_of, load_manifest
-from attnbench.report.export_pool import worth_a_pool
+from attnbench.report.export_pool import results_in_order, worth_a_pool
 from attnbench.report.reading import Misaligned, RunReader, read_run, run_of
 from attnbench.results.ledger import LineRange, line_ranges, range_records
 
@@ -103,32 +101,17 @@ def _readers(pool: ProcessPoolExecutor, jobs: int, path: Path, reader: RunReader
              parts: list[LineRange]) -> Iterator[RunReader]:
     """The ranges' readers in journal order, at most ``WINDOW * jobs`` in flight."""
     todo = iter(zip(parts, _starts(parts)))
-    pending: deque[Future] = deque()
 
-    def submit() -> None:
+    def submit() -> Future | None:
         task = next(todo, None)
-        if task is not None:
-            part, start = task
-            pending.append(pool.submit(_read_range, str(path), reader.run_id, part, start,
-                                       reader.columns, reader.tallies, reader.chunk_rows))
+        if task is None:
+            return None
+        part, start = task
+        return pool.submit(_read_range, str(path), reader.run_id, part, start, reader.columns,
+                           reader.tallies, reader.chunk_rows)
 
-    for _ in range(WINDOW * jobs):
-        submit()
-    while pending:
-        try:
-            what, value = _next_done(pending).result()
-        except BrokenProcessPool:
-            raise ReportError(f"{path}: a worker of --jobs {jobs} died (killed, or out of "
-                              "memory); try --jobs 1") from None
-        submit()
-        if what == "error":
-            raise ReportError(value)
+    for _, value in results_in_order(submit, WINDOW * jobs, path, jobs):
         yield value
-
-
-def _next_done(pending: deque[Future]) -> Future:
-    """The next range in journal order (the oldest task)."""
-    return pending.popleft()
 
 
 def _ready() -> None:
