@@ -7,6 +7,8 @@ good), and a memo knows a value good only where its rule passed that very value.
 from __future__ import annotations
 
 import copy
+import json
+import math
 
 import pytest
 
@@ -197,11 +199,11 @@ def _parse_json_of(data: bytes):
         return type(exc).__name__, str(exc)
 
 
-def _parse_line_of(data: bytes):
+def _parse_line_of(data: bytes, plain=None):
     from attnbench.results.journal import parse_line
 
     try:
-        return "value", parse_line(data)
+        return "value", parse_line(data, plain)
     except (ValueError, UnicodeDecodeError) as exc:
         return type(exc).__name__, str(exc)
 
@@ -214,18 +216,28 @@ NUMBERS = ["0", "-0", "-0.0", "1e308", "1e309", "-1e309", "1E400", "1e+309", "1e
            '"12345678901234567890"', "1.0", "true", "null"]
 
 
+def _plain_parsers():
+    """The plain parsers a journal line may meet: orjson's (where installed) and json's."""
+    from attnbench.results import journal
+
+    return [pytest.param(None, id="installed"), pytest.param(journal._plain, id="json")]
+
+
+@pytest.mark.parametrize("plain", _plain_parsers())
 @pytest.mark.parametrize("number", NUMBERS)
 @pytest.mark.parametrize("shape", ['{"a":%s}', '{"a": [1, %s]}', ' {"a":%s}', '[%s]', '%s',
                                    '{"s":"NaN","a":%s,"b":NaN}', '{"a":%s,"b":1e999}'])
-def test_a_line_parses_as_parse_json_parses_it(shape, number):
-    # Mutants caught here: no check for long integers (2**63 passes), or for exponents (1e309
-    # is inf), the blank before a long integer left out ("-9223372036854775809"), NaN let
-    # through by the plain decoder (parse_constant=float).
+def test_a_line_parses_as_parse_json_parses_it(shape, number, plain):
+    # Mutants caught here: no check for long integers (2**63 passes; orjson reads
+    # -9223372036854775809 as a float), or for exponents (1e309 is inf), the blank before a
+    # long integer left out ("-9223372036854775809"), NaN let through by the plain decoder
+    # (parse_constant=float).
     data = (shape % number).encode()
-    assert _parse_line_of(data) == _parse_json_of(data)
+    assert _parse_line_of(data, plain) == _parse_json_of(data)
 
 
-def test_lines_of_random_numbers_parse_as_parse_json_parses_them():
+@pytest.mark.parametrize("plain", _plain_parsers())
+def test_lines_of_random_numbers_parse_as_parse_json_parses_them(plain):
     import random
 
     rng = random.Random(29)
@@ -233,6 +245,41 @@ def test_lines_of_random_numbers_parse_as_parse_json_parses_them():
     for _ in range(3000):
         number = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 30)))
         data = f'{{"x": {number}, "y": [{rng.random() * 10 ** rng.randint(-30, 30)}]}}'.encode()
-        assert _parse_line_of(data) == _parse_json_of(data), data
-    for bad in (b'{"a": "\xff"}', b'{"a": 1', b"{" * 100_000, b'{"a": "\\ud800"}'):
-        assert _parse_line_of(bad) == _parse_json_of(bad)
+        assert _parse_line_of(data, plain) == _parse_json_of(data), data
+    for bad in (b'{"a": "\xff"}', b'{"a": 1', b"{" * 100_000, b'{"a": "\\ud800"}',
+                b'{"a": "\xed\xa0\x80"}', b'{"a": "\\udc00\\ud800"}', b'\xef\xbb\xbf{"a": 1}',
+                b'{"a": 1, "a": 2}', b'{"a": 1}\x0c', b'{"a": "x\x01"}', b'{"a": [1,]}'):
+        assert _parse_line_of(bad, plain) == _parse_json_of(bad), bad
+
+
+@pytest.mark.parametrize("plain", _plain_parsers())
+def test_random_floats_and_texts_parse_to_the_same_bits(plain):
+    # orjson's float and string parsers against json's: the same bits for every float as
+    # written by repr and by %e with 12-25 digits, the same text for every string (escaped or
+    # not, astral, control characters); a parser that rounds once more differs here.
+    import random
+    import struct
+
+    rng = random.Random(2029)
+    for _ in range(2000):
+        x = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
+        if x != x or abs(x) == math.inf:
+            continue
+        text = "".join(chr(rng.choice([rng.randint(0, 0x7F), rng.randint(0x80, 0xD7FF),
+                                       rng.randint(0xE000, 0x10FFFF)])) for _ in range(8))
+        for digits in (repr(x), f"{x:.17e}", f"{x:.25g}", f"{x:.12e}"):
+            for ascii_only in (True, False):
+                data = ('{"x": %s, "t": %s}' % (digits, json.dumps(text, ensure_ascii=ascii_only))
+                        ).encode("utf-8")
+                (kind, got), (wanted, want) = _parse_line_of(data, plain), _parse_json_of(data)
+                assert kind == wanted, data  # both refuse "%.25g" of 1e20 (beyond int64)
+                if kind == "value":
+                    assert got["t"] == want["t"] and type(got["x"]) is type(want["x"]), data
+                    assert struct.pack("<d", got["x"]) == struct.pack("<d", want["x"]), data
+
+
+def test_orjson_parses_the_journal_where_installed():
+    orjson = pytest.importorskip("orjson")
+    from attnbench.results import journal
+
+    assert journal._plain_loads is orjson.loads

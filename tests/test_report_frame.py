@@ -100,22 +100,52 @@ def test_int32_columns_hold_values_at_the_bound(tmp_path, small_chunks):
     {"backend": "x\u00e9", "gpu": "A", "dropout": float("nan"), "seqlens_q": [3, 5], "cp": 1},
     {"b": 1, "a": None, "tp": 4},  # no gpu, no cp_algo
 ])
-def test_case_keys_are_key_digest_of_case_key(case):
-    """The two keys made from one copy of the case are the digests of
-    :func:`~attnbench.report.data.case_key`'s text (what compare and the panels matched on).
-    Mutant: not dropping ``cp_algo`` from the parallel key fails the first case."""
+def test_case_keys_are_digests_of_case_key_texts(case):
+    """The parallel key is the digest of :func:`~attnbench.report.data.case_key`'s text
+    without gpu, cp, tp, cp_algo; the match key that text's digest continued with the text of
+    the case's cp, tp and cp_algo (the case encoded once). Mutants: not dropping ``cp_algo``
+    from the parallel key fails the first case; a match key without cp/tp/cp_algo (the
+    parallel key's twin) fails it too."""
     import hashlib
 
     from attnbench.report.data import case_key
     from attnbench.report.reading import DIGEST_BYTES, PARALLEL_IGNORES, case_keys, key_digest
 
-    def digest(ignore):
-        raw = hashlib.blake2b(case_key(case, ignore).encode(), digest_size=DIGEST_BYTES)
+    def digest(*texts):
+        raw = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        for text in texts:
+            raw.update(text.encode())
         return int.from_bytes(raw.digest(), "little", signed=True)
 
-    assert case_keys(case) == (digest(("gpu",)), digest(PARALLEL_IGNORES))
+    shared = case_key(case, PARALLEL_IGNORES)
+    split = case_key({k: v for k, v in case.items() if k in PARALLEL_IGNORES[1:]}, ())
+    assert case_keys(case) == (digest(shared, split), digest(shared))
     assert all(-2**63 <= k < 2**63 for k in case_keys(case))  # an int64 column
-    assert key_digest(case) == digest(("gpu",))
+    assert key_digest(case) == case_keys(case)[0]
+
+
+def test_case_keys_are_equal_only_for_equal_cases():
+    """Two cases share a match key only when they differ in gpu alone, a parallel key when
+    they differ in gpu, cp, tp, cp_algo alone; a value moved between the shared text and the
+    split one (``tp`` written inside another field's text) gives other keys."""
+    from attnbench.report.reading import case_keys
+
+    base = {"backend": "naive", "gpu": "H100", "cp": 2, "tp": 1, "cp_algo": "ring",
+            "seqlen_q": 1024, "window": None}
+    variants = [dict(base, gpu="A100"), dict(base, cp=4), dict(base, tp=2),
+                dict(base, cp_algo="zigzag"), dict(base, seqlen_q=2048), dict(base, window=[1, 2]),
+                {k: v for k, v in base.items() if k != "cp_algo"}, dict(base, cp=2.0),
+                dict(base, backend='naive","tp":1'), dict(base, seqlen_q=None)]
+    match, parallel = case_keys(base)
+    for other in variants:
+        m, p = case_keys(other)
+        same_case = {k: v for k, v in other.items() if k != "gpu"} == \
+            {k: v for k, v in base.items() if k != "gpu"} and all(
+                type(other.get(k)) is type(base.get(k)) for k in base)
+        assert (m == match) == same_case, other
+        differs_in = {k for k in base.keys() | other.keys() if other.get(k, 0j) != base.get(k, 0j)
+                      or type(other.get(k)) is not type(base.get(k))}
+        assert (p == parallel) == (differs_in <= {"gpu", "cp", "tp", "cp_algo"}), other
 
 
 def test_columns_no_record_has_share_one_array(tmp_path, small_chunks):

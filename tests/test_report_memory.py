@@ -21,15 +21,16 @@ RECORDS = 2000
 CHUNK_ROWS = 500
 """Rows per chunk here (50,000 in a real run): so that both journals span several chunks and
 what grows is the frame, not the chunk buffer (bounded by CHUNK_ROWS whatever the journal)."""
-REPORT_BOUND = 2048
+REPORT_BOUND = 1536
 """Bytes a report's load may grow per added record: its frame row (~100 columns), the
-concatenation of the chunks, the tallies. Measured 1,009 B: 2x under (678 B on 2026-12-02;
-581 B with sizes int32, keys int64 and the columns no record has sharing one array); the
-mutant that also keeps each record measured 8,503 B: 4.2x over. (tracemalloc sees numpy's arrays and Python's
-objects, not pyarrow's text buffers: the benchmark's RSS figures count those.)"""
+concatenation of the chunks, the tallies. Measured 537 B on 2026-12-02 (1,009 B before sizes
+int32, keys int64 and the columns no record has sharing one array): 2.9x under; the mutant that
+also keeps each record measured 5,836 B (orjson shares the keys of the records it parses; 8,503
+B as json parses them): 3.8x over. (tracemalloc sees numpy's arrays and Python's objects, not
+pyarrow's text buffers: the benchmark's RSS figures count those.)"""
 COMPARE_BOUND = 1024
-"""... and a comparison's (~30 columns, no tallies). Measured 387 B: 2.6x under; the mutant
-that keeps each record measured 7,883 B: 7.7x over."""
+"""... and a comparison's (~30 columns, no tallies). Measured 412 B: 2.5x under; the mutant
+that keeps each record measured 5,414 B with orjson (7,883 B with json): 5.3x over."""
 
 
 def _journal(tmp_path: Path, records: int) -> Path:

@@ -88,24 +88,30 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), check_circu
 options makes one a call) and without the check for cycles, which a parsed line cannot have."""
 
 
-def key_digest(case: dict[str, Any], ignore: Iterable[str] = ("gpu",)) -> int:
-    drop = set(ignore)
-    return _digest({k: v for k, v in case.items() if k not in drop})
+def key_digest(case: dict[str, Any]) -> int:
+    """The ``MATCH_KEY`` of a case (:func:`case_keys`)."""
+    return case_keys(case)[0]
+
+
+_SPLIT = PARALLEL_IGNORES[1:]
+_NOT_SHARED = frozenset(PARALLEL_IGNORES)
 
 
 def case_keys(case: dict[str, Any]) -> tuple[int, int]:
-    """``(MATCH_KEY, PARALLEL_KEY)`` of a case, as :func:`key_digest` makes them, from one copy
-    of the case (two keys a record: ~100 -> ~33 us, 10^6 records)."""
-    fields = {k: v for k, v in case.items() if k != "gpu"}
-    match = _digest(fields)
-    for name in PARALLEL_IGNORES[1:]:
-        fields.pop(name, None)
-    return match, _digest(fields)
+    """``(MATCH_KEY, PARALLEL_KEY)`` of a case. The parallel key is the digest of the case's
+    canonical text without ``gpu``, ``cp``, ``tp``, ``cp_algo``; the match key, the digest of
+    that text followed by the canonical text of the case's ``cp``, ``tp``, ``cp_algo``: the
+    case encoded once, not twice (the two keys: ~28 -> ~20 us a record, 10^6 records). A JSON
+    object's text ends where its braces close, so no two cases share a text (the keys are
+    equal where the cases, less what each ignores, are)."""
+    shared = _CANONICAL.encode({k: v for k, v in case.items() if k not in _NOT_SHARED})
+    digest = hashlib.blake2b(shared.encode("utf-8"), digest_size=DIGEST_BYTES)
+    parallel = digest.digest()
+    digest.update(_CANONICAL.encode({k: case[k] for k in _SPLIT if k in case}).encode("utf-8"))
+    return _int64(digest.digest()), _int64(parallel)
 
 
-def _digest(fields: dict[str, Any]) -> int:
-    text = _CANONICAL.encode(fields)
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=DIGEST_BYTES).digest()
+def _int64(digest: bytes) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
