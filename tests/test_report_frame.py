@@ -10,7 +10,7 @@ import pytest
 
 import attnbench.report.reading as reading
 from attnbench.report.data import frame, load_records, load_manifest
-from attnbench.report.reading import CATEGORICAL, UNREAD, read_run
+from attnbench.report.reading import CATEGORICAL, MATCH_KEY, PARALLEL_KEY, UNREAD, read_run
 
 CHUNK_ROWS = 7
 """Rows per chunk here: chunks of different categories (a GPU kind, a backend, a reason absent
@@ -33,6 +33,8 @@ def _both(run_dir):
 def test_chunked_frame_holds_the_values_of_one_frame(synthetic, small_chunks, name):
     got, want = _both(synthetic[name])
     assert len(got) > 3 * CHUNK_ROWS
+    # the columns of one frame, in its order (mutant: the kept columns typed in another order)
+    assert list(got.columns) == [*want.columns, MATCH_KEY, PARALLEL_KEY]
     for col in want.columns:
         a, b = got[col], want[col]
         if col in CATEGORICAL and isinstance(a.dtype, pd.CategoricalDtype):
