@@ -21,7 +21,7 @@ from attnbench.report.compare import (NOISY_WHY, Comparison, ambiguous_reasons, 
                                       run_facts)
 from attnbench.report.data import DIRECTIONS
 from attnbench.report.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
-                                      new_figure, page_colors, save_figure, setup_x)
+                                      new_figure, page_colors, positions, save_figure, setup_x)
 from attnbench.report.html import (claim_output_dir, class_badge, esc, filter_controls,
                                    finish_output_dir, fmt, noisy_badge, page, repro_command,
                                    sort_key, verdict_badge)
@@ -152,7 +152,7 @@ def speed_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
                 if not mask.any():
                     continue
                 present.add(cls)
-                xs = np.array([pos(v) for v in s.seqlen_q_b[mask]], dtype=float)
+                xs = positions(pos, s.seqlen_q_b[mask])
                 spread = (offsets[mask] - (widths[mask] - 1) / 2) / np.maximum(widths[mask], 1)
                 xs = xs * 2 ** (0.3 * spread)
                 y = s[f"{d}_speed"][mask].to_numpy()
@@ -223,12 +223,12 @@ def error_figure(i: int, c: Comparison, ctx: Context) -> FigureFile:
         ax.set_title(TENSOR_LABELS[t])
         for backend, sb in s.groupby(s.backend_b.astype(str)):
             color = ctx.color(backend)
-            h = ax.scatter([pos(v) for v in sb.seqlen_q_b], sb[col], s=12, color=color, alpha=0.6,
+            h = ax.scatter(positions(pos, sb.seqlen_q_b), sb[col], s=12, color=color, alpha=0.6,
                            lw=0)
             handles.setdefault(backend, h)
         bad = s[s.verdict_changed]
         if len(bad):
-            h = ax.scatter([pos(v) for v in bad.seqlen_q_b], bad[col], s=50, facecolors="none",
+            h = ax.scatter(positions(pos, bad.seqlen_q_b), bad[col], s=50, facecolors="none",
                            edgecolors=VERDICT_COLORS["fail"], lw=1.2)
             handles.setdefault("verdict changed", h)
     axes[0].set_ylabel("rel. L2 error B / A")

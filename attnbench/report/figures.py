@@ -243,6 +243,14 @@ def setup_x(ax, values: Iterable[Any], label: str, log2: bool = False) -> Callab
     return lambda v: float(pos[v])
 
 
+def positions(pos: Callable[[Any], float], values: pd.Series) -> np.ndarray:
+    """``[pos(v) for v in values]`` as an array, ``pos`` called once per distinct value: a
+    scatter of 10^6 points spent ~3 s on the Python list (the call per point and matplotlib's
+    conversion of the list), issue 29."""
+    codes, distinct = pd.factorize(values, use_na_sentinel=False)
+    return np.array([pos(v) for v in distinct.tolist()], dtype=float)[codes]
+
+
 def facet_groups(df: pd.DataFrame, facets: list[str]):
     """(key tuple, rows) per combination of the ``facets`` columns, sorted; all rows as one
     group when there are no facets."""

@@ -17,7 +17,7 @@ from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.reading import MATCH_KEY
 from attnbench.report.figures import (DIRECTION_LABELS, Context, PanelOutput, finish_figure,
-                                      new_figure, setup_x, slug)
+                                      new_figure, positions, setup_x, slug)
 from attnbench.report.style import verdict_label
 
 
@@ -78,7 +78,7 @@ def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                                    Line2D([], [], color="#888888", lw=1, ls="--"))
             for name, s in s_all.groupby(series, sort=True):
                 color = ctx.color(name)
-                ax.scatter([pos(v) for v in s[x]], s.ratio, s=9, color=color, alpha=0.35, lw=0)
+                ax.scatter(positions(pos, s[x]), s.ratio, s=9, color=color, alpha=0.35, lw=0)
                 med = s.groupby(x).ratio.median()
                 (line,) = ax.plot([pos(v) for v in med.index], med.values, marker="o", ms=3.5,
                                   lw=1.5, color=color)

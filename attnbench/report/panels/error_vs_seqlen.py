@@ -12,7 +12,8 @@ from typing import Any
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (TENSOR_LABELS, Context, PanelOutput, facet_groups,
-                                      facet_title, finish_figure, new_figure, setup_x, slug)
+                                      facet_title, finish_figure, new_figure, positions, setup_x,
+                                      slug)
 from attnbench.report.style import VERDICT_COLORS
 from attnbench.results.records import RAN_VERDICTS, TENSORS
 
@@ -54,10 +55,10 @@ def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                 if s.empty:
                     continue
                 color = ctx.color(name)
-                ax.scatter([pos(v) for v in s[x]], s[col], s=9, color=color, alpha=0.35, lw=0)
+                ax.scatter(positions(pos, s[x]), s[col], s=9, color=color, alpha=0.35, lw=0)
                 failed = s[s[f"{t}_over"] > 1]
                 if len(failed):
-                    fl = ax.scatter([pos(v) for v in failed[x]], failed[col], s=30,
+                    fl = ax.scatter(positions(pos, failed[x]), failed[col], s=30,
                                     facecolors="none", edgecolors=VERDICT_COLORS["fail"], lw=1.1,
                                     zorder=4)
                     extra.setdefault("over its bound", fl)

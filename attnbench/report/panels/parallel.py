@@ -15,7 +15,7 @@ from matplotlib.patches import Patch
 from attnbench.report.dashboard import Panel
 from attnbench.report.data import Run, apply_filter
 from attnbench.report.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
-                                      PanelOutput, finish_figure, new_figure, setup_x)
+                                      PanelOutput, finish_figure, new_figure, positions, setup_x)
 from attnbench.report.reading import PARALLEL_KEY
 from attnbench.report.style import VERDICT_COLORS
 from attnbench.results.records import RAN_VERDICTS, TENSORS
@@ -102,7 +102,7 @@ def _speedup_axis(ax, ctx: Context, sp, *, series: str, worlds: list, kinds: lis
             continue
         color = ctx.color(name)
         ls = styles[kinds.index(kind) % len(styles)]
-        ax.scatter([pos(v) for v in s.world_size], s.speedup, s=10, color=color, alpha=0.35)
+        ax.scatter(positions(pos, s.world_size), s.speedup, s=10, color=color, alpha=0.35)
         med = s.groupby("world_size").speedup.median()
         xs, ys = [1.0] + [pos(v) for v in med.index], [1.0] + list(med.values)
         (line,) = ax.plot(xs, ys, marker="o", ms=3.5, lw=1.5, color=color, ls=ls)
@@ -159,13 +159,13 @@ def _parity_axis(ax, ctx: Context, parity, t: str, *, by: str, worlds: list,
         extra.setdefault("bound (median)", bl)
     for (name, kind), s in s_all.groupby([by, "kind"], sort=True):
         color = ctx.color(name)
-        xs = [pos(v) * jitter.get(str(name), 1.0) for v in s.world_size]
+        xs = positions(pos, s.world_size) * jitter.get(str(name), 1.0)
         ax.scatter(xs, s.value, s=18, color=color, alpha=0.75, lw=0, marker=markers[kind])
         handles.setdefault(str(name), Patch(color=color))
         extra.setdefault(kind, Line2D([], [], color="#555555", marker=markers[kind], ls=""))
         failed = s[s.passed == False]  # noqa: E712 (None means "not judged")
         if len(failed):
-            fl = ax.scatter([pos(v) * jitter.get(str(name), 1.0) for v in failed.world_size],
+            fl = ax.scatter(positions(pos, failed.world_size) * jitter.get(str(name), 1.0),
                             failed.value, s=60, facecolors="none",
                             edgecolors=VERDICT_COLORS["fail"], lw=1.3)
             extra.setdefault("failed parity", fl)
