@@ -13,6 +13,7 @@ PYTHON_VERSION ?=
 WHEELHOUSE     ?= .whl
 PREFIX         ?= /tmp/attnbench
 WITHOUT        ?=
+TEST_JOBS      ?= 2
 
 $(STAMP): pyproject.toml
 	# A torch that the system Python already has (a GPU box's own build) is reused.
@@ -31,8 +32,9 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/attnbench run sweeps/smoke.yaml
 
+# Two test processes, a file to each (module fixtures are built once); TEST_JOBS=0 runs in one.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
