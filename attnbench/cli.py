@@ -363,13 +363,29 @@ def main(argv: Optional[list[str]] = None) -> int:
         return EXIT_BAD_INPUT
 
 
+_NOISY = ("distributed", "bokeh", "tornado")
+
+
+def shown_log_record(record: logging.LogRecord) -> bool:
+    """Whether a log line reaches the terminal. Dask's INFO lines (scheduler start, worker
+    plugins, ...) drown the progress line, and LocalCluster resets logger levels, so this
+    filters at the handler: of Dask's, Bokeh's and Tornado's only errors. Not even those where
+    the error is a task of Dask's own cancelled: a nanny closed while it restarts its worker
+    (the embedded cluster's, under load) logs its cancelled restart as a traceback with no
+    message, and the run, whose keeper replaces the worker, says so in one line."""
+    if not record.name.startswith(_NOISY):
+        return True
+    if record.levelno < logging.ERROR:
+        return False
+    # (asyncio is loaded where a task was cancelled; a reader's CLI does not import it)
+    cancelled = getattr(sys.modules.get("asyncio"), "CancelledError", ())
+    return not (record.exc_info and isinstance(record.exc_info[1], cancelled))
+
+
 def _main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    # Dask's INFO lines (scheduler start, worker plugins, ...) drown the progress line, and
-    # LocalCluster resets logger levels, so filter at the handler.
-    noisy = ("distributed", "bokeh", "tornado")
     for handler in logging.getLogger().handlers:
-        handler.addFilter(lambda r: r.levelno >= logging.ERROR or not r.name.startswith(noisy))
+        handler.addFilter(shown_log_record)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:
         from attnbench.cluster.worker import worker_main
