@@ -213,3 +213,27 @@ def test_environment_views_skip_what_a_record_does_not_say():
     assert run_warnings(env_view(old), view) == ["runs differ in torch: 2.5.1 -> 2.6.0"]
     assert representative([{"env": {"host": "x"}}, {"env": new}, {"env": new}]) == view
     assert representative([]) == {}
+
+
+@pytest.mark.parametrize("orjson_too", [True, False])
+def test_environments_are_told_apart_as_json_tells_their_views(orjson_too, monkeypatch):
+    """The tally's key (a view's canonical text; json's with ``default=str`` where a value is
+    not JSON's): views equal as JSON share an environment, others do not, whichever writes it.
+    Values that differ only in type or in JSON: 1 / 1.0 / true, [NaN] / [null], text / number.
+    Mutants caught: keys as ``tuple(sorted(view.items()))`` (1, 1.0 and True one key, lists
+    unhashable); orjson's text without the NaN fallback ([NaN] written as [null])."""
+    from attnbench.report import canonical, environment
+
+    if not orjson_too:
+        monkeypatch.setattr(environment, "canonical_text", canonical._json_text)
+    values = [1, 1.0, True, None, float("nan"), float("inf"), "1", 2**70, "\ud800", [1, 2],
+              [None], [float("nan")]]
+    records = [{"env": {"gpu_kind": "H100", "identity": {"sm_count": v}}} for v in values]
+    records += [{"env": {"gpu_kind": "H100", "identity": {"sm_count": 1}}},
+                {"env": {"identity": {"sm_count": 1}, "gpu_kind": "H100"}},
+                {"env": {"gpu_kind": "H100", "identity": {"sm_count": object()}}}]
+    found = environment.environments(records)
+    # None is dropped from a view, so it is the view without sm_count: its own environment
+    assert len(found) == len(values) + 1
+    assert found[0].records == 3 and found[0].view == {"gpu_kind": "H100", "sm_count": 1}
+    assert [e.records for e in found[1:]] == [1] * len(values)
