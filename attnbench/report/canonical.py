@@ -27,22 +27,22 @@ def _nonfinite(value: Any) -> bool:
 
 try:  # a case's text in ~5 us, json's in ~8 (a key or two a record, 10^6 records)
     import orjson
+except ImportError:  # the same keys from json's text (a box that brings its own environment)
+    orjson = None
 
-    _SORTED = orjson.OPT_SORT_KEYS
 
-    def canonical_text(fields: dict[str, Any]) -> bytes:
-        """The fields as one text, equal only for equal fields (``1``, ``1.0`` and ``true``
-        apart; a list and a tuple alike, as in JSON): orjson's sorted JSON, or, where orjson
-        refuses the value (an int past 64 bits, a lone surrogate) or would write NaN or inf as
-        ``null``, json's text after a zero byte, which orjson's never starts with."""
-        try:
-            text = orjson.dumps(fields, option=_SORTED)
-        except TypeError:
-            return b"\0" + _json_text(fields)
-        if b"null" in text and _nonfinite(fields):
-            return b"\0" + _json_text(fields)
-        return text
-except ImportError:
-    def canonical_text(fields: dict[str, Any]) -> bytes:
-        """The fields as one text, equal only for equal fields: sorted JSON."""
+def canonical_text(fields: dict[str, Any]) -> bytes:
+    """The fields as one text, equal only for equal fields (``1``, ``1.0`` and ``true`` apart;
+    a list and a tuple alike, as in JSON): orjson's sorted JSON, or, where orjson is not
+    installed, refuses the value (an int past 64 bits, a lone surrogate) or would write NaN or
+    inf as ``null``, json's text, after a zero byte where orjson's is the rule (orjson's
+    never starts with one)."""
+    if orjson is None:
         return _json_text(fields)
+    try:
+        text = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return b"\0" + _json_text(fields)
+    if b"null" in text and _nonfinite(fields):
+        return b"\0" + _json_text(fields)
+    return text
