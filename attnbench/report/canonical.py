@@ -33,10 +33,9 @@ except ImportError:  # the same keys from json's text (a box that brings its own
 
 def canonical_text(fields: dict[str, Any]) -> bytes:
     """The fields as one text, equal only for equal fields (``1``, ``1.0`` and ``true`` apart;
-    a list and a tuple alike, as in JSON): orjson's sorted JSON, or, where orjson is not
-    installed, refuses the value (an int past 64 bits, a lone surrogate) or would write NaN or
-    inf as ``null``, json's text, after a zero byte where orjson's is the rule (orjson's
-    never starts with one)."""
+    a list and a tuple alike, as in JSON): orjson's sorted JSON; where orjson refuses the value
+    (an int past 64 bits, a lone surrogate) or would write NaN or inf as ``null``, json's text
+    after a zero byte (orjson's never starts with one); without orjson, json's text."""
     if orjson is None:
         return _json_text(fields)
     try:

@@ -22,7 +22,7 @@ from pandas.api.types import union_categoricals
 
 from attnbench.errors import ReportError, RunDirError
 from attnbench.report.code_changes import BackendCodeTally
-from attnbench.report.canonical import _json_text, canonical_text  # noqa: F401 (tests)
+from attnbench.report.canonical import canonical_text
 from attnbench.report.data import Run, flatten, journal_of, load_manifest, number
 from attnbench.report.environment import EnvironmentTally
 from attnbench.report.trends import SeriesCollector
