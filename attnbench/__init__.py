@@ -7,6 +7,7 @@ import importlib.abc
 import importlib.util
 import os
 import sys
+import warnings
 from typing import Any, Callable
 
 __version__ = "0.1.0"
@@ -29,6 +30,55 @@ def package_face(package: str, public: dict[str, tuple[str, ...]]
         return getattr(importlib.import_module(f"{package}.{where[name]}"), name)
 
     return sorted(where), __getattr__
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Old module names that still import, as the very module at the new name, with a
+    :class:`DeprecationWarning` that says where it went (see :func:`moved_modules`)."""
+
+    def __init__(self, package: str, moved: dict[str, str]) -> None:
+        self.prefix = package + "."
+        self.moved = {f"{package}.{old}": f"{package}.{new}" for old, new in moved.items()}
+        self.specs: dict[str, Any] = {}  # new name -> its own spec, kept while an alias loads
+
+    def new_name(self, name: str) -> str | None:
+        """``name``'s new name: a moved module, or a submodule of a moved package."""
+        if not name.startswith(self.prefix):
+            return None
+        for old, new in self.moved.items():
+            if name == old or name.startswith(old + "."):
+                return new + name[len(old):]
+        return None
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None):
+        new = self.new_name(name)
+        if new is None:
+            return None
+        spec = importlib.util.find_spec(new)
+        is_package = spec is not None and spec.submodule_search_locations is not None
+        return importlib.util.spec_from_loader(name, self, is_package=is_package)
+
+    def create_module(self, spec):
+        new = self.new_name(spec.name)
+        warnings.warn(f"{spec.name} moved to {new}; import it from there (the old name goes "
+                      "in a later release)", DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(new)
+        self.specs[module.__name__] = module.__spec__  # the import system writes over it
+        return module
+
+    def exec_module(self, module) -> None:
+        module.__spec__ = self.specs.pop(module.__name__)  # it keeps its own name and spec
+
+
+def moved_modules(package: str, moved: dict[str, str]) -> None:
+    """Keep the old names of ``package``'s moved modules importable: ``moved`` maps an old
+    submodule name to its new one, both relative to ``package`` (``{"data": "read.data"}``).
+    ``import package.data`` then gives the module ``package.read.data`` itself (one module
+    object: a patch through either name is seen by both) and warns once per process. The
+    finder goes first on ``sys.meta_path``: after it, the path finder would load a moved
+    package's submodule (``package.panels.fp8``) a second time under the old name."""
+    if not any(isinstance(f, _MovedModules) and f.prefix == package + "." for f in sys.meta_path):
+        sys.meta_path.insert(0, _MovedModules(package, moved))
 
 
 class _CheckoutKernels(importlib.abc.MetaPathFinder):

@@ -21,7 +21,7 @@ from attnbench.backends import check_backend_name, public_names
 from attnbench.errors import (EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED,
                               EXIT_STATUS_HELP, ClusterError, DiskError,
                               UserError, os_error_text, printable, quiet_broken_pipe, short_repr)
-from attnbench.report.run_summary import RunSummary
+from attnbench.report.show.summary import RunSummary
 from attnbench.results.records import VERDICTS
 from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
                                      stream_records)
@@ -130,14 +130,15 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
               file=sys.stderr)
         return EXIT_CLUSTER
     if not args.no_report:
-        from attnbench.report.commands import write_report
+        from attnbench.report.page.command import write_report
 
         print(f"attnbench: dashboard {write_report(run_dir)}")
     return recorded.exit_status(recorded.findings_text())
 
 
 def findings_text(records: Iterable[dict]) -> list[str]:
-    """The accuracy findings across the sweep (:mod:`attnbench.report.trends`), one line each."""
+    """The accuracy findings across the sweep (:mod:`attnbench.report.read.trends`), one line
+    each."""
     return RunSummary.of(records).findings_text()
 
 
@@ -183,8 +184,8 @@ def summary_table(records: Iterable[dict]) -> str:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from attnbench.report.case_lines import label_and_line
-    from attnbench.report.sorted_lines import SortedLines
+    from attnbench.report.show.case_lines import label_and_line
+    from attnbench.report.show.sorted_lines import SortedLines
 
     run_dir = Path(args.run)
     manifest = load_manifest(run_dir)
@@ -333,8 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from attnbench.dispatch.detach import add_detach_commands
     from attnbench.gpu_check.command import add_gpu_check_command
-    from attnbench.report.commands import add_report_commands, write_report
-    from attnbench.report.export import add_export_command
+    from attnbench.report.commands import add_report_commands
+    from attnbench.report.page.command import write_report
+    from attnbench.report.export.command import add_export_command
     from attnbench.selftest import add_selftest_command
     from attnbench.sweep.schema import add_schema_command
 

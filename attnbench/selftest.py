@@ -39,7 +39,7 @@ from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_O
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN,
                                         SEEDED_DROPOUT_CONTROL, Mutant, by_name)
-from attnbench.report.trends import SLOPE_BOUND, findings, trends
+from attnbench.report.read.trends import SLOPE_BOUND, findings, trends
 from attnbench.resources import ENV_DEVICE, ENV_THREADS
 from attnbench.results.records import BAD_VERDICTS, DIED_VERDICTS
 from attnbench.sweep.case import Case
@@ -260,7 +260,7 @@ class MutantResult:
     """How many failing cases each kind of check caught."""
 
     trends: list = field(default_factory=list)
-    """Error-trend findings on this mutant's series (:mod:`attnbench.report.trends`)."""
+    """Error-trend findings on this mutant's series (:mod:`attnbench.report.read.trends`)."""
 
     @property
     def caught(self) -> bool:

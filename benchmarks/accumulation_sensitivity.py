@@ -30,7 +30,7 @@ from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fus
 from attnbench.problem.attn_spec import AttnSpec
 from attnbench.problem.dropout import hash_keep_mask
 from attnbench.problem.inputs import make_inputs
-from attnbench.report.trends import SLOPE_BOUND, Point, Series, fit
+from attnbench.report.read.trends import SLOPE_BOUND, Point, Series, fit
 from attnbench.results.records import TENSORS
 from attnbench.sweep.case import make_case
 

@@ -6,7 +6,7 @@ the hash mask, exposed): a correct fused kernel, registered as ``mutant.fused_ba
 where a correct kernel keeps it in fp32. Their error is small at short lengths -- every case of
 a 128-token sweep passes -- and grows with the number of key blocks summed, the shape of seed
 001's dQ report: only long cases (``sweeps/standard.yaml``'s length ladder) and the error trend
-across lengths (:mod:`attnbench.report.trends`) expose them.
+across lengths (:mod:`attnbench.report.read.trends`) expose them.
 """
 
 from __future__ import annotations

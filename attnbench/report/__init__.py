@@ -1,50 +1,59 @@
 """Reports of runs: figures (PNG and SVG) and a self-contained HTML dashboard.
 
-- :func:`attnbench.report.commands.write_report` draws one run (``attnbench report RUN``);
-  ``attnbench run`` calls it at the end of a run.
-- :func:`attnbench.report.commands.run_compare` sets runs side by side (``attnbench compare``).
-- Dashboards are declared in ``dashboards/*.yaml`` (:mod:`attnbench.report.dashboard`).
+One room per command, above what they share (lowest first; a room imports only rooms before
+it, checked by tests/test_structure.py):
 
-Modules: ``data`` (a record -> a flat row), ``reading`` (a run directory read once, streamed:
-the frame in chunks and the tallies the pages read), ``dashboard`` (YAML definitions),
-``figures`` (what every figure shares: saving PNG + SVG, axes, legends, a page's colours),
-``panels/`` (one module per panel kind, and ``draw_panel``), ``html`` / ``page`` /
-``compare_page`` (the pages), ``compare`` (matching and timing classes), ``code_changes``
-(each backend's code and the run options, and what differs between runs), ``environment`` (the
-hardware and software a run's records name, and what differs between runs), ``style`` (colours
-and how verdicts read: "timed" is "not judged"),
-``synthetic`` (made-up runs in the real schema, for tests and previews), ``commands`` (argparse
-wiring and the functions behind ``attnbench report`` and ``attnbench compare``); for ``show``:
-``run_summary`` (counts, failing cases and findings from one pass over a run), ``case_lines``
-(``--all``'s line per case) and ``sorted_lines`` (sorting them in bounded memory); for
-``export``: ``export`` (the formats), ``export_chunks`` (the table in chunks, each typed as
-the whole), ``export_rows`` (CSV and JSON written from the rows, as the frames would print them)
-and ``export_pool`` (the same from rows read by several processes: ``--jobs``); for
-``report`` and ``compare``: ``read_pool`` (a run read by several processes, ``--jobs``);
-``jobs`` (``--jobs`` parsed, for the three).
+- ``read/``: a run's journal read once, into a frame and the tallies every command shares
+  (the hardware and software it ran on, each backend's code, error trends, timing doubt), by
+  one process or several (``--jobs``);
+- ``show/``: ``attnbench show`` (counts, failing cases, findings; ``--all``'s line per case);
+- ``export/``: ``attnbench export`` (csv, json, parquet; in chunks, by several processes);
+- ``page/``: ``attnbench report``: the dashboard's definitions, its panels, its HTML pages;
+- ``compare/``: ``attnbench compare``: matching, timing classes, text/json/markdown, its page.
+
+``commands`` puts ``report`` and ``compare`` on the CLI; ``synthetic`` makes up runs in the
+real schema (tests and previews). The modules' old names (``attnbench.report.data``, ...)
+still import, with a DeprecationWarning naming the new one.
 """
 
-from attnbench import package_face
+from attnbench import moved_modules, package_face
 
 __all__, __getattr__ = package_face(__name__, {
-    "case_lines": ("label_and_line",),
-    "code_changes": ("backend_code", "backend_warnings", "options_warnings"),
-    "commands": ("add_report_commands", "run_compare", "write_report"),
-    "compare": ("classify", "compare_runs", "describe", "run_facts"),
-    "dashboard": ("PANEL_KINDS", "default_dashboard", "load_dashboard"),
-    "data": ("Run", "flatten", "frame", "load_run"),
-    "doubt": ("FEW_SAMPLES", "timing_doubt", "why_ambiguous"),
-    "environment": ("env_view", "representative", "run_warnings"),
-    "export": ("add_export_command",),
-    "figures": ("Context", "slug"),
-    "html": ("sort_key",),
-    "interactive": ("PAGE", "script_json"),
-    "page": ("render",),
-    "jobs": ("JOBS_LIMIT", "parse_jobs"),
-    "read_pool": ("read_run_jobs",),
-    "reading": ("RunReader", "read_run", "run_of_records"),
-    "run_summary": ("RunSummary",),
-    "sorted_lines": ("SortedLines",),
+    "show.case_lines": ("label_and_line",),
+    "read.code_changes": ("backend_code", "backend_warnings", "options_warnings"),
+    "commands": ("add_report_commands",),
+    "page.command": ("write_report",),
+    "compare.command": ("run_compare",),
+    "compare.comparison": ("classify", "compare_runs", "describe", "run_facts"),
+    "page.dashboard": ("PANEL_KINDS", "default_dashboard", "load_dashboard"),
+    "read.data": ("Run", "flatten", "frame", "load_run"),
+    "read.doubt": ("FEW_SAMPLES", "timing_doubt", "why_ambiguous"),
+    "read.environment": ("env_view", "representative", "run_warnings"),
+    "export.command": ("add_export_command",),
+    "page.figures": ("Context", "slug"),
+    "page.html": ("sort_key",),
+    "page.interactive": ("PAGE", "script_json"),
+    "page.build": ("render",),
+    "read.jobs": ("JOBS_LIMIT", "parse_jobs"),
+    "read.pool": ("read_run_jobs",),
+    "read.reader": ("RunReader", "read_run", "run_of_records"),
+    "show.summary": ("RunSummary",),
+    "show.sorted_lines": ("SortedLines",),
     "synthetic": ("write_synthetic_run",),
-    "trends": ("GROWTH_BOUND", "Point", "SLOPE_BOUND", "Series", "findings", "fit"),
+    "read.trends": ("GROWTH_BOUND", "Point", "SLOPE_BOUND", "Series", "findings", "fit"),
 })
+
+MOVED = {
+    "data": "read.data", "reading": "read.reader", "read_pool": "read.pool", "jobs": "read.jobs",
+    "canonical": "read.canonical", "environment": "read.environment",
+    "code_changes": "read.code_changes", "trends": "read.trends", "doubt": "read.doubt",
+    "run_summary": "show.summary", "case_lines": "show.case_lines",
+    "sorted_lines": "show.sorted_lines",
+    "export_chunks": "export.chunks", "export_rows": "export.rows", "export_pool": "export.pool",
+    "html": "page.html", "interactive": "page.interactive", "dashboard": "page.dashboard",
+    "figures": "page.figures", "style": "page.style", "panels": "page.panels",
+    "compare_formats": "compare.formats", "compare_page": "compare.page",
+}
+"""Old module -> its new home (issue 38, 2026-12). ``export``, ``compare`` and ``page`` kept
+their names as packages, whose faces give the old modules' public names."""
+moved_modules(__name__, MOVED)

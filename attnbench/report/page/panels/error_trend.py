@@ -1,0 +1,82 @@
+"""The ``error_trend`` panel: does a backend's error grow with the sequence faster than the fused
+baseline's? (:mod:`attnbench.report.read.trends`)
+
+One subplot per series (a backend and every case field but the lengths), findings first: the
+backend's relative L2 error and the fused baseline's on the same inputs against keys, both log2,
+with each fitted slope in the legend. A finding is titled in red: the error grows faster than the
+baseline's, even if every case passed.
+"""
+
+from __future__ import annotations
+
+import math
+
+from attnbench.report.page.dashboard import Panel
+from attnbench.report.read.data import Run
+from attnbench.report.page.figures import (TENSOR_LABELS, Context, PanelOutput, finish_figure, fmt_len,
+                                      new_figure, plain_log_ticks)
+from attnbench.report.page.style import VERDICT_COLORS
+from attnbench.report.read.trends import GROWTH_BOUND, MIN_LENGTHS, SLOPE_BOUND
+from attnbench.report.read.trends import fitted as fitted_trends
+
+BASELINE_COLOR = "#444444"
+COLUMNS = 3
+MIN_SPAN = 8.0  # the y axis spans at least this factor
+
+
+def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
+    out = PanelOutput(panel)
+    wanted = set(panel["tensors"])
+    fitted = [t for t in fitted_trends(run.series) if t.series.tensor in wanted]
+    if not fitted:
+        out.notes.append(f"No series with {MIN_LENGTHS} or more lengths judged against the fused "
+                         "baseline: nothing to fit (a sweep needs a length ladder, e.g. "
+                         "sweeps/standard.yaml's).")
+        return out
+    found = [t for t in fitted if t.finding]
+    out.notes.append(f"{len(found)} finding{'s' if len(found) != 1 else ''} in {len(fitted)} "
+                     f"series (a finding: slope over {SLOPE_BOUND:g} and the excess error grown "
+                     f"{GROWTH_BOUND:g}x or more across the lengths).")
+    shown = fitted[:panel["max_figures"] * COLUMNS]
+    if len(fitted) > len(shown):
+        out.notes.append(f"{len(fitted) - len(shown)} flatter series not drawn.")
+    rows = math.ceil(len(shown) / COLUMNS)
+    columns = min(COLUMNS, len(shown))
+    fig = new_figure(4.2 * columns, 3.0 * rows + 0.6)
+    axes = fig.subplots(rows, columns, squeeze=False)
+    handles = {}
+    for ax, trend in zip(axes.flat, shown):
+        points = trend.series.by_length()
+        keys = [n for n, _, _ in points]
+        color = ctx.color(trend.series.backend)
+        (own,) = ax.plot(keys, [e for _, e, _ in points], marker="o", ms=3, lw=1.5, color=color,
+                         label=f"{trend.series.backend}: slope {trend.backend_slope:+.2f}")
+        (base,) = ax.plot(keys, [b for _, _, b in points], marker="s", ms=3, lw=1.2, ls="--",
+                          color=BASELINE_COLOR,
+                          label=f"fused baseline: slope {trend.baseline_slope:+.2f}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(keys, [fmt_len(n) for n in keys])
+        ax.minorticks_off()
+        ax.set_yscale("log")
+        # At least a factor MIN_SPAN in view: a flat series must look flat, not zoomed to noise.
+        values = [e for _, e, _ in points] + [b for _, _, b in points]
+        middle = math.sqrt(min(values) * max(values))
+        half = max(math.sqrt(MIN_SPAN), math.sqrt(max(values) / min(values)) * 1.15)
+        ax.set_ylim(middle / half, middle * half)
+        ax.set_xlabel("keys")
+        ax.set_ylabel(f"{TENSOR_LABELS[trend.series.tensor]} rel. L2 vs fp64")
+        ax.legend(handles=[own, base], fontsize=7, loc="upper left")
+        title = f"{TENSOR_LABELS[trend.series.tensor]}: {trend.series.label}"
+        ax.set_title(title if len(title) < 60 else title[:57] + "...", fontsize=8,
+                     color=VERDICT_COLORS["fail"] if trend.finding else "black")
+        handles.setdefault(trend.series.backend, own)
+    handles["fused baseline"] = base
+    for ax in list(axes.flat)[len(shown):]:
+        ax.set_visible(False)
+    plain_log_ticks(fig)
+    out.figures.append(finish_figure(
+        fig, ctx, f"{panel.slug}-series",
+        "Error against fp64 of each backend and of the fused baseline on the same inputs, by "
+        "keys (log2 both). Red titles are findings: the error grows faster than the baseline's.",
+        title="Error trend across lengths", legend=handles))
+    return out
