@@ -21,7 +21,7 @@ def package_face(package: str, public: dict[str, tuple[str, ...]]
     A name is imported from its module when first asked for, so importing one torch-free module
     of a package never imports the package's torch modules (``from attnbench.problem import
     AttnSpec`` loads ``problem.attn_spec`` only). Inside attnbench, callers import from the
-    defining module; tests/test_structure.py checks that what they import is public."""
+    defining module; tests/project/test_structure.py checks that what they import is public."""
     where = {name: module for module, names in public.items() for name in names}
 
     def __getattr__(name: str) -> Any:

@@ -15,7 +15,7 @@ then measures:
   its rank is inside a case (its cases sleep 30 s), and the client interrupted (SIGINT) then
   resumed. Counts: cases submitted, records written, lost, duplicated.
 
-Cases in the fault runs use ``tests/sleepy_backend.py`` (``tests/`` goes on the workers'
+Cases in the fault runs use ``tests/support/sleepy_backend.py`` (``tests/`` goes on the workers'
 PYTHONPATH).
 """
 

@@ -50,7 +50,7 @@ integer argument that equals 1 or changes divisibility by 16, so lengths 8196 vs
 block, next to tiles of BLOCK_M x head_dim); it stays on the strides, where a unit stride is
 what lets loads vectorise. ``stride_tb`` (decode) is the block table's row stride, which follows
 the longest cache: it only indexes int32 page ids, read one per key. Checked against the JIT's
-own binder in tests/test_compile_control.py."""
+own binder in tests/kernels/test_compile_control.py."""
 ALIGNMENT_FREE_INTS: dict[str, tuple[str, ...]] = {
     name: ("group_size",) for name in ("_attn_fwd", "_bwd_dkdv", "_bwd_dq")}
 """``do_not_specialize_on_alignment``: still a constant when 1, never a divisibility hint. The

@@ -196,7 +196,7 @@ PINNED_REFERENCE = {
 shapes (128 x 64 forward, 32 x 128 dK/dV, 128 x 32 dQ) with two warpgroups (8 warps: the 128
 rows prune_idle_warpgroups asks of them) and a 3-deep pipeline -- compile_check's performance
 target, compiled for sm_90 without spills under triton 3.6 and 3.9 (bf16 d128; the evidence is
-beside MAX_SPILL_BYTES in tests/test_triton_kernels.py). 4 stages would spill 24 B in dK/dV
+beside MAX_SPILL_BYTES in tests/kernels/test_triton_kernels.py). 4 stages would spill 24 B in dK/dV
 under 3.6."""
 
 # The rules that do not depend on the call's lengths: a pinned config must serve every length.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, SUPPORT
 
 # Triton's interpreter must be chosen before any kernel is defined; only without a GPU (a GPU
 # test run must compile the kernels). kernels/__init__.py makes the same choice.
@@ -25,7 +25,7 @@ except ImportError:
 def cli_env():
     """Environment for `attnbench` subprocesses: test backends importable, quiet warnings."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(SUPPORT), str(ROOT), env.get("PYTHONPATH", "")])
     env["PYTHONWARNINGS"] = "ignore"
     return env
 

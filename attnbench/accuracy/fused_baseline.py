@@ -37,7 +37,8 @@ only change the order of fp32 sums. The relative error therefore depends weakly 
 rounding of P is relative whatever the max it is taken against, and reordering fp32 sums moves
 the result by ~1e-7. Measured (bf16 and fp16, S = 256 / 1024 / 4096, 4 heads, d64, causal):
 block_k 32 / 64 / 128 and block_q 64 / 128 move every tensor's error by under 1 % (out:
-2.00e-3 / 2.01e-3 / 2.02e-3 in bf16 at S = 1024); tests/test_fused_baseline.py holds it to 5 %.
+2.00e-3 / 2.01e-3 / 2.02e-3 in bf16 at S = 1024); tests/backends/test_fused_baseline.py holds it
+to 5 %.
 
 For speed on CPU, several query blocks are processed in one tensor operation (``step_elems``
 score elements per step). Rows are independent in the forward and a skipped tile is an exact

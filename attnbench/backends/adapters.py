@@ -17,7 +17,7 @@ the call's own diagonal through its bias.
 These adapters have not been run here (no GPU, packages absent): they are written against the
 packages' sources (flash_attn/flash_attn_interface.py and csrc/flash_attn/flash_api.cpp,
 xformers/ops/fmha) and checked against stand-ins that assert what those sources assert
-(tests/test_adapters_upstream.py).
+(tests/backends/test_adapters_upstream.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ v2.11 and v2.12):
   as flash-attn: keys no query sees are cut off and the window moved to the call's corner.
 
 Not run here (no GPU, package absent): written against those sources and checked with a
-stand-in that asserts what they assert (tests/test_adapters_upstream.py).
+stand-in that asserts what they assert (tests/backends/test_adapters_upstream.py).
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ function's name, plus the torch device properties where CUDA was available::
      "torch": [{"name": ..., "multi_processor_count": 132, "major": 9, "minor": 0}]}
 
 ``ReplayNvml(recording)`` answers ``hardware.nvml``'s calls from it, so the reader is tested on
-CPU against real cards' answers (``tests/data/nvml/``). On a GPU machine,
-``python -m attnbench.hardware.nvml_replay > tests/data/nvml/<kind>.json`` records a new one.
+CPU against real cards' answers (``tests/support/data/nvml/``). On a GPU machine,
+``python -m attnbench.hardware.nvml_replay > tests/support/data/nvml/<kind>.json`` records a new
+one.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ are those a training framework would hand it.
 :func:`round_to_fp8` rounds fp32 values to the fp8 grid *in fp32 arithmetic* (round to nearest,
 ties to even, saturating at the format's largest finite value, subnormals included). It is the
 model of a kernel's in-register fp8 quantization (P before P·V, FA3's choice), and it agrees
-bit for bit with ``torch``'s cast for every finite value within range (tests/test_fp8.py). Why
+bit for bit with ``torch``'s cast for every finite value within range
+(tests/kernels/test_fp8.py). Why
 not just cast: Triton 3.9's interpreter casts fp32 -> fp8 wrongly when rounding carries into
 the exponent (-1.965 -> -1.0 instead of -2.0, a 50 % error, measured); the Triton kernels use
 the same arithmetic (``kernels/fp8.py``) and only ever cast values already on the grid.

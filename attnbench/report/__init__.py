@@ -1,7 +1,7 @@
 """Reports of runs: figures (PNG and SVG) and a self-contained HTML dashboard.
 
 One room per command, above what they share (lowest first; a room imports only rooms before
-it, checked by tests/test_structure.py):
+it, checked by tests/project/test_structure.py):
 
 - ``read/``: a run's journal read once, into a frame and the tallies every command shares
   (the hardware and software it ran on, each backend's code, error trends, timing doubt), by
@@ -12,7 +12,7 @@ it, checked by tests/test_structure.py):
 - ``compare/``: ``attnbench compare``: matching, timing classes, text/json/markdown, its page.
 
 ``commands`` puts ``report`` and ``compare`` on the CLI; ``synthetic`` makes up runs in the
-real schema (tests and previews). The modules' old names (``attnbench.report.data``, ...)
+real schema (tests and previews). The modules' old names (``attnbench.report.read.data``, ...)
 still import, with a DeprecationWarning naming the new one.
 """
 

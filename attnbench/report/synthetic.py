@@ -43,7 +43,7 @@ PEAK_TFLOPS = {  # dense tensor-core peaks (bf16/fp16) from the vendor data shee
 DEVICE_NAMES = {"H100": "NVIDIA H100 80GB HBM3", "A100": "NVIDIA A100-SXM4-80GB",
                 "L40S": "NVIDIA L40S", "A6000": "NVIDIA RTX A6000"}
 # Exact kinds: what NVML would say about one such card (public datasheets and nvidia-smi
-# screens; tests/data/nvml holds the recorded answers). Kind, family and peaks come from
+# screens; tests/support/data/nvml holds the recorded answers). Kind, family and peaks come from
 # attnbench.hardware, as in a real record.
 IDENTITY_FIELDS = ("name", "pci_device_id", "sm_count", "memory_total_gib", "compute_capability",
                    "sm_clock_max_mhz", "memory_clock_max_mhz", "power_limit_w")

@@ -37,7 +37,7 @@ SCHEMA_ID = "https://attnbench.invalid/sweep.schema.json"
 
 def rule_schema(rule: Any) -> dict[str, Any]:
     """The JSON Schema of one validation rule (``{}`` — anything — for a kind it does not know;
-    ``tests/test_sweep_ergonomics.py`` fails then, so a new kind of rule gets a schema)."""
+    ``tests/sweep/test_sweep_ergonomics.py`` fails then, so a new kind of rule gets a schema)."""
     if isinstance(rule, Int):
         return {"type": "integer", "minimum": rule.lo, "maximum": rule.hi}
     if isinstance(rule, Real):

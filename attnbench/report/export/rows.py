@@ -21,7 +21,7 @@ written before are mended (``N`` or ``I`` to ``F``: an int cell becomes a float;
 shapes, a run without rows, an int past 2^53 in a number column, a type change no mending
 undoes -- raise :class:`Irregular` before any byte is written, and the frames write them
 (:func:`~attnbench.report.export.command.export_chunks`). That the bytes are pandas' is
-tests/test_export_rows.py's oracle.
+tests/report/export/test_export_rows.py's oracle.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ MAX_VECTOR_MARKERS = 20_000
 are drawn into the SVG as one image at the PNG's dpi (the PNG is the same either way). A
 scatter of 10^6 cases made a 73 MB SVG, too big for a browser and ~0.3 GB of ``report``'s
 peak at 10^6 records (issue 29); 20,000 markers are ~2.2 MB (~110 B each), 60,000 as an image
-148 KB (tests/test_dense_scatter.py)."""
+148 KB (tests/report/page/test_dense_scatter.py)."""
 
 
 @dataclass

@@ -1,0 +1,74 @@
+"""Error trends across a sweep (attnbench.report.read.trends): a series whose error grows with the
+sequence faster than the fused baseline's is a finding, even when every case passed; flat series,
+tensors judged against naive (input precision by design) and series with too few lengths are not."""
+
+import math
+
+import pytest
+
+from attnbench import cli
+from attnbench.errors import EXIT_FAILURES, EXIT_FINDINGS, EXIT_OK
+from attnbench.report.read.trends import GROWTH_BOUND, SLOPE_BOUND, findings, trends
+
+
+def record(seqlen, error, base, *, backend="k", tensor="dq", kind="fused", verdict="pass",
+           seed=0, dtype="bf16"):
+    tensors = {t: {"rel_l2": 2e-3, "baseline_rel_l2": 2e-3, "baseline": kind}
+               for t in ("out", "dq", "dk", "dv")}
+    tensors[tensor] = {"rel_l2": error, "baseline_rel_l2": base, "baseline": kind}
+    case = {"backend": backend, "seqlen_q": seqlen, "seqlen_kv": seqlen, "heads_q": 1,
+            "heads_kv": 1, "head_dim": 64, "dtype": dtype, "seed": seed, "batch": 1,
+            "mask": "none"}
+    return {"verdict": verdict, "case": case, "accuracy": {"tensors": tensors}}
+
+
+LADDER = [512, 1024, 2048, 4096, 8192]
+
+
+def growing(per_doubling, **kw):
+    return [record(s, 2e-3 * per_doubling ** i, 2e-3, **kw) for i, s in enumerate(LADDER)]
+
+
+def test_a_flat_series_is_no_finding_and_a_growing_one_is():
+    assert findings(growing(1.0)) == []
+    assert findings(growing(1.05)) == []                 # 5 % per doubling: noise-sized
+    found = findings(growing(1.4))                       # a bf16 accumulator: ~1.35x measured
+    assert [t.series.tensor for t in found] == ["dq"]
+    assert found[0].slope == pytest.approx(math.log2(1.4))
+    assert "dq error grows 1.40x per doubling" in found[0].describe()
+
+
+def test_growth_must_also_be_large_across_the_ladder():
+    """A steep slope fitted over a short span is not enough: the excess must grow 1.5x."""
+    three = [record(s, 2e-3 * 1.2 ** i, 2e-3) for i, s in enumerate([512, 1024, 2048])]
+    (trend,) = [t for t in trends(three) if t.series.tensor == "dq"]
+    assert trend.slope > SLOPE_BOUND and trend.growth < GROWTH_BOUND and not trend.finding
+
+
+def test_the_baseline_growing_too_is_no_finding():
+    both = [record(s, 2e-3 * 1.4 ** i, 2e-3 * 1.4 ** i) for i, s in enumerate(LADDER)]
+    assert findings(both) == []
+
+
+def test_input_precision_tensors_unjudged_cases_and_short_series_are_ignored():
+    assert findings(growing(1.5, kind="naive")) == []      # judged like naive by design
+    assert findings(growing(1.5, verdict="timed")) == []   # not judged
+    assert trends(growing(1.5)[:2]) == []                   # two lengths: no slope
+
+
+def test_seeds_are_averaged_and_series_are_kept_apart():
+    recs = growing(1.4) + growing(1.4, seed=1) + growing(1.0, backend="other")
+    found = findings(recs)
+    assert len(found) == 1 and found[0].series.backend == "k"
+    assert len(found[0].series.by_length()) == len(LADDER)
+
+
+def test_findings_set_exit_status_four_unless_a_case_failed(capsys):
+    assert cli.run_status(growing(1.0), cli.findings_text(growing(1.0))) == EXIT_OK
+    lines = cli.findings_text(growing(1.4))
+    assert lines[0].startswith("1 accuracy finding") and "FINDING" in lines[1]
+    assert cli.run_status(growing(1.4), lines) == EXIT_FINDINGS
+    failed = growing(1.4)
+    failed[0]["verdict"] = "fail"
+    assert cli.run_status(failed, lines) == EXIT_FAILURES
+    assert "FINDING" in capsys.readouterr().out
