@@ -22,6 +22,7 @@ from attnbench.errors import (EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED,
                               EXIT_STATUS_HELP, ClusterError, DiskError,
                               UserError, os_error_text, printable, quiet_broken_pipe, short_repr)
 from attnbench.report.show.summary import RunSummary
+from attnbench.resources import DISPATCHES
 from attnbench.results.records import VERDICTS
 from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
                                      stream_records)
@@ -297,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also run again the cases recorded with these verdicts, comma-separated "
                           "(e.g. timeout,crash); lost and skipped cases always run again")
     run.add_argument("--no-report", action="store_true", help="do not write the dashboard")
-    run.add_argument("--dispatch", choices=("tasks", "lanes"), default="tasks",
+    run.add_argument("--dispatch", choices=DISPATCHES, default="tasks",
                      help="tasks: one Dask task per case; lanes: each device pulls its next "
                           "case from this client (workers must reach it; docs/cluster.md)")
     run.set_defaults(func=cmd_run)

@@ -21,6 +21,9 @@ DEVICE = "device"
 """Resource name of one exclusive unit (a GPU, or a CPU slot)."""
 KIND_PREFIX = "kind-"
 CPU_KIND = "cpu"
+DISPATCHES = ("tasks", "lanes")
+"""How cases reach the workers (``--dispatch``): a Dask task per case, or a lane per device
+that pulls its next case from the driver (:mod:`attnbench.dispatch.lanes`)."""
 
 # -- environment of the worker process, set by `attnbench worker` and the embedded cluster ------
 ENV_IDS = "ATTNBENCH_DEVICE_IDS"

@@ -12,8 +12,8 @@ kernel.
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
-    "bounds": ("Check", "RATIO_FACTOR", "RATIO_FLOOR", "REFERENCE_SELF_BOUND", "identity_bounds",
-               "split_sum_roundings", "tensor_errors"),
+    "bounds": ("Check", "RATIO_FACTOR", "RATIO_FLOOR", "REFERENCE_SELF_BOUND", "Ruling",
+               "identity_bounds", "split_sum_roundings", "tensor_errors"),
     "dropout_exact": ("ExactCall", "identity_columns", "visible_floor"),
     "dropout_probe": ("RecoveredKeepMask", "judge_dropout"),
     "evaluate": ("Judgement", "References", "timed_only"),

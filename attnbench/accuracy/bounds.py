@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from attnbench.dtypes import BY_NAME
-from attnbench.results.records import TENSORS
+from attnbench.results.records import CHECKS, TENSORS
 
 # A fused backend may lose at most this many times the fused baseline's error. Measured ratios
 # of correct backends to the fused baseline (benchmarks/fused_error_ratios.py, 2,916 cases,
@@ -130,13 +130,17 @@ def bound_dtype(dtype: str) -> str:
 
 @dataclass
 class Check:
-    check: str       # reference | baseline_ratio | identity | nonfinite | parity | determinism
+    check: str       # one of attnbench.results.records.CHECKS
     tensor: str      # out/dq/dk/dv, or the identity's name
     metric: str
     value: Optional[float]
     bound: Optional[float]
     passed: bool
     note: str = ""
+
+    def __post_init__(self):
+        if self.check not in CHECKS:  # a misspelt name would pass every reader's test unseen
+            raise ValueError(f"check {self.check!r}: expected one of {', '.join(CHECKS)}")
 
     def to_dict(self) -> dict:
         return {"check": self.check, "tensor": self.tensor, "metric": self.metric,
@@ -264,12 +268,24 @@ def conditioning(baseline: Optional[dict]) -> Optional[float]:
     return max(values) if values else None
 
 
+class Ruling(NamedTuple):
+    """What :func:`judge` decides from the measured errors."""
+
+    verdict: str
+    """``pass`` or ``fail``."""
+    reason: str
+    """The worst failed checks (at most three), or the reference's note on a pass."""
+    checks: list[Check]
+    table: dict
+    """tensor -> its errors, bound, baseline and ratio: the record's ``accuracy.tensors``."""
+
+
 def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optional[dict],
           identities: dict, softcap: float, reference_note: str,
           identity_bound: Optional[dict] = None, logit_scale: float = 0.0,
           baseline_kind: Optional[dict] = None,
-          reference_roundings: Optional[dict] = None) -> tuple[str, str, list[Check], dict]:
-    """Return (verdict, reason, checks, per-tensor table) from measured errors.
+          reference_roundings: Optional[dict] = None) -> "Ruling":
+    """The verdict, its reason, the checks and the per-tensor table, from measured errors.
 
     ``errors`` / ``baseline``: tensor -> tensor_errors() of the backend / its baseline against
     their fp64 references (None when no reference applies). ``baseline_kind``: tensor ->
@@ -324,9 +340,9 @@ def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optiona
         checks.append(Check("identity", name, "residual", value, bound, ok))
     failed = [c for c in checks if not c.passed]
     if errors is None and not identities:
-        return "fail", "no accuracy check could be made", checks, table
+        return Ruling("fail", "no accuracy check could be made", checks, table)
     if failed:
         worst = sorted(failed, key=lambda c: -(c.value or math.inf) / (c.bound or 1e-300))
-        return "fail", "; ".join(c.describe() for c in worst[:3]), checks, table
+        return Ruling("fail", "; ".join(c.describe() for c in worst[:3]), checks, table)
     reason = "" if reference_note in ("exact", "exact-mask", "recovered-mask") else reference_note
-    return "pass", reason, checks, table
+    return Ruling("pass", reason, checks, table)

@@ -166,14 +166,14 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
         # 0 = 0 and their normalisation is 0/0; the reference judges those tensors.
         identities = {n: r for n, r in identities.items() if n == "dv_v"}
     bounds = acc.identity_bounds(case.dtype, scale, measured.residuals)
-    verdict, reason, checks, table = acc.judge(
+    ruling = acc.judge(
         dtype=case.dtype, backend=case.backend, errors=errors, baseline=baseline,
         identities=identities, softcap=spec.softcap, reference_note=note,
         identity_bound=bounds, logit_scale=refs.logit_scale(), baseline_kind=kinds,
         reference_roundings=reference_roundings)
     accuracy = {
         "reference": note,
-        "tensors": table,
+        "tensors": ruling.table,
         "identities": {name: {"value": acc._finite_or_none(value), "bound": bounds[name]}
                        for name, value in identities.items()},
     }
@@ -182,7 +182,7 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     if spec.fp8_format and originals is not None:
         accuracy["fp8"] = quantization_split(case, spec, out, refs.get(None), exact_inputs,
                                              originals)
-    judgement = Judgement(verdict, reason, tuple(checks), accuracy)
+    judgement = Judgement(ruling.verdict, ruling.reason, tuple(ruling.checks), accuracy)
     if dropout is not None:
         judgement = judgement.merged(dropout.checks, "dropout: ", dropout=dropout.to_dict())
     return judgement

@@ -88,8 +88,7 @@ def outcome_to_record(case: Case, outcome, wall_s: float, attempt: int, timeout_
         record["wall_s"] = wall_s
         record["attempt"] = attempt
         return record
-    crash = {"signal": outcome.signal, "exit_code": outcome.exit_code, "rank": outcome.rank,
-             "stderr_tail": outcome.stderr_tail, "traceback": outcome.traceback}
+    crash = outcome.crash_info()
     if outcome.kind == "timeout":
         reason = f"no answer after {timeout_s:g} s; rank process group killed"
     elif outcome.kind == "crash":

@@ -11,8 +11,8 @@ from attnbench import package_face
 __all__, __getattr__ = package_face(__name__, {
     "detach": ("add_detach_commands", "journal_verdicts"),
     "driver": ("drive", "local_run_status"),
-    "lanes": ("DISPATCHES", "LaneRun", "make_run", "run_class"),
+    "lanes": ("LaneRun", "make_run", "run_class"),
     "loop": ("Progress", "RunLoop"),
     "preflight": ("check_workers_import",),
     "run": ("SweepRun", "run_pending"),
-})
+}, moved={"DISPATCHES": "attnbench.resources"})

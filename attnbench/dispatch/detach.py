@@ -29,6 +29,7 @@ from attnbench.dispatch.driver_state import (FINAL, LOG, load_state, read_state,
                                              request_cancel, write_state)
 from attnbench.errors import (EXIT_CLUSTER, EXIT_OK, ClusterError, UsageError, UserError,
                               printable)
+from attnbench.resources import DISPATCHES
 from attnbench.results.journal import MAX_LINE_BYTES, journal_lines
 from attnbench.results.lock import RunLock, describe_holder
 from attnbench.results.store import load_manifest
@@ -347,7 +348,7 @@ def add_detach_commands(sub, seconds, verdicts,
                         help="how long to wait for the driver to start (default 60)")
     submit.add_argument("--retry", type=verdicts, metavar="VERDICTS",
                         help="also run again the cases recorded with these verdicts")
-    submit.add_argument("--dispatch", choices=("tasks", "lanes"), default="lanes",
+    submit.add_argument("--dispatch", choices=DISPATCHES, default="lanes",
                         help="lanes (default): each device pulls its next case from the driver; "
                              "tasks: one Dask task per case")
     for flag in ("--tls-ca-file", "--tls-cert", "--tls-key"):

@@ -50,14 +50,13 @@ from attnbench.dispatch.lane_wire import (LEASE_HEX, MAX_RECORD, LaneChannel, La
 from attnbench.dispatch.loop import Progress, RunLoop, _Flight, checked_record
 from attnbench.dispatch.run import SweepRun
 from attnbench.errors import ClusterError, printable
-from attnbench.resources import DEVICE
+from attnbench.resources import DEVICE, DISPATCHES
 from attnbench.results.records import make_record
 from attnbench.results.schema import check_record
 from attnbench.sweep.case import Case
 
 log = logging.getLogger("attnbench")
 
-DISPATCHES = ("tasks", "lanes")
 LANE_FAILURES = 3
 """Lane tasks of one worker that may fail in a row (cannot reach the driver, cannot import
 attnbench) before the driver puts no more lanes there."""

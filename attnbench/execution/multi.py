@@ -34,7 +34,6 @@ so and ``tflops`` / ``pct_peak`` are null.
 from __future__ import annotations
 
 import os
-import traceback
 from types import ModuleType
 from typing import Any, Optional
 
@@ -55,7 +54,7 @@ from attnbench.parallel.parity import parity, reference_roundings, summed_partia
 from attnbench.problem.attn_spec import AttnSpec
 from attnbench.problem.inputs import make_inputs
 from attnbench.problem.reference import reference_backward, reference_forward
-from attnbench.results.records import TENSORS, RecordMaker
+from attnbench.results.records import TENSORS, RecordMaker, handled_crash
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions
 from attnbench.timing.case import time_case
@@ -70,13 +69,11 @@ def algorithm(case: Case, backend: Any = None) -> ModuleType:
         return chosen
     if case.cp == 1:
         return tp
-    match case.cp_algo:
-        case "ring" | "zigzag":
-            return ring
-        case "allgather":
-            return allgather
-        case _:
-            raise NotImplementedError(f"cp_algo {case.cp_algo!r} is not implemented")
+    if case.ring_split:
+        return ring
+    if case.cp_algo == "allgather":
+        return allgather
+    raise NotImplementedError(f"cp_algo {case.cp_algo!r} is not implemented")
 
 
 def _own(algo: ModuleType) -> tuple[ModuleType, ...]:
@@ -184,7 +181,7 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
                                   timing=timing)
         _, reason = blame(exc, backend, _own(algo))
         return make("error", "evaluating the gathered result: " + reason, timing=timing,
-                    crash={"traceback": traceback.format_exc()[-4000:]})
+                    crash=handled_crash())
     return record(judgement.verdict, judgement.reason, timing=timing,
                   **judgement.record_fields())
 
@@ -252,8 +249,7 @@ def _single_backward(case: Case, backend, fwd, q, k, v, dout, spec: AttnSpec):
     autograd and 0.0417 through its stats on one device, so a correct ring missed a bound
     built from the first."""
     stats = Capabilities.of(backend).backward_from_stats
-    ring_split = case.cp > 1 and case.cp_algo in ("ring", "zigzag")
-    if ring_split and stats is not None and fwd.lse is not None:
+    if case.ring_split and stats is not None and fwd.lse is not None:
         return stats(q, k, v, fwd.out, fwd.lse, dout, spec)
     return backend.backward(fwd.ctx, dout)
 

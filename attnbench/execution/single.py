@@ -9,7 +9,6 @@ and hangs kill or stall the process and are turned into records by the pool
 
 from __future__ import annotations
 
-import traceback
 from typing import Optional
 
 import torch
@@ -26,7 +25,7 @@ from attnbench.hardware.device import (backend_env, device_env, device_peaks, in
 from attnbench.problem.attn_spec import AttnSpec
 from attnbench.problem.fp8 import with_descales
 from attnbench.problem.inputs import make_fp8_inputs, make_inputs
-from attnbench.results.records import RecordMaker
+from attnbench.results.records import RecordMaker, handled_crash
 from attnbench.sweep.case import Case
 from attnbench.sweep.options import RunOptions
 from attnbench.timing.case import time_case
@@ -62,7 +61,7 @@ def run_single_case(case: Case, options: RunOptions,
         if verdict == "oom":
             return record.exception(verdict, exc)
         _, reason = blame(exc, backend)  # the backend's own error, or ours (a harness error)
-        return record(verdict, reason, crash={"traceback": traceback.format_exc()[-4000:]})
+        return record(verdict, reason, crash=handled_crash())
     finally:
         release_prepared(backend)
         release_memory(device)

@@ -26,7 +26,7 @@ F32 = torch.float32
 
 
 def _ring_cases(case) -> bool:
-    return case.cp > 1 and case.cp_algo in ("ring", "zigzag")
+    return case.ring_split
 
 
 # -- 1. seed 000: a CP backward that draws a fresh dropout mask ---------------------------------

@@ -96,6 +96,24 @@ NOT_JUDGED_VERDICTS = tuple(v for v in RAN_VERDICTS if v not in JUDGED_VERDICTS)
 DIED_VERDICTS = tuple(v for v in BAD_VERDICTS if v not in RAN_VERDICTS)
 """error, crash, timeout, oom, lost: the case did not run to the end, so it has no result."""
 TENSORS = ("out", "dq", "dk", "dv")
+CHECKS = ("reference", "baseline_ratio", "identity", "nonfinite", "determinism", "parity",
+          "dropout")
+"""What a ``checks`` entry may be: an error against the fp64 reference held to an absolute
+bound, or to a ratio of the baseline's; a gradient identity's residual; NaN/Inf counted; two
+runs' elements differing; a multi-rank result against one device's; a dropout mask or its
+statistics. Checked where a check is made (:class:`attnbench.accuracy.bounds.Check`) and where
+one is read by name (tests/project/test_vocabularies.py)."""
+
+
+TRACEBACK_CHARS = 4000
+"""The end of a traceback a record keeps (its ``crash.traceback``)."""
+
+
+def handled_crash() -> dict:
+    """The ``crash`` field of a record made while an exception is handled: its traceback's last
+    :data:`TRACEBACK_CHARS` characters. (A rank that died: ``Outcome.crash_info`` in
+    :mod:`attnbench.execution.ranks`, the other fields.)"""
+    return {"traceback": traceback.format_exc()[-TRACEBACK_CHARS:]}
 
 
 def utc_now() -> str:
@@ -142,4 +160,4 @@ class RecordMaker:
         """A record for an exception being handled: its summary as the reason, the traceback
         kept."""
         return self(verdict, prefix + exception_summary(exc),
-                    crash={"traceback": traceback.format_exc()[-4000:]}, **fields)
+                    crash=handled_crash(), **fields)

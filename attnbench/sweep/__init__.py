@@ -13,7 +13,8 @@ with; :mod:`~.coverage` which pairs of feature values a set of sweeps never puts
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
-    "case": ("CASE_FIELDS", "Case", "MAX_CASES", "PUBLIC_FIELDS", "case_dict_passes",
+    "case": ("ATTENTION_KINDS", "CASE_FIELDS", "CP_ALGOS", "Case", "MAX_CASES", "PUBLIC_FIELDS",
+             "RING_ALGOS", "attention_kind", "case_dict_passes", "case_fields",
              "check_case_dict", "make_case"),
     "coverage": ("FEATURES", "Coverage", "excluded", "meaningful_pairs", "pair_coverage",
                  "values"),

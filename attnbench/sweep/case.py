@@ -29,6 +29,18 @@ MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
 INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink", "kv_apart")
 CP_ALGOS = ("ring", "zigzag", "allgather")
+RING_ALGOS = ("ring", "zigzag")
+"""The CP algorithms that pass K/V blocks around a ring (split softmax sums, merged by their
+log-sum-exp); ``allgather`` gathers the whole K/V on every rank instead."""
+ATTENTION_KINDS = ("MHA", "GQA", "MQA")
+
+
+def attention_kind(heads_q: Any, heads_kv: Any) -> str:
+    """MHA (a KV head per query head), MQA (one KV head for all) or GQA (groups between): the
+    one rule, for :attr:`Case.attention_kind`, the coverage matrix and the report's column."""
+    if heads_kv == heads_q:
+        return "MHA"
+    return "MQA" if heads_kv == 1 else "GQA"
 
 # -- limits (every one is checked where a sweep is validated, before anything runs) ------------
 MAX_CASES = 1_000_000
@@ -155,10 +167,14 @@ class Case(_IdSlot):
         return self.cp * self.tp
 
     @property
+    def ring_split(self) -> bool:
+        """Context-parallel over a ring: each rank's softmax is split over the K/V blocks it is
+        passed (:data:`RING_ALGOS`)."""
+        return self.cp > 1 and self.cp_algo in RING_ALGOS
+
+    @property
     def attention_kind(self) -> str:
-        if self.heads_kv == self.heads_q:
-            return "MHA"
-        return "MQA" if self.heads_kv == 1 else "GQA"
+        return attention_kind(self.heads_q, self.heads_kv)
 
     @property
     def window_bounds(self) -> tuple[int, int]:
@@ -237,6 +253,19 @@ class Case(_IdSlot):
 
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
+
+
+def case_fields(*, without: tuple[str, ...] = (), of_type: type | None = None) -> tuple[str, ...]:
+    """:data:`CASE_FIELDS` (declaration order) less ``without``, or only those of ``of_type``
+    (``int``: the sizes, ranks and seed; ``str``: the names). A subset derived here follows a new
+    field; a hand-kept list silently misses it. A name in ``without`` that is no field is an
+    error, so a renamed field cannot leave a stale exclusion behind."""
+    stale = set(without) - set(CASE_FIELDS)
+    if stale:
+        raise ValueError(f"not fields of Case: {sorted(stale)}")
+    kinds = {"int": int, "str": str, "float": float, "bool": bool}
+    return tuple(f.name for f in fields(Case) if f.name not in without
+                 and (of_type is None or kinds.get(str(f.type)) is of_type))
 _KNOWN = frozenset(CASE_FIELDS)
 _field_values = operator.attrgetter(*CASE_FIELDS)
 _PACKED_FIELDS = ("seqlens_q", "seqlens_kv")

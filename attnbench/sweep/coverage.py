@@ -19,16 +19,14 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from attnbench.dtypes import BY_NAME, is_fp8
-from attnbench.sweep.case import BIASES, INPUTS, MASKS, Case
+from attnbench.sweep.case import ATTENTION_KINDS, BIASES, CP_ALGOS, INPUTS, MASKS, Case
 from attnbench.sweep.fp8_rules import FP8_SCALINGS
-
-CP_ALGOS = ("ring", "zigzag", "allgather")
 
 FEATURES: dict[str, tuple[str, ...]] = {
     "mask": MASKS,
     "bias": BIASES,
     "dropout": ("off", "on"),
-    "heads": ("MHA", "GQA", "MQA"),
+    "heads": ATTENTION_KINDS,
     "packed": ("no", "yes"),
     "sq_ne_sk": ("no", "yes"),
     "decode": ("no", "yes"),
@@ -50,8 +48,7 @@ def values(case: Case) -> dict[str, str]:
         uneven = case.seqlen_q != case.seqlen_kv
     found = {
         "mask": case.mask, "bias": case.bias, "dropout": "on" if case.dropout > 0 else "off",
-        "heads": ("MHA" if case.heads_kv == case.heads_q else
-                  "MQA" if case.heads_kv == 1 else "GQA"),
+        "heads": case.attention_kind,
         "packed": "yes" if case.is_packed else "no", "sq_ne_sk": "yes" if uneven else "no",
         "decode": "yes" if case.decode else "no", "dtype": case.dtype, "inputs": case.inputs,
         "cp_algo": case.cp_algo if case.cp > 1 else "none", "tp": "yes" if case.tp > 1 else "no",

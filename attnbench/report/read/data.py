@@ -43,7 +43,7 @@ from attnbench.results.records import TENSORS
 IDENTITIES = ("dv_v", "dq_q", "dk_sum")
 # Heatmap columns besides the tensors: the identities, then CP/TP parity.
 CHECK_COLUMNS = IDENTITIES + ("parity",)
-from attnbench.sweep.case import CASE_FIELDS
+from attnbench.sweep.case import CASE_FIELDS, attention_kind
 
 
 # Columns a dashboard filter may name besides the Case fields (validated without data).
@@ -56,6 +56,9 @@ FILTER_COLUMNS: tuple[str, ...] = tuple(CASE_FIELDS) + EXTRA_COLUMNS
 TIMING_STATS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "tflops", "pct_peak",
                 "pct_measured_peak", "gbps", "pct_peak_bandwidth", "peak_memory_bytes")
 DIRECTIONS = ("fwd", "bwd")
+PARITY_COLUMNS = ("id", "label", "backend", "dtype", "seqlen_q", "cp", "tp", "cp_algo",
+                  "world_size", "features", "verdict", "gpu_kind")
+"""The case columns of each parity check's row (:func:`parity_checks`, and the reader's)."""
 FP8_SPLIT = ("kernel", "quantization", "end_to_end")
 
 
@@ -207,7 +210,7 @@ def flatten(rec: dict[str, Any], run_id: str = "") -> dict[str, Any]:
         verdict=rec.get("verdict", ""),
         reason=rec.get("reason") or "",
         world_size=int(cp) * int(tp),
-        attention_kind=("MHA" if hq == hkv else "MQA" if hkv == 1 else "GQA"),
+        attention_kind=attention_kind(hq, hkv),
         run_id=run_id,
         packed=packed,
         # query tokens of one call: a packed case's seqlen_q is already the pack's total
@@ -298,9 +301,7 @@ def parity_checks(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
         for chk in rec.get("checks") or []:
             if isinstance(chk, dict) and chk.get("check") == "parity":
                 base = flatten(rec)
-                rows.append({**{k: base[k] for k in ("id", "label", "backend", "dtype", "seqlen_q",
-                                                     "cp", "tp", "cp_algo", "world_size",
-                                                     "features", "verdict", "gpu_kind")},
+                rows.append({**{k: base[k] for k in PARITY_COLUMNS},
                              "tensor": chk.get("tensor"), "metric": chk.get("metric"),
                              "value": _num(chk.get("value")), "bound": _num(chk.get("bound")),
                              "passed": chk.get("passed")})

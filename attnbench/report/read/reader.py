@@ -23,11 +23,13 @@ from pandas.api.types import union_categoricals
 from attnbench.errors import ReportError, RunDirError
 from attnbench.report.read.code_changes import BackendCodeTally
 from attnbench.report.read.canonical import canonical_text
-from attnbench.report.read.data import Run, flatten, journal_of, load_manifest, number
+from attnbench.report.read.data import (PARITY_COLUMNS, Run, flatten, journal_of, load_manifest,
+                                        number)
 from attnbench.report.read.environment import EnvironmentTally
 from attnbench.report.read.trends import SeriesCollector
 from attnbench.results.ledger import last_records
 from attnbench.results.records import BAD_VERDICTS, SEVERITY, TENSORS
+from attnbench.sweep.case import case_fields
 
 CHUNK_ROWS = 5_000
 """Rows flattened (a dict each) before they become a DataFrame: ~11 KB a row while buffered and
@@ -42,27 +44,24 @@ UNREAD = ("timing_mode", "flops_fwd", "flops_bwd", "peak_tflops", "fwd_pct_measu
 
 _UNREAD = frozenset(UNREAD)
 
-CATEGORICAL = ("backend", "dtype", "gpu", "gpu_kind", "features", "mask", "bias", "inputs",
-               "fp8_scaling", "cp_algo", "attention_kind", "host", "device_name", "gpu_family",
-               "env_torch", "env_triton", "env_attnbench", "clock", "run_id", "crash_signal",
-               "reason")
-"""Text columns of a few distinct values, kept as categories with sorted categories (a code
-byte a row, not ~8 B of offset and the text: ~15 B a row each, ~0.25 GB of a 10^6-row frame),
-so that sorting and grouping read them as the text in order (groupby observes only the values
-present: pandas 3's default). ``reason``: one text for most cases (every pass), numbers in a
-failure's. Not ``verdict`` (``.map`` then sort), ``label``, ``id``, the keys (distinct per
-case, so codes and categories would cost more than the text), nor ``compile_*`` (filled with
-new text by the compile panel)."""
+CATEGORICAL = (*case_fields(of_type=str), "gpu_kind", "features", "attention_kind", "host",
+               "device_name", "gpu_family", "env_torch", "env_triton", "env_attnbench", "clock",
+               "run_id", "crash_signal", "reason")
+"""The case's text fields and the record's text columns of a few distinct values, kept as categories
+with sorted categories (a code byte a row, not ~8 B of offset and the text: ~15 B a row each, ~0.25
+GB of a 10^6-row frame), so that sorting and grouping read them as the text in order (groupby
+observes only the values present: pandas 3's default). ``reason``: one text for most cases (every
+pass), numbers in a failure's. Not ``verdict`` (``.map`` then sort), ``label``, ``id``, the keys
+(distinct per case, so codes and categories would cost more than the text), nor ``compile_*``
+(filled with new text by the compile panel)."""
 
-INT32 = ("batch", "seqlen_q", "seqlen_kv", "heads_q", "heads_kv", "head_dim", "head_dim_v",
-         "window_left", "window_right", "cp", "tp", "world_size", "page_size", "sequences",
-         "seed")
-"""Integer columns kept as int32 in a chunk whose values all fit (4 B a row, not 8: ~60 MB of
-a 10^6-row frame); a chunk with one that does not (a seed past 2^31, a hostile record's size)
-stays int64, and so does the column it joins. Sizes are at most ``sweep.case.MAX_SIZE`` = 2^31
-- 1 and ranks at most 64. No page computes with them in the column's type (a product such as
-the FLOPs of a case is made from the record, in Python or float64, before the frame): pages
-compare, group, sort and print them, which int32 does as int64 does."""
+INT32 = (*case_fields(of_type=int), "world_size", "sequences")
+"""The case's integer fields and the two the row derives from them: columns kept as int32 in a chunk
+whose values all fit (4 B a row, not 8: ~60 MB of a 10^6-row frame); a chunk with one that does not
+(a seed past 2^31, a hostile record's size) stays int64, and so does the column it joins. Sizes are
+at most ``sweep.case.MAX_SIZE`` = 2^31 - 1 and ranks at most 64. No page computes with them in the
+column's type (a product such as the FLOPs of a case is made from the record, in Python or float64,
+before the frame): pages compare, group, sort and print them, which int32 does as int64 does."""
 _INT32 = np.iinfo(np.int32)
 
 MATCH_KEY = "match_key"
@@ -77,10 +76,6 @@ DIGEST_BYTES = 8
 where it matches keys: ~0.2 GB of the architecture panel's peak at 10^6 rows). 64 bits: two
 runs of 10^6 cases (2 x 10^12 pairs of keys) hold two different cases under one key with odds
 ~10^-7."""
-
-PARITY_COLUMNS = ("id", "label", "backend", "dtype", "seqlen_q", "cp", "tp", "cp_algo",
-                  "world_size", "features", "verdict", "gpu_kind")
-"""The case columns of each parity check's row (:func:`~attnbench.report.read.data.parity_checks`)."""
 
 MAX_FAILURES_LISTED = 300
 """Failures the page lists with their reason and crash; the rest are counted."""

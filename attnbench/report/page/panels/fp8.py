@@ -17,16 +17,19 @@ import pandas as pd
 
 from attnbench.dtypes import FP8_DTYPES
 from attnbench.report.page.dashboard import Panel
+from attnbench.report.page.figures import (Context, FigureFile, PanelOutput, facet_groups,
+                                           facet_title, finish_figure, mpl_text, new_figure, slug)
 from attnbench.report.read.data import Run, apply_filter
-from attnbench.report.page.figures import (Context, FigureFile, PanelOutput, facet_groups, facet_title,
-                                      finish_figure, mpl_text, new_figure, slug)
 from attnbench.results.records import RAN_VERDICTS
+from attnbench.sweep.case import case_fields
 
-PAIR_KEYS = ("backend", "batch", "seqlen_q", "seqlen_kv", "seqlens_q", "seqlens_kv", "heads_q",
-             "heads_kv", "head_dim", "head_dim_v", "mask", "window_left", "window_right", "bias",
-             "softcap", "inputs", "seed", "gpu_kind")
-"""Columns an fp8 case and the bf16 case it is timed against share (dtype, fp8_scaling and
-backward may differ)."""
+PAIR_FREE = ("dtype", "fp8_scaling", "backward", "gpu")
+"""Case fields in which an fp8 case and the bf16 case it is timed against may differ (``gpu``:
+the kind it ran on, ``gpu_kind``, is paired instead: a sweep's ``any`` runs anywhere)."""
+PAIR_KEYS = (*case_fields(without=PAIR_FREE), "gpu_kind")
+"""Columns the two share: every other case field, so a new field pairs by itself (a hand-kept
+list lacked dropout, cp, cp_algo, tp, decode and page_size, and timed an fp8 case against a
+bf16 case of another world size)."""
 
 
 def draw_fp8(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
