@@ -130,11 +130,12 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
         print(f"attnbench: {summary.not_run} cases not run; resume with: {resume}",
               file=sys.stderr)
         return EXIT_CLUSTER
-    if not args.no_report:
+    status = recorded.exit_status(recorded.findings_text())  # its findings printed
+    if not args.no_report:  # the last line: the path a user opens
         from attnbench.report.page.command import write_report
 
         print(f"attnbench: dashboard {write_report(run_dir)}")
-    return recorded.exit_status(recorded.findings_text())
+    return status
 
 
 def findings_text(records: Iterable[dict]) -> list[str]:

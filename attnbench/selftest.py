@@ -39,7 +39,7 @@ from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_O
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN,
                                         SEEDED_DROPOUT_CONTROL, Mutant, by_name)
-from attnbench.report.read.trends import SLOPE_BOUND, findings, trends
+from attnbench.report.read.trends import LEVEL_BOUND, SLOPE_BOUND, findings, trends
 from attnbench.resources import ENV_DEVICE, ENV_THREADS
 from attnbench.results.records import BAD_VERDICTS, DIED_VERDICTS
 from attnbench.sweep.case import Case
@@ -291,8 +291,9 @@ def judge_mutant(mutant: Mutant, records: Sequence[dict]) -> MutantResult:
             result.checks[kind] += 1
     result.trends = findings(records)
     for trend in result.trends:
-        # A finding's margin: how far its slope is over the bound.
-        found = Evidence(trend.slope / SLOPE_BOUND, "trend", trend.series.tensor)
+        # A finding's margin: how far its slope (or a declared tensor's level) is over the bound.
+        found = (Evidence(trend.slope / SLOPE_BOUND, "trend", trend.series.tensor) if trend.grows
+                 else Evidence(trend.level / LEVEL_BOUND, "level", trend.series.tensor))
         everything.append(found)
         per_dtype[dict(trend.series.key).get("dtype", "?")].append(found)
         result.checks["trend"] += 1
@@ -312,14 +313,20 @@ class ControlResult:
     """Error-trend findings on a correct backend's series: false alarms too."""
     steepest: Optional[tuple[float, str]] = None
     """(slope / SLOPE_BOUND, series) of the steepest trend that was no finding."""
+    level_findings: list = field(default_factory=list)
+    """Tensors the backend declares computed in the input dtype, over LEVEL_BOUND times a
+    fused kernel's error: measured, so true, and shown -- not false alarms (PyTorch's CPU
+    flash backward, docs/findings.md)."""
 
 
 def judge_controls(records: Sequence[dict]) -> dict[str, ControlResult]:
     out: dict[str, ControlResult] = {}
     for trend in trends(records):
         res = out.setdefault(trend.series.backend, ControlResult(trend.series.backend))
-        if trend.finding:
+        if trend.grows:
             res.trend_alarms.append(trend)
+        elif trend.over_level:
+            res.level_findings.append(trend)
         elif res.steepest is None or trend.slope / SLOPE_BOUND > res.steepest[0]:
             res.steepest = (trend.slope / SLOPE_BOUND,
                             f"{trend.series.tensor} of {trend.series.label}")
@@ -377,6 +384,10 @@ def render(results: Sequence[MutantResult], controls: dict[str, ControlResult]) 
             lines.append(f"    FALSE ALARM {r['verdict']}: {r['label']}: {r['reason'][:200]}")
         for trend in res.trend_alarms[:5]:
             lines.append(f"    FALSE ALARM trend: {trend.describe()}")
+        if res.level_findings:
+            worst = max(res.level_findings, key=lambda t: t.level)
+            lines.append(f"    {len(res.level_findings)} findings (declared input precision, "
+                         f"not alarms), the largest: {worst.describe()}")
         if res.steepest:
             lines.append(f"    steepest error trend: {res.steepest[0]:.2f} of the bound "
                          f"({res.steepest[1]})")

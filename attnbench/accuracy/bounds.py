@@ -19,6 +19,13 @@ what the backend declares (``input_precision``, :mod:`attnbench.backends.capabil
   attention sink in bf16 and 1.0-1.4x elsewhere: ``evaluate._naive_errors``). naive materialises S x S: where it runs out of memory the tensor falls
   back to the absolute bound (only input-precision backends, which materialise as much).
 
+A declaration chooses the bound, never what is shown: every tensor's row also carries its error
+over the fused baseline's (``fused_rel_l2``, ``fused_ratio``), which the trends and findings of
+:mod:`attnbench.report.read.trends` read -- a declared tensor over FUSED_FACTOR x it is a finding.
+And a naive baseline off by more than naive's own absolute bound (eager ALiBi in bf16 with every
+key far away: 0.13 where the fused baseline has 0.002) judges nothing: that tensor is judged
+against the fused baseline (``evaluate._declared_baseline``).
+
 The ``naive`` backend itself is held to absolute per-dtype bounds.
 
 Where a backend does not expose its dropout mask no reference exists for it; the reference-free
@@ -268,6 +275,14 @@ def conditioning(baseline: Optional[dict]) -> Optional[float]:
     return max(values) if values else None
 
 
+def _fused_ratio(error: float, fused: Optional[dict]) -> dict:
+    """A table row's ``fused_rel_l2`` and ``fused_ratio``: the tensor's error over a correct
+    fused kernel's on the same inputs (none where that baseline is not finite or zero)."""
+    if not fused or fused["nonfinite"] or not fused["rel_l2"] > 0:
+        return {}
+    return {"fused_rel_l2": fused["rel_l2"], "fused_ratio": error / fused["rel_l2"]}
+
+
 class Ruling(NamedTuple):
     """What :func:`judge` decides from the measured errors."""
 
@@ -284,7 +299,8 @@ def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optiona
           identities: dict, softcap: float, reference_note: str,
           identity_bound: Optional[dict] = None, logit_scale: float = 0.0,
           baseline_kind: Optional[dict] = None,
-          reference_roundings: Optional[dict] = None) -> "Ruling":
+          reference_roundings: Optional[dict] = None,
+          fused: Optional[dict] = None) -> "Ruling":
     """The verdict, its reason, the checks and the per-tensor table, from measured errors.
 
     ``errors`` / ``baseline``: tensor -> tensor_errors() of the backend / its baseline against
@@ -293,6 +309,8 @@ def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optiona
     ``logit_scale``: the largest finite |log-sum-exp| of the reference (see LOGIT_ROUNDINGS).
     ``reference_roundings``: tensor -> (factor, why) for the ``reference`` backend's tensors
     that a split rounded more than once (:func:`split_sum_roundings`).
+    ``fused``: tensor -> the fused baseline's errors, whatever the tensor is judged against:
+    each row carries ``fused_rel_l2`` and ``fused_ratio`` (the trends and findings read them).
     """
     dtype = bound_dtype(dtype)
     checks: list[Check] = []
@@ -328,7 +346,8 @@ def judge(*, dtype: str, backend: str, errors: Optional[dict], baseline: Optiona
             checks.append(Check(check, name, "rel_l2", e["rel_l2"], bound, passed, note))
             row.update(bound=bound, baseline_rel_l2=base_err,
                        ratio=(e["rel_l2"] / base_err) if base_err else None,
-                       baseline=kind if base_err is not None else None)
+                       baseline=kind if base_err is not None else None,
+                       **_fused_ratio(e["rel_l2"], (fused or {}).get(name)))
             table[name] = {k: _finite_or_none(v) if isinstance(v, float) else v
                            for k, v in row.items()}
     bounds = identity_bound or IDENTITY_BOUND[dtype]

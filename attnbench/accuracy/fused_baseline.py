@@ -182,7 +182,7 @@ class _Tiles:
 class FusedBaseline:
     """Blockwise attention with a correct fused kernel's roundings (see the module docstring).
 
-    The two ``accumulate_*`` methods are the only places where an accumulator is updated; a
+    The three ``accumulate_*`` methods are the only places where an accumulator is updated; a
     subclass that rounds there models an accumulator kept in low precision (a bug class).
     """
 
@@ -224,6 +224,12 @@ class FusedBaseline:
                       dtype: torch.dtype) -> torch.Tensor:
         """Backward dQ accumulator (B, Hkv, G, R, D) fp32 plus one key block's dS·K (fp32)."""
         return dq + contribution
+
+    def accumulate_dkv(self, acc: torch.Tensor, contribution: torch.Tensor,
+                       dtype: torch.dtype) -> torch.Tensor:
+        """Backward dK or dV accumulator (B, Hkv, keys, D) fp32 plus one step's contribution of
+        each query head of a group (B, Hkv, G, keys, D), fp32."""
+        return acc + contribution.sum(2)
 
     # -- the two passes ----------------------------------------------------------------------
     def _rows_per_step(self, tiles: _Tiles) -> int:
@@ -328,8 +334,9 @@ class FusedBaseline:
                     keep = tiles.keep(q_pos, k_pos)
                     do_blk = dout32[..., i0:i1, :]
                     p_dropped = p if keep is None else (p * drop_scale).masked_fill(~keep, 0.0)
-                    dv[:, :, j0:j1] += torch.matmul(tiles.rounded(p_dropped).transpose(-1, -2),
-                                                    do_blk).sum(2)
+                    dv[:, :, j0:j1] = self.accumulate_dkv(
+                        dv[:, :, j0:j1],
+                        torch.matmul(tiles.rounded(p_dropped).transpose(-1, -2), do_blk), q.dtype)
                     dp = torch.matmul(do_blk, tiles.v[:, :, :, j0:j1].transpose(-1, -2))
                     if keep is not None:
                         dp = (dp * drop_scale).masked_fill(~keep, 0.0)
@@ -339,8 +346,8 @@ class FusedBaseline:
                     ds = tiles.rounded(ds)
                     dq[..., i0:i1, :] = self.accumulate_dq(
                         dq[..., i0:i1, :], torch.matmul(ds, tiles.k[:, :, :, j0:j1]), q.dtype)
-                    dk[:, :, j0:j1] += torch.matmul(ds.transpose(-1, -2),
-                                                    tiles.q[:, :, :, i0:i1]).sum(2)
+                    dk_step = torch.matmul(ds.transpose(-1, -2), tiles.q[:, :, :, i0:i1])
+                    dk[:, :, j0:j1] = self.accumulate_dkv(dk[:, :, j0:j1], dk_step, q.dtype)
         heads_q = tiles.heads_kv * tiles.group
         return ((dq * spec.scale).to(q.dtype).view(tiles.batch, heads_q, sq, d),
                 (dk * spec.scale).to(q.dtype), dv.to(q.dtype))

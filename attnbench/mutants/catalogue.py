@@ -135,6 +135,11 @@ CATALOGUE: tuple[Mutant, ...] = (
            number="16", bug="dQ summed across key blocks in bf16/fp16 (dK/dV right)",
            report="seed 001 (TE #1615: dQ error growing with length)",
            exposed_by="long sequences; the error trend", long=True),
+    Mutant(name="mutant.declared_dkv_in_dtype", ref=f"{M}.fused:DeclaredDkvInDtype",
+           number="extra", bug="dK/dV added in the input dtype, a head group one head at a "
+           "time, and declared computed in the input dtype (judged against naive: passes)",
+           report="PyTorch 2.13's CPU flash backward, measured (docs/findings.md)",
+           exposed_by="fp16/bf16 backward, GQA or MQA; a finding, not a failure"),
     Mutant(name="mutant.cu_seqlens_off_by_one", ref=f"{M}.packed:CuSeqlensOffByOne",
            number="17", bug="packed batch: every boundary inside cu_seqlens one token late",
            report="Dao-AILab/flash-attention#880; zhuzilin/ring-flash-attention#78",

@@ -66,6 +66,15 @@ class _Bf16DqAccumulator(FusedBaseline):
         return (dq + contribution).to(dtype).to(torch.float32)
 
 
+@dataclass(frozen=True)
+class _DkvAccumulatorInDtype(FusedBaseline):
+    def accumulate_dkv(self, acc, contribution, dtype):
+        # BUG: dK/dV live in the input dtype; each query head of a group is added in turn.
+        for head in contribution.unbind(2):
+            acc = (acc + head).to(dtype).to(torch.float32)
+        return acc
+
+
 class PvAccumulatorInDtype(FusedModel):
     """Forward's P·V accumulator kept in bf16/fp16 across key blocks: the class of
     Dao-AILab/flash-attention#2250 (Hopper's FP8 tensor-core accumulator is not full fp32:
@@ -82,3 +91,19 @@ class DqAccumulatorInDtype(FusedModel):
 
     name = "mutant.dq_accumulator_in_dtype"
     model = _Bf16DqAccumulator()
+
+
+class DeclaredDkvInDtype(FusedModel):
+    """dK/dV added into buffers of the input dtype, a GQA group's heads one after another (what
+    PyTorch 2.13's CPU flash backward does, docs/findings.md) -- and declared: the backend says
+    its gradients are computed in the input dtype (``input_precision``), so they are judged
+    against naive, within whose bound it stays. A declaration must not hide it: the tensors still
+    carry their ratio to the fused baseline, and over 2x that is a finding."""
+
+    name = "mutant.declared_dkv_in_dtype"
+    # a step of 32 query rows (step_elems 1: one block_q a step), each step's dK/dV added in
+    # the input dtype, as PyTorch's CPU kernel adds each query block's
+    model = _DkvAccumulatorInDtype(block_q=32, step_elems=1)
+
+    def input_precision(self, case, device):
+        return ("dq", "dk", "dv") if case.dtype in ("fp16", "bf16") else ()

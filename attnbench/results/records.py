@@ -15,7 +15,9 @@ Everything downstream (``attnbench show``, reports, compare, pandas) reads these
       "accuracy": {                        # null when accuracy was off or the case never ran
         "reference": "exact" | "exact-mask" | "none: <why>",
         "tensors": {"out": {"rel_l2", "max_abs", "cosine", "nonfinite",
-                            "baseline_rel_l2", "ratio", "bound"}, "dq": ..., "dk": ..., "dv": ...},
+                            "baseline_rel_l2", "ratio", "bound", "baseline",  # judged by
+                            "fused_rel_l2", "fused_ratio"},  # vs a fused kernel, always
+                    "dq": ..., "dk": ..., "dv": ...},
         "identities": {"dv_v": {"value", "bound"}, "dq_q": {...}, "dk_sum": {...}},
         "backward": "not applicable: ..."  # forward-only cases (case.backward false: decode):
       },                                   # tensors holds "out" only, identities are {}

@@ -44,7 +44,8 @@ _TIMING = {"clock": TEXT, "mode": TEXT, "note": TEXT,
                                   "bytes_fwd", "bytes_bwd", "peak_tflops",
                                   "measured_peak_tflops", "peak_bandwidth_gbs")}}
 _METRICS = {k: SCALAR for k in ("rel_l2", "max_abs", "cosine", "nonfinite", "baseline_rel_l2",
-                                "ratio", "bound", "value", "baseline")}
+                                "ratio", "bound", "value", "baseline", "fused_rel_l2",
+                                "fused_ratio")}
 _CRASH = {"signal": TEXT, "stderr_tail": TEXT, "traceback": TEXT, "exit_code": NUMBER,
           "rank": NUMBER}
 _CHECK = {"check": TEXT, "tensor": TEXT, "metric": TEXT, "value": SCALAR, "bound": SCALAR,

@@ -83,8 +83,9 @@ class RunSummary:
         if not found:
             return []
         return [f"{len(found)} accuracy finding{'s' if len(found) != 1 else ''} (error "
-                "growing with the sequence faster than the fused baseline's; every case may "
-                "still pass):",
+                "growing with the sequence faster than the fused baseline's, or a declared "
+                "input-precision tensor over 2x it; every case may still pass; "
+                "docs/findings.md):",
                 *(f"  FINDING {trend.describe()}" for trend in found[:FINDINGS_LISTED])]
 
     def exit_status(self, findings: list[str]) -> int:

@@ -1,6 +1,8 @@
 """Error trends across a sweep (attnbench.report.read.trends): a series whose error grows with the
-sequence faster than the fused baseline's is a finding, even when every case passed; flat series,
-tensors judged against naive (input precision by design) and series with too few lengths are not."""
+sequence faster than the fused baseline's is a finding, even when every case passed; flat series
+and series with too few lengths are not. Tensors a backend declares computed in the input dtype
+(judged against naive) are fitted too, on their ratio to the fused baseline, and over
+LEVEL_BOUND times it they are a finding at any number of lengths (issue 39)."""
 
 import math
 
@@ -8,7 +10,8 @@ import pytest
 
 from attnbench import cli
 from attnbench.errors import EXIT_FAILURES, EXIT_FINDINGS, EXIT_OK
-from attnbench.report.read.trends import GROWTH_BOUND, SLOPE_BOUND, findings, trends
+from attnbench.report.read.trends import (GROWTH_BOUND, LEVEL_BOUND, SLOPE_BOUND, findings,
+                                          trends)
 
 
 def record(seqlen, error, base, *, backend="k", tensor="dq", kind="fused", verdict="pass",
@@ -50,8 +53,44 @@ def test_the_baseline_growing_too_is_no_finding():
     assert findings(both) == []
 
 
+def declared(seqlen, error, fused, *, backend="k", tensor="dk", seed=0):
+    """A record (as written since issue 39) whose ``tensor`` is judged against naive by the
+    backend's declaration, with its fused baseline's error beside it."""
+    r = record(seqlen, error, 2 * fused, backend=backend, tensor=tensor, kind="naive",
+               seed=seed)
+    r["accuracy"]["tensors"][tensor].update(fused_rel_l2=fused, fused_ratio=error / fused,
+                                            ratio=error / (2 * fused))  # naive: 2x fused
+    return r
+
+
+def test_a_declared_tensor_over_the_level_bound_is_a_finding_at_one_length():
+    (found,) = findings([declared(512, 3.2e-3 * 3, 3.2e-3)])
+    assert found.series.tensor == "dk" and found.level == pytest.approx(3.0)
+    assert "dk error is 3.00x a correct fused kernel's at 512 keys" in found.describe()
+    assert "declared computed in the input dtype" in found.describe()
+    assert findings([declared(512, 3.2e-3 * 1.8, 3.2e-3)]) == []      # within a fused bound
+    # over 2x the fused baseline but as precise as eager (1.2x naive): an eager-precision kernel
+    assert findings([declared(512, 3.2e-3 * 2.4, 3.2e-3)]) == []
+    # naive is the input-precision baseline itself (1.6-2.6x the fused one, measured)
+    assert findings([declared(512, 3.2e-3 * 3, 3.2e-3, backend="naive")]) == []
+
+
+def test_the_level_bound_is_what_an_undeclared_tensor_may_lose():
+    from attnbench.accuracy.bounds import FUSED_FACTOR
+
+    assert LEVEL_BOUND == FUSED_FACTOR
+
+
+def test_a_declared_tensor_is_fitted_on_its_ratio_to_the_fused_baseline():
+    ladder = [declared(s, 2e-3 * 1.4 ** i, 2e-3) for i, s in enumerate(LADDER)]
+    (found,) = findings(ladder)
+    assert found.grows and found.slope == pytest.approx(math.log2(1.4))
+    assert "a correct fused kernel's at 8192 keys" in found.describe()  # and over the level
+
+
 def test_input_precision_tensors_unjudged_cases_and_short_series_are_ignored():
-    assert findings(growing(1.5, kind="naive")) == []      # judged like naive by design
+    # a record before issue 39: a tensor judged against naive carried no fused baseline
+    assert findings(growing(1.5, kind="naive")) == []
     assert findings(growing(1.5, verdict="timed")) == []   # not judged
     assert trends(growing(1.5)[:2]) == []                   # two lengths: no slope
 

@@ -16,18 +16,29 @@ from attnbench.report.read.data import Run
 from attnbench.report.page.figures import (TENSOR_LABELS, Context, PanelOutput, finish_figure, fmt_len,
                                       new_figure, plain_log_ticks)
 from attnbench.report.page.style import VERDICT_COLORS
-from attnbench.report.read.trends import GROWTH_BOUND, MIN_LENGTHS, SLOPE_BOUND
+from attnbench.report.read.trends import GROWTH_BOUND, LEVEL_BOUND, MIN_LENGTHS, SLOPE_BOUND
 from attnbench.report.read.trends import fitted as fitted_trends
 
 BASELINE_COLOR = "#444444"
 COLUMNS = 3
 MIN_SPAN = 8.0  # the y axis spans at least this factor
+SHORT_LISTED = 10  # level findings of short series listed in words
 
 
 def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     out = PanelOutput(panel)
     wanted = set(panel["tensors"])
-    fitted = [t for t in fitted_trends(run.series) if t.series.tensor in wanted]
+    every = [t for t in fitted_trends(run.series) if t.series.tensor in wanted]
+    fitted = [t for t in every if t.fitted]
+    short = [t for t in every if t.finding and not t.fitted]  # a declared tensor's level
+    if short:
+        out.notes.append(f"{len(short)} finding{'s' if len(short) != 1 else ''} on series with "
+                         f"fewer than {MIN_LENGTHS} lengths (not drawn): a tensor the backend "
+                         f"declares computed in the input dtype, over {LEVEL_BOUND:g}x the fused "
+                         "baseline's error (docs/findings.md).")
+        out.notes.extend(t.describe() for t in short[:SHORT_LISTED])
+        if len(short) > SHORT_LISTED:
+            out.notes.append(f"... and {len(short) - SHORT_LISTED} more (attnbench show RUN).")
     if not fitted:
         out.notes.append(f"No series with {MIN_LENGTHS} or more lengths judged against the fused "
                          "baseline: nothing to fit (a sweep needs a length ladder, e.g. "
@@ -36,7 +47,9 @@ def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     found = [t for t in fitted if t.finding]
     out.notes.append(f"{len(found)} finding{'s' if len(found) != 1 else ''} in {len(fitted)} "
                      f"series (a finding: slope over {SLOPE_BOUND:g} and the excess error grown "
-                     f"{GROWTH_BOUND:g}x or more across the lengths).")
+                     f"{GROWTH_BOUND:g}x or more across the lengths; or a tensor the backend "
+                     f"declares computed in the input dtype over {LEVEL_BOUND:g}x the fused "
+                     "baseline's error).")
     shown = fitted[:panel["max_figures"] * COLUMNS]
     if len(fitted) > len(shown):
         out.notes.append(f"{len(fitted) - len(shown)} flatter series not drawn.")
