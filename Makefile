@@ -29,8 +29,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# Exit 4 is findings (PyTorch's CPU flash backward: docs/findings.md), printed above the
+# dashboard's path: the run worked. Failures (1) and errors still stop make.
 run: $(STAMP)
-	$(VENV)/bin/attnbench run sweeps/smoke.yaml
+	$(VENV)/bin/attnbench run sweeps/smoke.yaml || test $$? -eq 4
 
 # Two test processes, a file to each (module fixtures are built once); TEST_JOBS=0 runs in one.
 test: $(STAMP)
