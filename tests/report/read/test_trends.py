@@ -71,6 +71,10 @@ def test_a_declared_tensor_over_the_level_bound_is_a_finding_at_one_length():
     assert findings([declared(512, 3.2e-3 * 1.8, 3.2e-3)]) == []      # within a fused bound
     # over 2x the fused baseline but as precise as eager (1.2x naive): an eager-precision kernel
     assert findings([declared(512, 3.2e-3 * 2.4, 3.2e-3)]) == []
+    # where naive did not fit (no ratio to it), the fused level alone decides: unknown is no pass
+    unmeasured = declared(65536, 3.2e-3 * 2.4, 3.2e-3)
+    del unmeasured["accuracy"]["tensors"]["dk"]["ratio"]
+    assert [t.series.tensor for t in findings([unmeasured])] == ["dk"]
     # naive is the input-precision baseline itself (1.6-2.6x the fused one, measured)
     assert findings([declared(512, 3.2e-3 * 3, 3.2e-3, backend="naive")]) == []
 
