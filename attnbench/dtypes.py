@@ -61,6 +61,8 @@ class Dtype:
 
 
 FP8_OUTPUT = "bf16"
+FP8_WGMMA_K = 32
+"""Products one fp8 wgmma instruction sums (its K): the finest promotion there is."""
 """The dtype an fp8 case's output (and dout) is in: what FA3's and our fp8 forwards return."""
 
 DTYPES: tuple[Dtype, ...] = (

@@ -12,10 +12,8 @@ import os
 import triton
 import triton.language as tl
 
+from attnbench.dtypes import FP8_WGMMA_K
 from attnbench.resources import ENV_FP8_MAX_IMPRECISE_ACC
-
-FP8_WGMMA_K = 32
-"""Products one fp8 wgmma instruction sums (its K): the finest promotion there is."""
 
 # Adding then subtracting 1.5 * 2^23 rounds an fp32 |y| < 2^22 to an integer, ties to even
 # (IEEE round-to-nearest addition); the quotients below are at most 2^(mantissa_bits + 1).

@@ -41,8 +41,9 @@ DECODE_BLOCK_N = 64  # kernels.decode.decode_args on a GPU
 def variants(cases: Iterable[Any], kernel_configs: Optional[str] = None,
              fp8_max_imprecise_acc: Optional[int] = None) -> list[dict]:
     """The distinct compile variants of the ``triton`` cases among ``cases``, sorted (the same
-    list whatever the cases' order). ``kernel_configs`` / ``fp8_max_imprecise_acc``: the run's
-    options (default: what the environment says, as the kernels read it)."""
+    list whatever the cases' order). ``kernel_configs``: the run's option, and
+    ``fp8_max_imprecise_acc`` the promotion of fp8 cases that name none (their ``fp8_promotion``:
+    0) (default: what the environment says, as the kernels read it)."""
     mode = kernel_configs or kernel_config_mode()
     if fp8_max_imprecise_acc is None:
         from attnbench.kernels.fp8 import max_imprecise_acc
@@ -58,7 +59,8 @@ def variants(cases: Iterable[Any], kernel_configs: Optional[str] = None,
 
 def variant_of(case: Any, mode: str = "autotune", fp8_max_imprecise_acc: int = 0
                ) -> Optional[dict]:
-    """One case's compile variant (None: not the ``triton`` backend)."""
+    """One case's compile variant (None: not the ``triton`` backend). fp8: the case's
+    ``fp8_promotion``, else ``fp8_max_imprecise_acc``."""
     if case.backend != BACKEND:
         return None
     heads_kv = case.heads_kv or case.heads_q
@@ -78,7 +80,8 @@ def variant_of(case: Any, mode: str = "autotune", fp8_max_imprecise_acc: int = 0
     elif is_fp8(case.dtype):
         variant.update(kernels=list(FLASH_FORWARD), group="mha" if case.heads_q == heads_kv
                        else "gqa", varlen=case.is_packed,
-                       fp8_max_imprecise_acc=fp8_max_imprecise_acc)
+                       fp8_max_imprecise_acc=getattr(case, "fp8_promotion", 0)
+                       or fp8_max_imprecise_acc)
     else:
         kernels = FLASH_FORWARD + (FLASH_BACKWARD if case.backward else ())
         kernels += KEEP_MASK if case.dropout > 0 else ()

@@ -11,7 +11,10 @@ each a relative L2 error of the output (fp64 references, :mod:`attnbench.problem
   fp32 originals -- what rounding q, k, v to fp8 costs before any kernel runs;
 * ``end_to_end``: the backend against exact attention on the originals -- what the user gets.
 
-Plus each input's own quantization error (``inputs``). TransformerEngine's fp8 tests compare
+Plus each input's own quantization error (``inputs``), and ``accumulation_rel_l2``: what a
+correct kernel whose fp8 tensor cores keep 13 mantissa bits in their accumulator would show at
+the case's ``fp8_promotion`` (:mod:`attnbench.accuracy.fp8_accumulation`) -- on a GPU, a
+``kernel`` figure that follows it rather than the fused baseline's is the accumulator's loss. TransformerEngine's fp8 tests compare
 against an fp16 run by RMSE and FA3's against a reference that already rounds: neither splits
 these, and a kernel bug hides behind the quantization error unless they are split.
 """
@@ -23,6 +26,7 @@ from typing import Sequence
 import torch
 
 from attnbench.accuracy.bounds import _finite_or_none, problem_scale, tensor_errors
+from attnbench.accuracy.fp8_accumulation import modeled_forward
 from attnbench.problem.reference import reference_forward
 
 
@@ -47,4 +51,7 @@ def quantization_split(case, spec, out: torch.Tensor, exact_dequantized: dict,
         "quantization_rel_l2": rel(exact_dequantized["out"], exact_out),
         "end_to_end_rel_l2": rel(out, exact_out),
         "inputs": {name: rel(d, o) for name, d, o in zip("qkv", dequantized, originals)},
+        "promotion": case.fp8_promotion,
+        "accumulation_rel_l2": rel(modeled_forward(spec, dequantized, case.fp8_promotion),
+                                   exact_dequantized["out"]),
     }

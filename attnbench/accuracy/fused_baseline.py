@@ -184,6 +184,8 @@ class FusedBaseline:
 
     The three ``accumulate_*`` methods are the only places where an accumulator is updated; a
     subclass that rounds there models an accumulator kept in low precision (a bug class).
+    :meth:`pv_step` computes one block's P·V before ``accumulate_pv`` takes it: a subclass that
+    replaces it models tensor cores that round inside the matmul.
     """
 
     block_q: int = 128
@@ -219,6 +221,13 @@ class FusedBaseline:
         """Forward accumulator update for one key block: acc (B, Hkv, G, R, Dv) fp32 rescaled by
         correction (B, Hkv, G, R) for the moved max, plus this block's P·V (fp32)."""
         return acc * correction[..., None] + pv
+
+    def pv_step(self, acc: torch.Tensor, correction: torch.Tensor, p_op: torch.Tensor,
+                v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """One key block's P·V (p_op (B, Hkv, G, R, keys) as the kernel's operand, v (B, Hkv,
+        1, keys, Dv), fp32) computed and added into the accumulator: a model whose tensor
+        cores accumulate in less than fp32 replaces this (:mod:`attnbench.accuracy.fp8_accumulation`)."""
+        return self.accumulate_pv(acc, correction, torch.matmul(p_op, v), dtype)
 
     def accumulate_dq(self, dq: torch.Tensor, contribution: torch.Tensor,
                       dtype: torch.dtype) -> torch.Tensor:
@@ -282,9 +291,8 @@ class FusedBaseline:
                         p = p.masked_fill(~keep, 0.0)
                     p_op = (round_to_fp8(p * self.p_prescale, self.p_format) / self.p_prescale
                             if self.p_format is not None else tiles.rounded(p))
-                    pv = torch.matmul(p_op, tiles.v[:, :, :, j0:j1])
-                    acc[..., rows, :] = self.accumulate_pv(acc[..., rows, :], correction, pv,
-                                                           q.dtype)
+                    acc[..., rows, :] = self.pv_step(acc[..., rows, :], correction, p_op,
+                                                     tiles.v[:, :, :, j0:j1], q.dtype)
                     running_max[..., rows] = new_max
                 seen = denom > 0
                 safe_denom = torch.where(seen, denom, torch.ones_like(denom))

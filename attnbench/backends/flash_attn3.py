@@ -84,6 +84,9 @@ class FlashAttn3Backend(PreparesOnce):
             return "flash_attn3 has no dropout"
         if case.is_packed or case.decode:
             return "flash_attn3: packed and decode cases are not mapped yet (varlen / kvcache)"
+        if case.fp8_promotion:
+            return ("flash_attn3's fp8 forward has no promotion setting (fp8_promotion: 0 runs "
+                    "it as it is built)")
         return fa3_limits(case) or unavailable(FA3) or fa3_release(case)
 
     def forward(self, q, k, v, spec):

@@ -35,7 +35,7 @@ def run_case(case: Case, options: RunOptions, device: Optional[torch.device] = N
              ) -> Optional[dict]:
     """The case's record (None on ranks other than 0 of a multi-rank case), with its
     ``compile`` section when Triton kernels ran (:mod:`attnbench.execution.kernel_settings`)."""
-    with kernel_settings(options) as watch:
+    with kernel_settings(options, case) as watch:
         record = _run_case(case, options, device)
     if record is not None and "compile" not in record:  # the backend's own report comes first
         section = compile_section(case, options, watch)

@@ -1,8 +1,9 @@
 """A case's settings for our Triton kernels, and the ``compile`` section of its record.
 
-The sweep's options ``kernel_configs`` and ``fp8_max_imprecise_acc`` reach the kernels as
+The sweep's option ``kernel_configs`` and the case's ``fp8_promotion`` reach the kernels as
 ATTNBENCH_KERNEL_CONFIGS and ATTNBENCH_FP8_MAX_IMPRECISE_ACC (read at every launch), set for the
-duration of one case and restored after. Meanwhile a :class:`CompileWatch` counts Triton's
+duration of one case and restored after (the run-wide option ``fp8_max_imprecise_acc`` is folded
+into the cases when the sweep is read: :func:`attnbench.sweep.load.parse_sweep`). Meanwhile a :class:`CompileWatch` counts Triton's
 compiles and notes the tile config of every launch, for the record::
 
     "compile": {"mode": "pinned", "interpreted": false,
@@ -28,10 +29,11 @@ from attnbench.sweep.options import RunOptions
 
 
 @contextmanager
-def kernel_settings(options: RunOptions) -> Iterator[CompileWatch]:
-    """Set the kernels' variables from ``options`` and watch compiles, for one case."""
+def kernel_settings(options: RunOptions, case: Case) -> Iterator[CompileWatch]:
+    """Set the kernels' variables from ``options`` and ``case`` and watch compiles, for one
+    case."""
     wanted = {ENV_KERNEL_CONFIGS: options.kernel_configs,
-              ENV_FP8_MAX_IMPRECISE_ACC: str(options.fp8_max_imprecise_acc)}
+              ENV_FP8_MAX_IMPRECISE_ACC: str(case.fp8_promotion)}
     saved = {name: os.environ.get(name) for name in wanted}
     os.environ.update(wanted)
     watch = CompileWatch().start()
@@ -57,9 +59,9 @@ def compile_section(case: Case, options: RunOptions, watch: CompileWatch
     from attnbench.kernels.warm import label, variant_of
 
     section = {"mode": options.kernel_configs, "interpreted": kernels_interpreted(), **summary}
-    variant = variant_of(case, options.kernel_configs, options.fp8_max_imprecise_acc)
+    variant = variant_of(case, options.kernel_configs)
     if variant is not None:
         section["variant"] = label(variant)
     if is_fp8(case.dtype):
-        section["fp8_max_imprecise_acc"] = options.fp8_max_imprecise_acc
+        section["fp8_max_imprecise_acc"] = case.fp8_promotion
     return section

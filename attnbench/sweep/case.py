@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from attnbench.dtypes import NAMES, is_fp8
 from attnbench.errors import SweepError
 from attnbench.sweep.decode_rules import MAX_PAGE_SIZE, check_capacity, check_decode
-from attnbench.sweep.fp8_rules import FP8_SCALINGS, check_fp8, default_backward
+from attnbench.sweep.fp8_rules import FP8_SCALINGS, MAX_FP8_PROMOTION, check_fp8, default_backward
 from attnbench.sweep.packed_rules import MAX_SEQUENCES, check_stored_lengths, resolve_packing
 from attnbench.validation import Choice, Flag, Int, Lengths, Name, PowerOfTwo, Real
 from attnbench.validation import fail as _fail
@@ -137,6 +137,12 @@ class Case(_IdSlot):
     fp8_scaling: str = "tensor"
     """fp8 dtypes: one descale per tensor, or per (batch row, KV head) -- ``head``
     (:mod:`attnbench.sweep.fp8_rules`)."""
+    fp8_promotion: int = 0
+    """fp8 dtypes: every this many products the tensor cores' partial sum of P·V (and Q·Kᵀ) is
+    added into an fp32 accumulator (tl.dot's ``max_num_imprecise_acc``, CUTLASS's
+    ``mma_promotion_interval``; a power of two, at least one wgmma's K of 32). 0: the kernel's
+    default, which on sm_90 never promotes (Triton's, and FA3's choice). The accuracy record's
+    ``fp8`` section models what each setting costs (:mod:`attnbench.accuracy.fp8_accumulation`)."""
 
     def __post_init__(self):  # lists from JSON: keep the case hashable
         for name in ("seqlens_q", "seqlens_kv"):
@@ -220,6 +226,8 @@ class Case(_IdSlot):
             parts.append("fwd-only")
         if self.fp8_scaling != "tensor":
             parts.append(f"fp8-per-{self.fp8_scaling}")
+        if self.fp8_promotion:
+            parts.append(f"promote{self.fp8_promotion}")
         return " ".join(parts)
 
     @property
@@ -272,7 +280,7 @@ _PACKED_FIELDS = ("seqlens_q", "seqlens_kv")
 SWEEP_ONLY_FIELDS = ("varlen",)  # a length generator, expanded into seqlens_q (length_mix)
 _CASE_DEFAULTS = {f.name: f.default for f in fields(Case)}
 _LATER_FIELDS = {name: _CASE_DEFAULTS[name] for name in ("decode", "page_size", "backward",
-                                                                 "fp8_scaling")}
+                                                                 "fp8_scaling", "fp8_promotion")}
 """Fields added after ids were first stored (left out of :attr:`Case.id` at their default)."""
 
 
@@ -302,6 +310,7 @@ CASE_RULES: dict[str, Any] = {
     "page_size": PowerOfTwo(MAX_PAGE_SIZE),
     "backward": Flag(),
     "fp8_scaling": Choice(FP8_SCALINGS),
+    "fp8_promotion": PowerOfTwo(MAX_FP8_PROMOTION),
 }
 """The rule of every Case field; a sweep's values (:func:`_norm_value`) and a stored record's
 case (:func:`check_case_dict`) go through it."""

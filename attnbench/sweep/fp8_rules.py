@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from attnbench.dtypes import FP8_DTYPES, is_fp8
+from attnbench.dtypes import FP8_DTYPES, FP8_WGMMA_K, is_fp8
 from attnbench.errors import SweepError
 from attnbench.validation import fail
 
@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 FP8_SCALINGS = ("tensor", "head")
 """One descale per tensor, or one per (batch row, KV head) -- FA3's ``descale_q`` layout."""
+MAX_FP8_PROMOTION = 256
+"""The longest promotion interval a case may ask for: past a key block's 64 (or a head dim's 256)
+products a dot promotes once at its end, so larger values change nothing."""
 _FP8_FIXED = {"dropout": 0.0, "cp": 1, "tp": 1, "decode": False}
 _WHY = {"dropout": "no fp8 attention kernel here takes dropout (FA3's fp8 path has none)",
         "cp": "fp8 cases run on one device", "tp": "fp8 cases run on one device",
@@ -42,7 +45,14 @@ def check_fp8(where: str, case: "Case") -> None:
         if case.fp8_scaling != "tensor":
             raise bad("fp8_scaling", case.fp8_scaling,
                       f"tensor (the default) unless dtype is one of {', '.join(FP8_DTYPES)}")
+        if case.fp8_promotion:
+            raise bad("fp8_promotion", case.fp8_promotion,
+                      f"0 (the default) unless dtype is one of {', '.join(FP8_DTYPES)}")
         return
+    if 0 < case.fp8_promotion < FP8_WGMMA_K:
+        raise bad("fp8_promotion", case.fp8_promotion,
+                  f"0 (the kernel's default) or a power of two in [{FP8_WGMMA_K}, "
+                  f"{MAX_FP8_PROMOTION}] (one fp8 wgmma sums {FP8_WGMMA_K} products)")
     if case.backward:
         raise bad("backward", True, "false for an fp8 case (fp8 attention is forward only "
                   "here: FA3's fp8 path and ours have no backward)")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attnbench.sweep.axes as axes
-from attnbench.dtypes import ALIASES
+from attnbench.dtypes import ALIASES, FP8_WGMMA_K, is_fp8
 from attnbench.errors import SweepError, short_repr
 from attnbench.errors import shown_key as _key
 from attnbench.sweep.case import (CASE_RULES, MAX_CASES, MAX_NAME, MAX_SIZE, PUBLIC_FIELDS,
@@ -203,8 +203,19 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
     problems.raise_any()
     if not cases:
         raise SweepError(f"{filename}: axes: the sweep expands to no cases (everything excluded?)")
+    if options.fp8_max_imprecise_acc:
+        cases = _with_run_promotion(cases, options.fp8_max_imprecise_acc)
     return Sweep(name=name, path=filename, cases=tuple(cases), options=options, source=text,
                  description=description, overrides=tuple(overrides))
+
+
+def _with_run_promotion(cases, promotion: int) -> list[Case]:
+    """The older run-wide option ``fp8_max_imprecise_acc``: the promotion of every fp8 case that
+    names none (``fp8_promotion``), so that the case, its id and its record say what ran (below
+    one wgmma's K it always acted as that K)."""
+    promotion = max(promotion, FP8_WGMMA_K)
+    return [c.replace(fp8_promotion=promotion) if is_fp8(c.dtype) and not c.fp8_promotion
+            else c for c in cases]
 
 
 def _any_backend(name: str) -> Optional[str]:

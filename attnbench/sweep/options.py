@@ -66,7 +66,8 @@ class RunOptions:
     """fp8 forward of our Triton kernel on sm_90: every this many products the tensor cores'
     partial sum is added into the fp32 accumulator (tl.dot's max_num_imprecise_acc, capped at
     each dot's K; below 32, one wgmma's K, it acts as 32). 0: Triton's default, which never
-    promotes on sm_90. Recorded in each fp8 record's ``compile`` section."""
+    promotes on sm_90. The older, run-wide spelling of the case field ``fp8_promotion``: it
+    becomes the promotion of every fp8 case that names none when the sweep is read."""
     timing: TimingOptions = field(default_factory=TimingOptions)
 
     def to_dict(self) -> dict[str, Any]:

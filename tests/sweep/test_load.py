@@ -60,8 +60,8 @@ def test_case_ids_are_stable_and_content_addressed():
 # beside sdpa's flash-style backward).
 PINNED_DIGESTS = {
     "cp_tp": "f9a23e3b29a6", "decode": "d3dcd0f7631b", "decode_gpu": "1a9332ee6045",
-    "flex": "7cff06e0cc3a", "flex_gpu": "4ac2378a42c3", "fp8": "afcfe54c96c8",
-    "fp8_gpu": "12aaa3f72870", "gpu_check_accuracy": "4191cf97925f",
+    "flex": "7cff06e0cc3a", "flex_gpu": "4ac2378a42c3", "fp8": "0579cdeba169",
+    "fp8_gpu": "67b25ebd2303", "gpu_check_accuracy": "4191cf97925f",
     "gpu_check_cpu_accuracy": "942c5190b391", "gpu_check_cpu_speed": "006bdfe86c08",
     "gpu_check_speed": "49746b2ce778", "kernel_cpu": "41f218ff6df4",
     "kernel_gpu": "bbe78090102e", "smoke": "56de263d2f2f", "standard": "e367299a7c7c",

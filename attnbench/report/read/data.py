@@ -15,7 +15,7 @@ Columns of :func:`frame` (one row per record)::
     <t>_rel_l2, <t>_bound, <t>_ratio, <t>_nonfinite, <t>_over  for t in out, dq, dk, dv
     worst_over                                    # max over tensors of rel_l2 / bound
     fp8_kernel_rel_l2, fp8_quantization_rel_l2,   # fp8 cases' error split (accuracy.fp8,
-    fp8_end_to_end_rel_l2                         # attnbench.accuracy.fp8_split); NaN otherwise
+    fp8_end_to_end_rel_l2, fp8_accumulation_rel_l2  # attnbench.accuracy.fp8_split); NaN otherwise
     compile_mode, compile_variant, compile_s,     # record.compile: Triton compiles of the case,
     compile_kernels, compile_autotune_s,          # apart from the timed figures; None / NaN
     compile_interpreted                           # for records without it
@@ -59,7 +59,7 @@ DIRECTIONS = ("fwd", "bwd")
 PARITY_COLUMNS = ("id", "label", "backend", "dtype", "seqlen_q", "cp", "tp", "cp_algo",
                   "world_size", "features", "verdict", "gpu_kind")
 """The case columns of each parity check's row (:func:`parity_checks`, and the reader's)."""
-FP8_SPLIT = ("kernel", "quantization", "end_to_end")
+FP8_SPLIT = ("kernel", "quantization", "end_to_end", "accumulation")
 
 
 # ------------------------------------------------------------------------------------------

@@ -90,11 +90,14 @@ def error_text(record: dict) -> str:
 
 
 def fp8_text(record: dict) -> str:
-    """`` | fp8 error: kernel 0.016, quantization 0.040`` for an fp8 case (accuracy.fp8)."""
+    """`` | fp8 error: kernel 0.016 (sm_90 accumulator model 0.018), quantization 0.040`` for an
+    fp8 case (accuracy.fp8; the model's figure when the record has one)."""
     split = (record.get("accuracy") or {}).get("fp8")
     if not isinstance(split, dict):
         return ""
     kernel, quant = _number(split.get("kernel_rel_l2")), _number(split.get("quantization_rel_l2"))
     if not (math.isfinite(kernel) and math.isfinite(quant)):
         return ""
-    return f" | fp8 error: kernel {kernel:.2g}, quantization {quant:.2g}"
+    model = _number(split.get("accumulation_rel_l2"))
+    shown = f" (sm_90 accumulator model {model:.2g})" if math.isfinite(model) else ""
+    return f" | fp8 error: kernel {kernel:.2g}{shown}, quantization {quant:.2g}"

@@ -23,7 +23,7 @@ from attnbench.report.read.data import Run, apply_filter
 from attnbench.results.records import RAN_VERDICTS
 from attnbench.sweep.case import case_fields
 
-PAIR_FREE = ("dtype", "fp8_scaling", "backward", "gpu")
+PAIR_FREE = ("dtype", "fp8_scaling", "fp8_promotion", "backward", "gpu")
 """Case fields in which an fp8 case and the bf16 case it is timed against may differ (``gpu``:
 the kind it ran on, ``gpu_kind``, is paired instead: a sweep's ``any`` runs anywhere)."""
 PAIR_KEYS = (*case_fields(without=PAIR_FREE), "gpu_kind")

@@ -1,6 +1,6 @@
 """The fp8 panel's speed-up pairs an fp8 case with the bf16 case of the same problem: every case
-field but :data:`~attnbench.report.page.panels.fp8.PAIR_FREE` (dtype, fp8_scaling, backward,
-gpu) must match. The pairs' keys are derived from the ``Case`` dataclass (issue 38); the
+field but :data:`~attnbench.report.page.panels.fp8.PAIR_FREE` (dtype, fp8_scaling, fp8_promotion,
+backward, gpu) must match. The pairs' keys are derived from the ``Case`` dataclass (issue 38); the
 hand-kept list they replace lacked six fields and timed an fp8 case against the median of bf16
 cases of other world sizes -- kept below as the mutant."""
 
