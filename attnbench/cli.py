@@ -106,7 +106,8 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
             store.close(discard_unused=True)
             raise
     ids = {c.id for c in sweep.cases}
-    recorded, foreign = RunSummary(), 0
+    # The failing cases printed as they came are not listed again (dispatch.loop.SHOWN_LIVE)
+    recorded, foreign = RunSummary(shown=summary.shown if summary is not None else ()), 0
     for record in store.last_records():  # streamed: the run holds no record
         if record["id"] in ids:
             recorded.add(record)
@@ -117,6 +118,8 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
         print(f"attnbench: warning: {run_dir / 'records.jsonl'} holds {foreign} records of cases "
               "this sweep does not have; they are not counted", file=sys.stderr)
     print(recorded.table_text())
+    for line in recorded.common_text():  # what the failures share, per backend
+        print(printable(line, 2000))
     if summary is not None:
         share = 100 * summary.inside_s / (summary.wall_s * max(1, (conn.slots if pending else 1)))
         print(f"attnbench: {summary.written} cases in {summary.wall_s:.1f} s "
@@ -205,6 +208,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(printable(f"hosts: {', '.join(manifest.get('hosts') or []) or '-'}; devices: "
                         f"{', '.join(devices) or '-'}", 2000))
         print(recorded.table_text())
+        for line in recorded.common_text():
+            print(printable(line, 2000))
         for line in lines:
             print(printable(line, 2000))
     for line in recorded.findings_text():

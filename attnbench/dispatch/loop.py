@@ -47,6 +47,11 @@ log = logging.getLogger("attnbench")
 TICK_S = 1.0
 """How often the client looks at the workers (joins, departures, stuck cases)."""
 
+SHOWN_LIVE = 10
+"""Failing cases printed as they arrive; the rest are counted at the end of the loop. A broken
+kernel fails tens of cases: the first few say it is broken, the run's summary says what they
+share (:mod:`attnbench.report.read.commonality`) and lists a few more."""
+
 
 @dataclass
 class RunSummary:
@@ -66,6 +71,9 @@ class RunSummary:
     inside_s: float = 0.0
     """Sum of time spent inside rank processes on cases (accuracy + timing)."""
     interrupted: bool = False
+    shown: frozenset = frozenset()
+    """Ids of the failing cases printed as they came (at most :data:`SHOWN_LIVE`): the run's
+    summary does not list them again."""
 
     @property
     def lost(self) -> int:
@@ -73,9 +81,10 @@ class RunSummary:
 
 
 class Progress:
-    """One status line (rewritten on a terminal, printed every few seconds otherwise); failing
-    cases get a line of their own as they arrive, unless ``quiet`` (the selftest, whose mutant
-    cases fail on purpose)."""
+    """One status line (rewritten on a terminal, printed every few seconds otherwise); the first
+    :data:`SHOWN_LIVE` failing cases get a line of their own as they arrive (their ids kept in
+    ``shown``), the rest a count when the loop ends (:meth:`finish`), unless ``quiet`` (the
+    selftest, whose mutant cases fail on purpose)."""
 
     def __init__(self, total: int, already: int, stream: Optional[TextIO] = None,
                  quiet: bool = False):
@@ -90,20 +99,36 @@ class Progress:
         self.start = time.perf_counter()
         self.tty = stream.isatty()
         self.last_print = 0.0
+        self.shown: set[str] = set()
+        """Ids of the failing cases printed (at most SHOWN_LIVE)."""
+        self.unshown = 0
+        """Failing cases not printed: counted by :meth:`finish`."""
 
     def update(self, record: dict) -> None:
         self.done += 1
         self.counts[record["verdict"]] += 1
         if record["verdict"] in BAD_VERDICTS and not self.quiet:
-            self._clear()
-            print(printable(f"  {record['verdict'].upper():8s} {record['id'][:10]} "
-                            f"{record['label']}: {record['reason']}", 2000), file=self.stream)
+            if len(self.shown) < SHOWN_LIVE:
+                self.shown.add(record["id"])
+                self._clear()
+                print(printable(f"  {record['verdict'].upper():8s} {record['id'][:10]} "
+                                f"{record['label']}: {record['reason']}", 2000),
+                      file=self.stream)
+            else:
+                self.unshown += 1
         now = time.perf_counter()
         # A terminal is redrawn at most 10 times a second: at hundreds of records a second a
         # redraw per record would cost the driver more than writing the records.
         if now - self.last_print > (0.1 if self.tty else 5) or self.done == self.total:
             self.last_print = now
             self._line()
+
+    def finish(self) -> None:
+        """The loop ended: count the failing cases not printed."""
+        if self.unshown:
+            self._clear()
+            print(f"  ... and {self.unshown} more failure{'s' if self.unshown != 1 else ''} "
+                  "(the summary lists more and what they share)", file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
         self._clear()
@@ -317,6 +342,8 @@ class RunLoop:
         if self.summary.not_run:
             self.progress.note(f"{self.summary.not_run} cases not run (no worker left that can "
                                "run them); they stay pending")
+        self.progress.finish()
+        self.summary.shown = frozenset(self.progress.shown)
         self.summary.wall_s = time.perf_counter() - t0
         return self.summary
 

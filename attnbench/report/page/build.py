@@ -157,12 +157,23 @@ def summary_section(run: Run, dashboard: Dashboard) -> str:
             shown = ", ".join(feats[:8]) + (f" and {len(feats) - 8} more" if len(feats) > 8 else "")
             items.append(f"<li><b>{esc(backend)}</b> {counts} — in {esc(shown)}</li>")
         parts.append(f"<p>{len(bad)} of {len(df)} cases did not pass:</p><ul>{''.join(items)}</ul>")
+        parts.append(common_html(run.commonality))
     if timed:
         parts.append(f"<p>{timed} of {len(df)} cases are {verdict_badge('timed')}: they ran "
                      "with <code>accuracy: false</code> (timed, and checked for NaN/Inf only), "
                      "so they are not passes.</p>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def common_html(lines: list[str]) -> str:
+    """What the failing cases share (the lines ``attnbench show`` prints: a heading, then a line
+    per backend), escaped: backend names and case values come from the records."""
+    if not lines:
+        return ""
+    head, *rest = lines
+    items = "".join(f"<li>{esc(line.strip())}</li>" for line in rest)
+    return f'<p class="common">{esc(head)}</p><ul class="common">{items}</ul>'
 
 
 def failures_section(run: Run) -> str:

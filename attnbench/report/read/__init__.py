@@ -5,8 +5,8 @@
 several processes, ``--jobs``), ``jobs`` (``--jobs`` parsed and defaulted, results in journal
 order), ``canonical`` (one text per value, for keys and tallies), ``environment`` (the
 hardware and software a run's records name), ``code_changes`` (each backend's code and the
-run options), ``trends`` (error growing with the sequence), ``doubt`` (why a timing cannot
-carry a verdict).
+run options), ``trends`` (error growing with the sequence), ``commonality`` (what the failing
+cases share), ``doubt`` (why a timing cannot carry a verdict).
 """
 
 from attnbench import package_face
@@ -19,6 +19,7 @@ __all__, __getattr__ = package_face(__name__, {
     "code_changes": ("backend_code", "backend_warnings", "options_warnings"),
     "doubt": ("FEW_SAMPLES", "timing_doubt", "why_ambiguous"),
     "environment": ("env_view", "representative", "run_warnings"),
+    "commonality": ("Commonality",),
     "trends": ("GROWTH_BOUND", "LEVEL_BOUND", "NAIVE_EXCESS", "Point", "SLOPE_BOUND", "Series",
                "findings", "fit"),
 })

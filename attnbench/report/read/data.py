@@ -130,6 +130,9 @@ class Run:
     """Every parity check, a row each (:func:`parity_checks`)."""
     crashes: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     """Case id -> crash, for the failures the page lists."""
+    commonality: list[str] = field(default_factory=list, repr=False)
+    """What the failing cases share, a line each
+    (:meth:`~attnbench.report.read.commonality.Commonality.lines`)."""
 
     @property
     def run_id(self) -> str:

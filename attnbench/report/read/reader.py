@@ -4,8 +4,9 @@ read of the records besides it (issue 29: a 10^6-record journal in bounded memor
 What a report keeps per record is one frame row, less the columns no page reads
 (:data:`UNREAD`); of the records themselves only small tallies: the environments, each
 backend's code, the error-trend points of judged tensors, the parity checks (a few per
-multi-rank case) and the crashes of the failures the page lists. Two keys per row replace the
-case dicts that the comparison and two panels matched on (:func:`key_digest`).
+multi-rank case), the crashes of the failures the page lists and what the failures share
+(:mod:`~attnbench.report.read.commonality`). Two keys per row replace the case dicts that the
+comparison and two panels matched on (:func:`key_digest`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pandas.api.types import union_categoricals
 
 from attnbench.errors import ReportError, RunDirError
 from attnbench.report.read.code_changes import BackendCodeTally
+from attnbench.report.read.commonality import Commonality
 from attnbench.report.read.canonical import canonical_text
 from attnbench.report.read.data import (PARITY_COLUMNS, Run, flatten, journal_of, load_manifest,
                                         number)
@@ -141,6 +143,7 @@ class RunReader:
         self.series = SeriesCollector()
         self.parity: list[dict[str, Any]] = []
         self.failures: list[tuple] = []  # (sort key, id, crash) of the first failures listed
+        self.commonality = Commonality()
         self.count = start
 
     def add(self, rec: dict[str, Any]) -> None:
@@ -154,6 +157,7 @@ class RunReader:
         self.backend_code.add(rec)
         if self.tallies:
             self.series.add(rec)
+            self.commonality.add(rec)
             self._parity(rec, row)
             if row["verdict"] in BAD_VERDICTS:
                 self._failure(rec, row)
@@ -187,6 +191,7 @@ class RunReader:
         self.environments.merge(other.environments)
         self.backend_code.merge(other.backend_code)
         self.series.merge(other.series)
+        self.commonality.merge(other.commonality)
         self.parity.extend(other.parity)
         self.failures.extend(other.failures)  # positions already file-order (``start``)
         self._cut_failures()
@@ -328,7 +333,8 @@ def run_of(reader: Any, path: Path, manifest: dict[str, Any]) -> Run:
     return Run(path=path, manifest=manifest, frame=reader.frame(),
                environments=reader.environments.result(),
                backend_code=reader.backend_code.result(), series=reader.series.series(),
-               parity=reader.parity_frame(), crashes=reader.crashes())
+               parity=reader.parity_frame(), crashes=reader.crashes(),
+               commonality=reader.commonality.lines())
 
 
 def run_of_records(path: Path, manifest: dict[str, Any], records: Iterable[dict[str, Any]],

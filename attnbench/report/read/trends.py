@@ -258,8 +258,7 @@ class SeriesCollector:
             if not _positive(error) or not _positive(base):
                 continue
             if key is None:
-                key = tuple(sorted((k, _hashable(v)) for k, v in case.items()
-                                   if k not in _SERIES_IGNORES))
+                key = series_key(case)
             series = self._found.get((key, t))
             if series is None:
                 series = self._found[(key, t)] = Series(case.get("backend", "?"), t, key,
@@ -282,6 +281,12 @@ class SeriesCollector:
 
     def series(self) -> list[Series]:
         return list(self._found.values())
+
+
+def series_key(case: dict) -> tuple:
+    """The series a case belongs to (with a tensor, a :class:`Series`' ``key``): every case
+    field but the lengths and the seed."""
+    return tuple(sorted((k, _hashable(v)) for k, v in case.items() if k not in _SERIES_IGNORES))
 
 
 def collect_series(records: Iterable[dict]) -> list[Series]:

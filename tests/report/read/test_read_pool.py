@@ -85,7 +85,8 @@ def _facts(run) -> dict:
     return {"environments": [(e.view, e.records, sorted(e.devices)) for e in run.environments],
             "backend_code": list(run.backend_code.items()),
             "series": [(s.backend, s.tensor, s.key, s.label, s.by_length()) for s in run.series],
-            "parity": run.parity, "crashes": list(run.crashes.items())}
+            "parity": run.parity, "crashes": list(run.crashes.items()),
+            "commonality": run.commonality}
 
 
 def assert_same(a, b) -> None:

@@ -1,0 +1,234 @@
+"""What a run's failing cases have in common, per failing backend, in a line each
+("mutant.gqa_dkv_mean: 6 of 12 cases fail; 6 of 6 failures are heads_kv=2 (every such case
+fails); only dK/dV fail; out, dQ are clean"): the end of ``attnbench run``, ``attnbench show``
+and the report's summary print the same lines.
+
+A broken kernel fails tens of cases whose list names each one, not the pattern. A case-field
+value is named only where the failures are concentrated on it: every failure of the backend
+has it and not every case of the backend does (a value all its cases share says nothing).
+Tensors and checks are named where some checked in the failing cases never fail ("out is
+clean") or one kind of check alone fails.
+
+Bounded memory (issue 29: 10^6 records are read once, held by nobody): per backend, per case
+field, the count of each value over all its records up to :data:`MAX_VALUES` distinct values
+(past that the field only knows it has many), the one value its failures all share so far, and
+per tensor and check, how many failing records checked it and how many failed it. Feed records
+with :meth:`Commonality.add`; :meth:`Commonality.merge` adds a reader's of the records after
+these (``report --jobs``): the lines are those of one pass. Pure data: no torch.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from typing import Any, Optional
+
+from attnbench.results.records import BAD_VERDICTS, TENSORS
+
+MAX_VALUES = 32
+"""Distinct values of a field counted per backend; past this it counts none (the failures can
+still share one of them: a field of many values is not shared by every case)."""
+MAX_BACKENDS = 1_000
+"""Backends tallied (a sweep names a few; the selftest ~40); a record of another is not."""
+MAX_TENSORS = 32
+"""Distinct tensor and check names tallied per backend (a hostile record may invent any)."""
+FEATURES_NAMED = 3
+"""Shared values named per backend, the most specific first (fewest cases with the value)."""
+BACKENDS_LISTED = 5
+"""Failing backends described, most failures first; a line counts the rest."""
+VALUE_CHARS = 40
+"""A value's text is cut to this many characters (a pack's document lengths can be long)."""
+
+_SHOWN = {"out": "out", "dq": "dQ", "dk": "dK", "dv": "dV"}
+_MANY = None  # a field's value counts once it holds more than MAX_VALUES values
+
+
+def value_text(value: Any) -> str:
+    """One text per value (a list or mapping as compact JSON), cut to VALUE_CHARS."""
+    if isinstance(value, (list, dict)):
+        value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    text = str(value)
+    return text if len(text) <= VALUE_CHARS else text[:VALUE_CHARS - 3] + "..."
+
+
+def tensor_of(name: Any) -> str:
+    """The tensor a check names: an identity's residual (``dv_v``, ``dq_q``, ``dk_sum``) is its
+    gradient's; another name stays as it is."""
+    name = str(name)
+    head = name.split("_", 1)[0]
+    return head if head in TENSORS else name
+
+
+def failed_tensors(record: dict) -> set[str]:
+    """The tensors (:func:`tensor_of`) of a record's failed checks."""
+    return {tensor_of(c.get("tensor")) for c in record.get("checks") or []
+            if isinstance(c, dict) and c.get("passed") is False}
+
+
+class _Backend:
+    """One backend's tallies (see the module docstring)."""
+
+    __slots__ = ("cases", "values", "failures", "verdicts", "shared", "judged", "checked",
+                 "failed", "kinds_made", "kinds_failed")
+
+    def __init__(self) -> None:
+        self.cases = 0
+        self.values: dict[str, Optional[collections.Counter]] = {}
+        self.failures = 0
+        self.verdicts: collections.Counter = collections.Counter()
+        self.shared: Optional[dict[str, str]] = None
+        """Field -> the value every failure so far has (None: no failure yet)."""
+        self.judged = 0  # failures with checks (verdict fail)
+        self.checked: collections.Counter = collections.Counter()  # tensor -> failures checking it
+        self.failed: collections.Counter = collections.Counter()  # tensor -> failures failing it
+        self.kinds_made: collections.Counter = collections.Counter()  # check -> failures making it
+        self.kinds_failed: collections.Counter = collections.Counter()
+
+    def add(self, case: dict, record: dict) -> None:
+        self.cases += 1
+        texts = {k: value_text(v) for k, v in case.items() if k != "backend"}
+        for name, text in texts.items():
+            counts = self.values.get(name, collections.Counter())
+            if counts is not _MANY:
+                counts[text] += 1
+                self.values[name] = counts if len(counts) <= MAX_VALUES else _MANY
+        verdict = record.get("verdict")
+        if verdict not in BAD_VERDICTS:
+            return
+        self.failures += 1
+        self.verdicts[verdict] += 1
+        self.shared = texts if self.shared is None else {
+            k: v for k, v in self.shared.items() if texts.get(k) == v}
+        checks = [c for c in record.get("checks") or [] if isinstance(c, dict)]
+        if verdict != "fail" or not checks:
+            return
+        self.judged += 1
+        made = {(tensor_of(c.get("tensor")), str(c.get("check"))): c.get("passed") is False
+                for c in checks}
+        for counter, names in ((self.checked, {t for t, _ in made}),
+                               (self.failed, {t for (t, _), bad in made.items() if bad}),
+                               (self.kinds_made, {k for _, k in made}),
+                               (self.kinds_failed, {k for (_, k), bad in made.items() if bad})):
+            for name in names:
+                if name in counter or len(counter) < MAX_TENSORS:
+                    counter[name] += 1
+
+    def merge(self, other: "_Backend") -> None:
+        self.cases += other.cases
+        for name, theirs in other.values.items():
+            mine = self.values.get(name, collections.Counter())
+            if mine is _MANY or theirs is _MANY:
+                self.values[name] = _MANY
+                continue
+            mine.update(theirs)
+            self.values[name] = mine if len(mine) <= MAX_VALUES else _MANY
+        self.failures += other.failures
+        self.verdicts.update(other.verdicts)
+        if other.shared is not None:
+            self.shared = dict(other.shared) if self.shared is None else {
+                k: v for k, v in self.shared.items() if other.shared.get(k) == v}
+        self.judged += other.judged
+        for mine, theirs in ((self.checked, other.checked), (self.failed, other.failed),
+                             (self.kinds_made, other.kinds_made),
+                             (self.kinds_failed, other.kinds_failed)):
+            for name, n in theirs.items():
+                if name in mine or len(mine) < MAX_TENSORS:
+                    mine[name] += n
+
+    # -- the words -----------------------------------------------------------------------------
+    def concentrated(self) -> list[tuple[str, str, Optional[int]]]:
+        """(field, value, cases with it or None where the field had too many values to count)
+        that every failure has and not every case: the fewest cases first."""
+        found = []
+        for name, text in (self.shared or {}).items():
+            counts = self.values.get(name)
+            having = None if counts is _MANY else counts[text]
+            if having is None or having < self.cases:
+                found.append((name, text, having))
+        return sorted(found, key=lambda f: (f[2] is None, f[2] or 0, f[0]))
+
+    def line(self, backend: str) -> Optional[str]:
+        """The backend's line, or None where it says nothing beyond the counts."""
+        n = self.failures
+        verdicts = "" if set(self.verdicts) == {"fail"} else " (" + ", ".join(
+            f"{k} {v}" for k, v in sorted(self.verdicts.items(), key=lambda kv: -kv[1])) + ")"
+        said = []
+        if n == self.cases:
+            said.append("every case fails")
+        features = self.concentrated()
+        if features:
+            named = [f"{name}={text}" + ("" if having is None else " (every such case fails)"
+                                         if having == n else f" ({n} of {having} such cases fail)")
+                     for name, text, having in features[:FEATURES_NAMED]]
+            more = len(features) - FEATURES_NAMED
+            said.append(f"{n} of {n} failures are " + ", ".join(named)
+                        + (f" and share {more} more values" if more > 0 else ""))
+        said += self._tensor_words()
+        if not said:
+            return None
+        return f"{backend}: {n} of {self.cases} cases fail{verdicts}; " + "; ".join(said)
+
+    def _tensor_words(self) -> list[str]:
+        failing = sorted(self.failed, key=_tensor_order)
+        if not failing:
+            return []
+        words = []
+        clean = [t for t in sorted(self.checked, key=_tensor_order) if t not in self.failed]
+        if clean:
+            counts = "" if all(self.failed[t] == self.judged for t in failing) else " (" + \
+                ", ".join(f"{_SHOWN.get(t, t)} in {self.failed[t]}" for t in failing) + \
+                f" of {self.judged})"
+            verb = "fails" if len(failing) == 1 else "fail"
+            words.append(f"only {'/'.join(_SHOWN.get(t, t) for t in failing)} {verb}{counts}")
+            words.append(f"{', '.join(_SHOWN.get(t, t) for t in clean)} "
+                         f"{'is' if len(clean) == 1 else 'are'} clean")
+        if len(self.kinds_failed) == 1 and len(self.kinds_made) > 1:
+            words.append(f"only {next(iter(self.kinds_failed))} checks fail")
+        return words
+
+
+def _tensor_order(name: str) -> tuple[int, str]:
+    return (TENSORS.index(name), "") if name in TENSORS else (len(TENSORS), name)
+
+
+class Commonality:
+    """What the failing records share, per backend (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._backends: dict[str, _Backend] = {}
+
+    def add(self, record: dict) -> None:
+        case = record.get("case")
+        if not isinstance(case, dict):
+            return
+        backend = str(case.get("backend", "?"))
+        tally = self._backends.get(backend)
+        if tally is None:
+            if len(self._backends) >= MAX_BACKENDS:
+                return
+            tally = self._backends[backend] = _Backend()
+        tally.add(case, record)
+
+    def merge(self, other: "Commonality") -> None:
+        """Add what ``other`` tallied of the records after these."""
+        for backend, theirs in other._backends.items():
+            mine = self._backends.get(backend)
+            if mine is None:
+                if len(self._backends) < MAX_BACKENDS:
+                    self._backends[backend] = theirs
+            else:
+                mine.merge(theirs)
+
+    def lines(self) -> list[str]:
+        """A heading and a line per failing backend that has something to say (most failures
+        first, at most :data:`BACKENDS_LISTED`); [] where none has."""
+        failing = sorted(((b, t) for b, t in self._backends.items() if t.failures),
+                         key=lambda bt: (-bt[1].failures, bt[0]))
+        said = [line for b, t in failing if (line := t.line(b)) is not None]
+        if not said:
+            return []
+        out = ["What the failing cases share:", *(f"  {line}" for line in said[:BACKENDS_LISTED])]
+        if len(said) > BACKENDS_LISTED:
+            out.append(f"  ... and {len(said) - BACKENDS_LISTED} more failing backends "
+                       "(attnbench show RUN --all)")
+        return out
