@@ -30,7 +30,10 @@ class MutationError(RuntimeError):
 def mutated(func: Callable, old: str, new: str, **rebind: Any) -> Callable:
     """A copy of ``func`` with the source text ``old`` replaced by ``new``; ``rebind`` adds or
     replaces names in the copy's globals (e.g. another mutated helper it should call)."""
-    source = inspect.getsource(func)  # ``old`` is matched as the file spells it
+    # ``old`` is matched as the file spells it -- or, for a copy made here, as its mutated text:
+    # inspect.getsource follows __wrapped__ back to the original, which would drop the first
+    # edit of a chain (mutant.gqa_dkv_mean lost its dK half that way).
+    source = getattr(func, "__mutant_source__", None) or inspect.getsource(func)
     count = source.count(old)
     if count != 1:
         where = f"{func.__module__}.{func.__qualname__}"
@@ -48,6 +51,7 @@ def mutated(func: Callable, old: str, new: str, **rebind: Any) -> Callable:
     copy = namespace[func.__name__]
     functools.update_wrapper(copy, func)
     copy.__wrapped__ = func  # type: ignore[attr-defined]
+    copy.__mutant_source__ = source  # type: ignore[attr-defined]
     return copy
 
 
