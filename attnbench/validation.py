@@ -354,8 +354,9 @@ def _int64(text: str) -> int:
 @dataclass(frozen=True, slots=True)
 class Lengths:
     """A non-empty list of sequence lengths (a packed case's ``seqlens_q`` / ``seqlens_kv``):
-    at most ``max_count`` integers in [1, ``max_each``] whose sum is at most ``max_total``.
-    Returned as a tuple (cases are hashable)."""
+    at most ``max_count`` integers in [0, ``max_each``] whose sum is in [1, ``max_total``].
+    A zero-length document is allowed (varlen batches have them: a padded slot, a cache not
+    filled yet); a pack of no tokens at all is not. Returned as a tuple (cases are hashable)."""
 
     max_count: int
     max_each: int
@@ -368,8 +369,11 @@ class Lengths:
             raise SweepError(f"{where}: got {len(value)} sequences, expected at most "
                              f"{self.max_count}")
         for i, x in enumerate(value):
-            if not is_int(x) or not 1 <= x <= self.max_each:
-                raise fail(f"{where}[{i}]", x, f"a positive integer <= {self.max_each}")
+            if not is_int(x) or not 0 <= x <= self.max_each:
+                raise fail(f"{where}[{i}]", x, f"an integer in [0, {self.max_each}] (0: an "
+                           "empty document)")
+        if sum(value) < 1:
+            raise fail(where, list(value), "at least one token in all (every length is 0)")
         if sum(value) > self.max_total:
             raise fail(where, f"sum {sum(value)}", f"a total of at most {self.max_total} tokens")
         return tuple(int(x) for x in value)

@@ -148,6 +148,11 @@ CATALOGUE: tuple[Mutant, ...] = (
            number="18", bug="packed batch attended as one sequence: queries see other documents",
            report="alex-hh/profam#495; huggingface/nanoVLM#204; mosaicml/llm-foundry#1464",
            exposed_by="packed (seqlens_q) cases"),
+    Mutant(name="mutant.empty_document_nan", ref=f"{M}.packed:EmptyDocumentNan",
+           number="extra", bug="packed batch: a document with queries and no keys outputs 0/0 "
+           "(NaN) instead of zeros", report="pytorch/pytorch#41508 (the 0/0 of a row with no "
+           "key), reached through a zero-length document",
+           exposed_by="packed cases with a zero-length seqlens_kv entry"),
     Mutant(name="mutant.paged_wrong_sequence", ref=f"{M}.decode:PagedWrongSequence",
            number="19", bug="paged cache: block table row found by pages used, not the row "
            "stride (sequences read each other's pages)",

@@ -41,3 +41,19 @@ class CrossDocumentLeak(NaiveBackend):
         if spec.is_packed:
             spec = spec.replace(cu_seqlens_q=(), cu_seqlens_kv=())  # BUG: boundaries dropped
         return super().forward(q, k, v, spec)
+
+
+class EmptyDocumentNan(NaiveBackend):
+    """A document with queries and no keys (a zero-length ``seqlens_kv`` entry: a padded slot of a
+    varlen batch, a cache not filled yet) outputs 0/0: a flash-style kernel's loop over key
+    blocks runs zero times and its final ``acc / l`` divides by l = 0, unguarded -- the 0/0 of
+    a fully masked row (pytorch/pytorch#41508) reached through the layout instead of a mask. The
+    rows of every other document, and every gradient, stay right."""
+
+    name = "mutant.empty_document_nan"
+
+    def attend(self, q_in, k_in, v_in, spec, masks):
+        out, lse = super().attend(q_in, k_in, v_in, spec, masks)
+        if k_in.shape[2] == 0:
+            out = out + float("nan")  # BUG: acc / l with l = 0 (no key block was visited)
+        return out, lse

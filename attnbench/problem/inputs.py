@@ -19,6 +19,10 @@ Distributions:
                 (and heads) 4x apart, so their power-of-two fp8 scales differ -- under
                 normal inputs K and V draw the same scale and a kernel that swaps their
                 descales is right by luck (issue 26)
+  shifted_v     q, k, dout ~ N(0, 1), v ~ N(SHIFTED_V_MEAN, 1): every output row sits near
+                the mean, so an accumulator that drops low bits of the running P @ V (a bf16
+                or unpromoted fp8 accumulator, a rescale rounded in low precision) loses
+                them on a value of size ~1, where around zero it loses little (issue 39)
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ def _draw(case: Case) -> dict[str, torch.Tensor]:
         for name in ("q", "k", "v"):
             heads = tensors[name].shape[1]
             tensors[name] *= (2.0 ** (torch.arange(heads) % 3 - 1.0))[None, :, None, None]
+    elif case.inputs == "shifted_v":
+        tensors["v"] += SHIFTED_V_MEAN
     elif case.inputs == "kv_apart":
         heads = 2.0 ** (torch.arange(case.heads_kv) % 3 - 1.0)[None, :, None, None]
         tensors["k"] *= heads
@@ -69,6 +75,12 @@ KV_APART = 4.0
 """How much larger v is than k in ``kv_apart``, head by head: 4 = 2^2, two binades, so the
 power-of-two fp8 scales differ however the two tensors' largest draws happen to fall (a
 draw's amax varies by well under 2x at these sizes: one binade of slack)."""
+
+
+SHIFTED_V_MEAN = 1.0
+"""The mean of v in ``shifted_v``: as large as its spread, so out = P @ V ~ 1 + O(1/sqrt(S))
+in every row -- the mean a rounded accumulator must carry -- while v's fp8 scale stays within a
+binade of ``normal``'s (amax ~4.5 -> ~5.5)."""
 
 
 SINK_GAP = 8.0

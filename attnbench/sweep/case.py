@@ -27,7 +27,7 @@ from attnbench.validation import fail as _fail
 
 MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
-INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink", "kv_apart")
+INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink", "kv_apart", "shifted_v")
 CP_ALGOS = ("ring", "zigzag", "allgather")
 RING_ALGOS = ("ring", "zigzag")
 """The CP algorithms that pass K/V blocks around a ring (split softmax sums, merged by their

@@ -8,6 +8,12 @@ counted (:func:`excluded` says why, from the rules of :mod:`~.decode_rules` and
 :mod:`~.fp8_rules`); a feature that does not apply to a case (fp8 scaling of a bf16 case, the
 page layout of a non-decode case) gives it no value, so it makes no pair there.
 
+Rows that see no key (issue 39) are counted beside every feature that touches scores: a kernel
+must give such a row zeros and lse -inf whatever it adds to the scores first (softcap, ALiBi --
+the score modifiers a FlexAttention ``score_mod`` spells -- a window, Sq > Sk, a document with no
+keys), and a bug there (a bias added to a row of -inf, a softcap of -inf, 0/0 in a document of no
+keys) needs both. :data:`EMPTY_ROW_FEATURES` lists the values paired with ``empty_rows=yes``.
+
 ``attnbench validate --coverage SWEEP...`` prints the count and the missing pairs. Client side:
 no torch.
 """
@@ -38,6 +44,40 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "tp": ("no", "yes"),
 }
 """Every feature the issue names and its values, in report order."""
+
+
+EMPTY_ROWS = ("empty_rows", "yes")
+"""Some query row of the case sees no key (:func:`has_empty_rows`)."""
+EMPTY_ROW_FEATURES: tuple[tuple[str, str], ...] = (
+    ("softcap", "on"), ("bias", "alibi"), ("mask", "causal"), ("mask", "window"),
+    ("mask", "none"),  # only a document with queries and no keys has such rows unmasked
+    ("sq_gt_sk", "yes"), ("packed", "yes"), ("dropout", "on"),
+    *(("dtype", d) for d in BY_NAME))
+"""The values every one of which some case with :data:`EMPTY_ROWS` must have: those that touch
+the scores of such a row (softcap and ALiBi are the score modifiers; a mask or Sq > Sk makes the
+row), how it is stored (a pack) and rounded (every dtype), and dropout (a rescale of nothing)."""
+
+
+def has_empty_rows(case: Case) -> bool:
+    """Whether some query row sees no key. With bottom-right alignment row 0 sits at key position
+    Sk - Sq and sees keys up to Sk - Sq + right (right = 0 causal, a window's right edge): none
+    when Sq - Sk > right. A document with queries and no keys has such rows under any mask."""
+    right = case.window_bounds[1]
+    lengths = (zip(case.seqlens_q, case.seqlens_kv) if case.is_packed
+               else [(case.seqlen_q, case.seqlen_kv)])
+    return any(lq > 0 and (lk == 0 or (right >= 0 and lq - lk > right)) for lq, lk in lengths)
+
+
+def empty_row_values(case: Case) -> set[tuple[str, str]]:
+    """The :data:`EMPTY_ROW_FEATURES` values ``case`` has (none unless some row sees no key)."""
+    if not has_empty_rows(case):
+        return set()
+    pairs = zip(case.seqlens_q, case.seqlens_kv) if case.is_packed else [
+        (case.seqlen_q, case.seqlen_kv)]
+    found = set(values(case).items())
+    found |= {("softcap", "on" if case.softcap > 0 else "off"),
+              ("sq_gt_sk", "yes" if any(q > k for q, k in pairs) else "no")}
+    return found & set(EMPTY_ROW_FEATURES)
 
 
 def values(case: Case) -> dict[str, str]:
@@ -100,7 +140,8 @@ def meaningful_pairs() -> list[Pair]:
     """Every pair of values of two different features that a valid case may have."""
     values_of = [[(name, v) for v in vals] for name, vals in FEATURES.items()]
     return [(a, b) for fa, fb in itertools.combinations(values_of, 2)
-            for a in fa for b in fb if excluded(a, b) is None]
+            for a in fa for b in fb if excluded(a, b) is None] + [
+        (v, EMPTY_ROWS) for v in EMPTY_ROW_FEATURES]
 
 
 @dataclass(frozen=True)
@@ -132,4 +173,5 @@ def pair_coverage(cases: Iterable[Case]) -> Coverage:
     for case in cases:
         found = sorted(values(case).items(), key=lambda item: order[item[0]])
         covered.update(itertools.combinations(found, 2))
+        covered.update((v, EMPTY_ROWS) for v in empty_row_values(case))
     return Coverage(frozenset(covered), tuple(meaningful_pairs()))

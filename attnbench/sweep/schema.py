@@ -58,7 +58,7 @@ def rule_schema(rule: Any) -> dict[str, Any]:
         return {"enum": [0] + [1 << i for i in range(rule.hi.bit_length())]}
     if isinstance(rule, Lengths):  # the total is checked by attnbench, not the editor
         return {"type": "array", "minItems": 1, "maxItems": rule.max_count,
-                "items": {"type": "integer", "minimum": 1, "maximum": rule.max_each}}
+                "items": {"type": "integer", "minimum": 0, "maximum": rule.max_each}}
     return {}
 
 

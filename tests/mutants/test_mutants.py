@@ -83,6 +83,9 @@ EXPOSE = {
     "mutant.cu_seqlens_off_by_one": (dict(seqlens_q=[50, 1, 77], mask="causal"), REFERENCE,
                                      None),
     "mutant.cross_document_leak": (dict(seqlens_q=[50, 1, 77], mask="causal"), REFERENCE, None),
+    # a document with queries and no keys: zeros, not 0/0 (dense cases never have one)
+    "mutant.empty_document_nan": (dict(seqlens_q=[50, 0, 78], seqlens_kv=[70, 9, 0]),
+                                  {"nonfinite"}, None),
     # packed CP: chunks placed by pack row; seen where a sequence's keys and queries start at
     # different rows (seqlens_kv != seqlens_q)
     "mutant.cp_pack_positions": (dict(cp=2, cp_algo="zigzag", seqlens_q=[50, 1, 77],
@@ -142,7 +145,8 @@ def control_of(name: str) -> str:
         return "sdpa"
     if by_name(name).decode:
         return "triton" if name == "mutant.split_merge_no_max" else "naive"
-    if name in ("mutant.cu_seqlens_off_by_one", "mutant.cross_document_leak"):
+    if name in ("mutant.cu_seqlens_off_by_one", "mutant.cross_document_leak",
+                "mutant.empty_document_nan"):
         return "naive"  # the packed path they edit is naive's own
     if by_name(name).fp8:
         return FUSED_CONTROL  # the fp8 path of the fused model

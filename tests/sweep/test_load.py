@@ -59,12 +59,12 @@ def test_case_ids_are_stable_and_content_addressed():
 # 93e0c99, whose fp32 sink case runs backward again; standard as of 2026-12-02, with a bf16 sink
 # beside sdpa's flash-style backward).
 PINNED_DIGESTS = {
-    "cp_tp": "f9a23e3b29a6", "decode": "d3dcd0f7631b", "decode_gpu": "1a9332ee6045",
-    "flex": "7cff06e0cc3a", "flex_gpu": "4ac2378a42c3", "fp8": "0579cdeba169",
+    "cp_tp": "f9a23e3b29a6", "decode": "f51f06f9a371", "decode_gpu": "1a9332ee6045",
+    "flex": "7cff06e0cc3a", "flex_gpu": "4ac2378a42c3", "fp8": "b673fb24e706",
     "fp8_gpu": "67b25ebd2303", "gpu_check_accuracy": "4191cf97925f",
     "gpu_check_cpu_accuracy": "942c5190b391", "gpu_check_cpu_speed": "006bdfe86c08",
     "gpu_check_speed": "49746b2ce778", "kernel_cpu": "41f218ff6df4",
-    "kernel_gpu": "bbe78090102e", "smoke": "56de263d2f2f", "standard": "e367299a7c7c",
+    "kernel_gpu": "bbe78090102e", "smoke": "56de263d2f2f", "standard": "4d0cc47902a6",
     "varlen": "551928ab5b12", "varlen_gpu": "6bc3147c25b6",
 }
 

@@ -136,3 +136,53 @@ def test_identities_per_sequence_see_a_leak_without_a_reference(mutant):
                                  cu_seqlens_q=spec.cu_seqlens_q,
                                  cu_seqlens_kv=spec.cu_seqlens_kv)
     assert all(correct[name] < bounds[name] / 4 for name in correct), correct
+
+
+EMPTY = dict(seqlens_q=[5, 0, 17, 9], seqlens_kv=[9, 3, 0, 12], heads_q=4, heads_kv=2,
+             head_dim=16)
+"""A pack with a document of keys and no queries and one of queries and no keys (varlen
+batches have both: a padded slot, a cache not filled yet)."""
+
+
+def test_a_document_of_no_keys_gives_zeros_and_one_of_no_queries_no_gradient():
+    """The reference, the fused baseline and naive agree with the convention for rows that see
+    no key (zeros, lse -inf), and the keys nobody queries get zero dK and dV."""
+    case = make_case("t", {"backend": "naive", **EMPTY, "mask": "causal", "bias": "alibi",
+                           "softcap": 5.0, "dropout": 0.2, "dtype": "fp32"})
+    spec = AttnSpec.from_case(case)
+    q, k, v, dout = make_inputs(case)
+    out, lse = reference_forward(q, k, v, spec, hash_keep_mask)
+    dq, dk, dv = reference_backward(q, k, v, out, lse, dout, spec, hash_keep_mask)
+    no_keys, no_queries = slice(5, 22), slice(9, 12)
+    assert torch.equal(out[:, :, no_keys], torch.zeros_like(out[:, :, no_keys]))
+    assert torch.isneginf(lse[:, :, no_keys]).all() and torch.isfinite(lse[:, :, :5]).all()
+    assert not dq[:, :, no_keys].any() and not dk[:, :, no_queries].any()
+    assert not dv[:, :, no_queries].any()
+    f_out, f_lse = fused_forward(q, k, v, spec, hash_keep_mask)
+    fwd = get_backend("naive").forward(q, k, v, spec)
+    for mine, their_lse in ((f_out, f_lse), (fwd.out, fwd.lse)):
+        assert torch.isfinite(mine).all() and not mine[:, :, no_keys].any()
+        assert torch.isneginf(their_lse[:, :, no_keys]).all()
+        assert (mine.double() - out).norm() / out.norm() < 1e-5
+
+
+@pytest.mark.parametrize("backend, fields", [
+    ("naive", dict(mask="causal", dropout=0.1)), ("reference", dict(bias="alibi")),
+    ("sdpa", dict(heads_kv=4)), ("triton", dict(mask="causal", softcap=5.0)),
+    ("mutant.base", dict()),  # a backend that does not declare packs still says so
+])
+def test_backends_pass_a_pack_with_empty_documents(backend, fields):
+    record = run_case(make_case("t", {"backend": backend, **EMPTY, "dtype": "bf16", **fields}),
+                      NO_TIMING)
+    expected = "unsupported" if backend == "mutant.base" else "pass"
+    assert record["verdict"] == expected, record["reason"]
+
+
+def test_a_document_of_no_keys_that_divides_by_zero_is_caught():
+    case = make_case("t", {"backend": "mutant.empty_document_nan", **EMPTY, "dtype": "bf16"})
+    record = run_case(case, NO_TIMING)
+    assert record["verdict"] == "fail" and "nonfinite" in {
+        c["check"] for c in record["checks"] if not c["passed"]}
+    dense = make_case("t", {"backend": "mutant.empty_document_nan", "seqlen_q": 96,
+                            "seqlen_kv": 40, "mask": "causal", "dtype": "bf16"})
+    assert run_case(dense, NO_TIMING)["verdict"] == "pass"  # masked rows are not its bug

@@ -63,7 +63,7 @@ def test_stored_packed_case_round_trips():
 @pytest.mark.parametrize("include, expected", [
     ("{seqlens_q: [5, 17], seqlen_q: 30}", "seqlen_q: got 30, expected 22"),
     ("{seqlens_q: []}", "seqlens_q: got [], expected a non-empty list"),
-    ("{seqlens_q: [5, 0]}", "seqlens_q[1]: got 0, expected a positive integer"),
+    ("{seqlens_q: [0, 0]}", "seqlens_q: got [0, 0], expected at least one token in all"),
     ("{seqlens_q: [5, -3]}", "seqlens_q[1]: got -3"),
     ("{seqlens_q: [5, 2.5]}", "seqlens_q[1]: got 2.5"),
     ("{seqlens_q: 5}", "seqlens_q: got 5, expected a non-empty list"),
