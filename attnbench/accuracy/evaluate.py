@@ -201,7 +201,7 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     if lse is not None:
         declared = "out" in input_precision(backend, case, device)
         checks, section = lse_checks(lse, refs.lse(), scores_dtype(lse, case.dtype, declared))
-        judgement = judgement.merged(checks, "lse: ", lse=section)
+        judgement = judgement.merged(checks, lse=section)
     return judgement
 
 

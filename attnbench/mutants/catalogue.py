@@ -189,6 +189,26 @@ CATALOGUE: tuple[Mutant, ...] = (
                   "only with descales that differ)",
            exposed_by="fp8 with K and V of different scales (inputs: kv_apart; also "
                       "large_logits, outliers)", fp8=True),
+    Mutant(name="mutant.out_fp32", ref=f"{M}.returned:OutFp32", number="extra",
+           bug="output returned in fp32 (the accumulator without the cast to the input dtype)",
+           report="lucidrains/flash-attention-jax#13; facebookresearch/xformers#772",
+           exposed_by="fp16/bf16 cases (the backend contract: its error)"),
+    Mutant(name="mutant.gqa_dkv_expanded", ref=f"{M}.returned:GqaDkvExpanded", number="extra",
+           bug="GQA/MQA dK/dV returned per query head, the sum over the group skipped",
+           report="marin-community/levanter#449; NVIDIA/cudnn-frontend#493",
+           exposed_by="GQA or MQA backward (the backend contract: its error)"),
+    Mutant(name="mutant.lse_base2", ref=f"{M}.returned:LseBase2", number="extra",
+           bug="forward's log-sum-exp returned in base 2",
+           report="lightseekorg/tokenspeed#571; flashinfer-ai/flashinfer#2114",
+           exposed_by="any case (the lse check), forward-only ones included"),
+    Mutant(name="mutant.lse_no_scale", ref=f"{M}.returned:LseNoScale", number="extra",
+           bug="log-sum-exp of the scores before the softmax scale",
+           report="ROCm/aiter#3349; Dao-AILab/flash-attention#1884",
+           exposed_by="any case (the lse check)"),
+    Mutant(name="mutant.lse_rows_shifted", ref=f"{M}.returned:LseRowsShifted", number="extra",
+           bug="each row's log-sum-exp written to the next row",
+           report="AMD-Ecosystem/flashinfer#42; Dao-AILab/flash-attention#2842",
+           exposed_by="any case (the lse check)"),
 )
 
 CONTROL = "mutant.base"
