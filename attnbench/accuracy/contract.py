@@ -1,7 +1,7 @@
 """The backend contract, checked before anything is judged: what a backend returned has the
 dtype and shapes the case asks for (docs/backends.md, "The protocol").
 
-A breach is the backend's ``error`` (:class:`ContractBreach`, a
+A breach is the backend's ``error`` (:class:`~attnbench.errors.ContractBreach`, a
 :class:`~attnbench.errors.BackendError`), not a failing check and not a harness error: a tensor
 of the wrong shape has no error against the reference to measure (judging it raised deep in our
 bound code, which read as our bug), and an fp32 output for a bf16 case would be held to the bf16
@@ -13,20 +13,12 @@ Strides are not restricted: a non-contiguous tensor of the right shape is legal.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import torch
 
-from attnbench.errors import BackendError
+from attnbench.errors import ContractBreach
 from attnbench.problem.fp8 import output_dtype
-
-
-class ContractBreach(BackendError):
-    """What a backend returned is not what the case asks for; ``str()`` is the record's
-    reason (``backend contract: ...``)."""
-
-    def __init__(self, what: str):
-        super().__init__(f"backend contract: {what}")
 
 
 def _shape(x: Any) -> str:

@@ -14,12 +14,12 @@ from typing import Optional
 import torch
 
 from attnbench.accuracy import evaluate as evaluation
-from attnbench.accuracy.contract import ContractBreach, check_backward, check_forward
+from attnbench.accuracy.contract import check_backward, check_forward
 from attnbench.accuracy.rng import RngState
 from attnbench.backends import Capabilities, Unsupported, get_backend, refusal
 from attnbench.backends.masks import release_prepared
 from attnbench.dtypes import is_fp8
-from attnbench.errors import is_oom
+from attnbench.errors import ContractBreach, is_oom
 from attnbench.execution.blame import blame
 from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
                                        pick_device, release_memory, sync)

@@ -108,7 +108,7 @@ CATALOGUE: tuple[Mutant, ...] = (
     Mutant(name="mutant.lse_log2", ref=f"{M}.parallel:LseLog2", number="extra",
            bug="log-sum-exp returned in base 2, merged as natural log under CP",
            report="sgl-project/sglang#35045; flashinfer-ai/flashinfer#4547",
-           exposed_by="ring/zigzag CP", parallel=True),
+           exposed_by="ring/zigzag CP (one device: the lse check)", parallel=True),
     Mutant(name="mutant.dropout_keep_p", ref=f"{M}.dropout:DropoutKeepP", number="13",
            bug="forward keeps with probability p instead of 1 - p, mask hidden",
            report="v-iashin/CS231n#8; google-research/electra#61",
