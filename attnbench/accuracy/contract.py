@@ -49,7 +49,7 @@ def check_forward(case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     dtype = expected_out_dtype(case)
     if out.dtype != dtype:
         raise ContractBreach(f"{call}out has dtype {_name(out.dtype)}; expected {_name(dtype)} "
-                             f"(the output dtype of a {case.dtype} case)")
+                             f"(the output dtype of {case.dtype} cases)")
     if lse is None:
         return
     _is_tensor("lse", lse, call)

@@ -70,7 +70,7 @@ def test_output_dtype_and_shape_follow_the_case_and_q():
     # an fp8 case's output is its declared output dtype (bf16), not the fp8 input's
     fp8 = Case(backend="naive", dtype="fp8_e4m3")
     check_forward(fp8, q.to(torch.float8_e4m3fn), k, v, t(2, 4, 7, 32), None)
-    with pytest.raises(ContractBreach, match="expected bfloat16 .*fp8_e4m3 case"):
+    with pytest.raises(ContractBreach, match="expected bfloat16 .*of fp8_e4m3 cases"):
         check_forward(fp8, q, k, v, t(2, 4, 7, 32).to(torch.float8_e4m3fn), None)
 
 
@@ -93,7 +93,7 @@ def test_strides_are_not_part_of_the_contract():
 @pytest.mark.parametrize("backend, fields, expected", [
     ("DkvQueryHeads", {}, "dk has shape (1, 4, 128, 64); expected (1, 1, 128, 64) (k's shape)"),
     ("DkvQueryHeads", PACKED, "dk has shape (1, 4, 128, 64); expected (1, 1, 128, 64)"),
-    ("OutFloat32", {}, "out has dtype float32; expected bfloat16 (the output dtype of a bf16"),
+    ("OutFloat32", {}, "out has dtype float32; expected bfloat16 (the output dtype of bf16 cases)"),
     ("OutFloat32", DECODE, "out has dtype float32; expected bfloat16"),
     ("LseWithHeadDim", PACKED, "lse has shape (1, 4, 128, 1); expected (1, 4, 128)"),
     ("TwoGradients", {}, "backward returned 2 values; expected (dq, dk, dv)"),
