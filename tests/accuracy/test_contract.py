@@ -93,7 +93,7 @@ def test_strides_are_not_part_of_the_contract():
 @pytest.mark.parametrize("backend, fields, expected", [
     ("DkvQueryHeads", {}, "dk has shape (1, 4, 128, 64); expected (1, 1, 128, 64) (k's shape)"),
     ("DkvQueryHeads", PACKED, "dk has shape (1, 4, 128, 64); expected (1, 1, 128, 64)"),
-    ("OutFloat32", {}, "out has dtype float32; expected bfloat16 (the output dtype of bf16 cases)"),
+    ("OutFloat32", {}, "out has dtype float32; expected bfloat16 (the output dtype of bf16"),
     ("OutFloat32", DECODE, "out has dtype float32; expected bfloat16"),
     ("LseWithHeadDim", PACKED, "lse has shape (1, 4, 128, 1); expected (1, 4, 128)"),
     ("TwoGradients", {}, "backward returned 2 values; expected (dq, dk, dv)"),
