@@ -307,6 +307,9 @@ def test_evidence_ranks_measured_margins_and_names_crashes():
     assert (best.check, best.tensor) == ("baseline_ratio", "dq")
     assert best.margin == pytest.approx(30)
     assert evidence({"verdict": "pass", "checks": [], "case": {"dtype": "bf16"}}) is None
+    breach = {"verdict": "error", "checks": [], "case": {"dtype": "bf16"},
+              "reason": "backend contract: out has dtype float32; expected bfloat16 (...)"}
+    assert evidence(breach) == Evidence(math.inf, "contract", "error")  # not a crash
     result = judge_mutant(by_name("mutant.dq_log2_scale"), [crash, fail])
     assert result.caught and result.failed == 2 and result.best.margin == pytest.approx(30)
     controls = judge_controls([{**fail, "case": {"backend": "sdpa", "dtype": "bf16"},
