@@ -4,9 +4,10 @@ Given the inputs and a backend's out/dq/dk/dv, :func:`evaluate` measures errors 
 fp64 reference (when one applies), a baseline's errors on the same inputs -- the fused-precision
 baseline, or for tensors the backend computes in the input dtype by design the naive backend
 (:func:`input_precision`) -- the reference-free identities, and the log-sum-exp the backend
-returned (:mod:`attnbench.accuracy.lse_check`), and returns a :class:`Judgement`. Further checks (determinism of
-repeated backward calls, CP/TP parity) are folded in with :meth:`Judgement.merged`. Bounds and
-the per-check verdict rule live in :mod:`attnbench.accuracy.bounds`.
+returned (:mod:`attnbench.accuracy.lse_check`), and returns a :class:`Judgement`. Further
+checks (determinism of repeated backward calls, CP/TP parity) are folded in with
+:meth:`Judgement.merged`. Bounds and the per-check verdict rule live in
+:mod:`attnbench.accuracy.bounds`.
 """
 
 from __future__ import annotations
