@@ -104,6 +104,19 @@ class BackendError(RuntimeError):
     (:func:`attnbench.cluster.task.outcome_to_record`), so it imports nothing."""
 
 
+CONTRACT_BREACH = "backend contract: "
+"""How the reason of a :class:`ContractBreach` starts (the selftest reads it)."""
+
+
+class ContractBreach(BackendError):
+    """What a backend returned is not what the case asks for (a dtype, a shape:
+    :mod:`attnbench.accuracy.contract`): the backend's ``error``, ``str()`` its one-line
+    reason, ``backend contract: ...``."""
+
+    def __init__(self, what: str):
+        super().__init__(CONTRACT_BREACH + what)
+
+
 def exception_summary(exc: BaseException, limit: int = 300) -> str:
     """``Type: first line of the message`` -- how an exception reads in a record's reason."""
     text = str(exc).strip()

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence, TextIO
 
 from attnbench.dtypes import BY_NAME, FAMILIES, is_fp8
-from attnbench.errors import EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_OK, ClusterError
+from attnbench.errors import (CONTRACT_BREACH, EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_FAILURES, EXIT_OK,
+                              ClusterError)
 from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, LONG_SEQLEN,
                                         SEEDED_DROPOUT_CONTROL, Mutant, by_name)
@@ -211,6 +212,8 @@ class Evidence:
 def evidence(record: dict) -> Optional[Evidence]:
     """None when the record is not a failure (pass, unsupported, skipped)."""
     verdict = record["verdict"]
+    if verdict == "error" and str(record.get("reason", "")).startswith(CONTRACT_BREACH):
+        return Evidence(math.inf, "contract", verdict)  # what it returned is not the case's
     if verdict in DIED_VERDICTS:
         return Evidence(math.inf, "crash", verdict)
     if verdict != "fail":

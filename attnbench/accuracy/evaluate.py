@@ -3,10 +3,11 @@
 Given the inputs and a backend's out/dq/dk/dv, :func:`evaluate` measures errors against the
 fp64 reference (when one applies), a baseline's errors on the same inputs -- the fused-precision
 baseline, or for tensors the backend computes in the input dtype by design the naive backend
-(:func:`input_precision`) -- and the reference-free identities, and returns a
-:class:`Judgement`. Further checks (determinism of
-repeated backward calls, CP/TP parity) are folded in with :meth:`Judgement.merged`. Bounds and
-the per-check verdict rule live in :mod:`attnbench.accuracy.bounds`.
+(:func:`input_precision`) -- the reference-free identities, and the log-sum-exp the backend
+returned (:mod:`attnbench.accuracy.lse_check`), and returns a :class:`Judgement`. Further
+checks (determinism of repeated backward calls, CP/TP parity) are folded in with
+:meth:`Judgement.merged`. Bounds and the per-check verdict rule live in
+:mod:`attnbench.accuracy.bounds`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from attnbench.accuracy.rng import RngState
 from attnbench.accuracy.fp8_split import quantization_split
 from attnbench.accuracy.fused_baseline import FusedBaseline, fused_backward, fused_forward
 from attnbench.accuracy.invariants import identity_residuals
+from attnbench.accuracy.lse_check import lse_checks, scores_dtype
 from attnbench.backends import Capabilities, get_backend
 from attnbench.backends.masks import release_prepared
 from attnbench.errors import is_oom
@@ -116,6 +118,14 @@ class References:
         scale = acc.problem_scale(ref)
         return {t: acc.tensor_errors(results[t], ref[t], scale) for t in self.tensors}
 
+    def lse(self) -> torch.Tensor:
+        """The fp64 reference's log-sum-exp: dropout does not enter it, so any mask's (one
+        already computed), else a forward without dropout (no backward)."""
+        for ref in self._cache.values():
+            return ref["lse"]
+        q, k, v, _ = self.inputs
+        return reference_forward(q, k, v, self.spec.replace(dropout_p=0.0))[1]
+
     def logit_scale(self) -> float:
         """Largest finite |lse| of the fp64 reference (any entry: dropout does not change it)."""
         for ref in self._cache.values():
@@ -126,7 +136,8 @@ class References:
 
 def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
              rng: Optional[RngState] = None, originals=None,
-             reference_roundings: Optional[dict] = None) -> Judgement:
+             reference_roundings: Optional[dict] = None,
+             lse: Optional[torch.Tensor] = None) -> Judgement:
     """Errors against fp64 (when a reference applies), baseline errors and identities.
 
     ``rng``: the state of the generator a hidden-mask backend's dropout drew from, captured right
@@ -135,7 +146,10 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     fp8 cases (``spec.fp8_format``): q, k, v are the fp8 values; the reference is exact on
     their dequantized numbers, and ``originals`` (q, k, v before quantization) give the
     quantization / kernel split of :mod:`attnbench.accuracy.fp8_split`.
-    ``reference_roundings``: see :func:`attnbench.accuracy.bounds.judge`."""
+    ``reference_roundings``: see :func:`attnbench.accuracy.bounds.judge`.
+    ``lse``: the log-sum-exp the backend returned (``Forward.lse``; a CP/TP run's gathered
+    one), judged against the reference's by the ``lse`` check
+    (:mod:`attnbench.accuracy.lse_check`); None: the backend returned none."""
     device = device or q.device
     tensors = TENSORS if grads is not None else ("out",)  # grads None: forward only
     results = dict(zip(tensors, (out, *(grads or ()))))
@@ -185,6 +199,10 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     judgement = Judgement(ruling.verdict, ruling.reason, tuple(ruling.checks), accuracy)
     if dropout is not None:
         judgement = judgement.merged(dropout.checks, "dropout: ", dropout=dropout.to_dict())
+    if lse is not None:
+        declared = "out" in input_precision(backend, case, device)
+        checks, section = lse_checks(lse, refs.lse(), scores_dtype(lse, case.dtype, declared))
+        judgement = judgement.merged(checks, lse=section)
     return judgement
 
 

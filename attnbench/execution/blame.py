@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, Optional
 
-from attnbench.errors import exception_summary
+from attnbench.errors import BackendError, exception_summary
 
 _PACKAGE = Path(__file__).resolve().parent.parent
 """attnbench/: frames under it are the harness's, unless they are the backend's."""
@@ -62,7 +62,12 @@ def where(frame: traceback.FrameSummary) -> str:
 def blame(exc: BaseException, backend: Any,
           extra: Iterable[Optional[ModuleType]] = ()) -> tuple[bool, str]:
     """(is the backend's, the record's reason): ``Type: message (raised in the backend at
-    file:line in function)``, or ``harness error: Type: message (at file:line in function)``."""
+    file:line in function)``, or ``harness error: Type: message (at file:line in function)``.
+    A :class:`~attnbench.errors.BackendError` raised by the harness on the backend's behalf (a
+    breach of the backend contract, :mod:`attnbench.accuracy.contract`) is the backend's, its
+    message the reason."""
+    if isinstance(exc, BackendError):
+        return True, str(exc)
     frame = backend_frame(exc, backend_files(backend, extra)) if backend is not None else None
     summary = exception_summary(exc)
     if frame is not None:

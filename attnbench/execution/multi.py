@@ -158,6 +158,10 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
     grads = run_backward(ctx) if case.backward else None
     sync(device)
     full = _gather(comm, case, shard, ctx.out, grads)
+    if options.accuracy:  # the lse every rank's calls returned, judged whole (check "lse")
+        lse = _gather_lse(comm, case, shard, getattr(ctx, "lse", None))
+        if full is not None and lse is not None:
+            full["lse"] = lse
     timing = None
     if options.timing.enabled:
         timing = time_case(case, device, run_forward,
@@ -227,6 +231,33 @@ def _gather(comm: Comm, case: Case, shard: Shard, out: torch.Tensor, grads) -> O
     return full
 
 
+def _gather_lse(comm: Comm, case: Case, shard: Shard,
+                lse: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The whole log-sum-exp (B, Hq, Sq) float32 on rank 0 when every rank's calls returned
+    one (None elsewhere, or when one did not): a flag, then the local rows, padded to the
+    largest rank's (uneven packed chunks) -- every rank sends, so none waits on another's
+    choice."""
+    def rows(theirs: Shard) -> int:
+        return case.tensor_batch * theirs.heads.q_count * theirs.local_length("q")
+
+    size = 1 + max(rows(Shard.of(case, *divmod(r, case.tp))) for r in range(case.world_size))
+    message = torch.zeros(size, dtype=torch.float32, device=comm.device)
+    if lse is not None:
+        message[0] = 1.0
+        message[1:1 + lse.numel()] = lse.detach().float().reshape(-1)
+    gathered = comm.gather_to_first(message)
+    if gathered is None or not all(m[0].item() == 1.0 for m in gathered):
+        return None
+    b, sq = case.tensor_batch, case.seqlen_q
+    full = gathered[0].new_empty(b, case.heads_q, sq, 1)
+    for r, flat in enumerate(gathered):
+        theirs = Shard.of(case, *divmod(r, case.tp))
+        local = flat[1:1 + rows(theirs)].view(b, theirs.heads.q_count,
+                                              theirs.local_length("q"), 1)
+        theirs.place_q(full, local)
+    return full[..., 0]
+
+
 def _local_shapes(case: Case, shard: Shard) -> list[torch.Size]:
     """Shapes of a rank's local out, dq, dk, dv."""
     b, h = case.tensor_batch, shard.heads
@@ -279,7 +310,7 @@ def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict) -> Judgeme
         roundings = reference_roundings(case, q, k, v, dout, out64, lse64, spec, keep_mask, ref,
                                         summed_partials(case, algorithm(case) is allgather))
     judgement = evaluate(judged_as, backend, spec, q, k, v, dout, full["out"], grads,
-                         reference_roundings=roundings)
+                         reference_roundings=roundings, lse=full.get("lse"))
     fwd = backend.forward(q, k, v, spec)
     single = dict(zip(tensors, (fwd.out, *(_single_backward(case, backend, fwd, q, k, v, dout,
                                                             spec) if case.backward else ()))))

@@ -14,11 +14,12 @@ from typing import Optional
 import torch
 
 from attnbench.accuracy import evaluate as evaluation
+from attnbench.accuracy.contract import check_backward, check_forward
 from attnbench.accuracy.rng import RngState
 from attnbench.backends import Capabilities, Unsupported, get_backend, refusal
 from attnbench.backends.masks import release_prepared
 from attnbench.dtypes import is_fp8
-from attnbench.errors import is_oom
+from attnbench.errors import ContractBreach, is_oom
 from attnbench.execution.blame import blame
 from attnbench.hardware.device import (backend_env, device_env, device_peaks, interpreter_on_gpu,
                                        pick_device, release_memory, sync)
@@ -52,7 +53,7 @@ def run_single_case(case: Case, options: RunOptions,
         return record("unsupported", str(exc))
     except Exception as exc:  # the backend's own failure is the measurement here
         verdict = "oom" if is_oom(exc) else "error"
-        if device.type == "cuda" and verdict == "error":
+        if device.type == "cuda" and verdict == "error" and not isinstance(exc, ContractBreach):
             # An illegal memory access leaves the CUDA context broken: ask for a fresh rank
             # rather than let the next cases inherit it.
             from attnbench.execution.child import recycle_after_call
@@ -86,12 +87,16 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
     hidden = Capabilities.of(backend).keep_mask is None
     rng = RngState.capture(device) if spec.dropout_p > 0 and hidden else None
     fwd = backend.forward(q, k, v, spec)
+    # The contract before any judging: a breach is the backend's error (ContractBreach).
+    check_forward(case, q, k, v, fwd.out, fwd.lse)
     # A forward-only case (decode) asks for no gradient: none is computed, judged or timed.
     grads = backend.backward(fwd.ctx, dout) if case.backward else None
+    if grads is not None:
+        check_backward(q, k, v, grads)
     sync(device)
     if options.accuracy:
         judgement = evaluation.evaluate(case, backend, spec, q, k, v, dout, fwd.out, grads,
-                                        device, rng, originals=originals)
+                                        device, rng, originals=originals, lse=fwd.lse)
         if Capabilities.of(backend).deterministic and grads is not None:
             judgement = evaluation.check_determinism(judgement, backend, fwd.ctx, dout, grads)
     else:

@@ -119,8 +119,9 @@ class LseLog2(RecomputingNaive):
     m * log2(e) + log2(l) to use exp2) while callers merge in natural log
     (sgl-project/sglang#35045 and flashinfer-ai/flashinfer#4547: flashinfer's base-2 LSE fed to a
     base-e merge; meta-pytorch/attention-gym#200 needed lse / ln 2 for its Triton backward). The
-    kernel's own forward and backward agree with each other, so a single device is right; a ring
-    merges blocks with wrong weights."""
+    kernel's own forward and backward agree with each other, so a single device's out and
+    gradients are right (its returned lse is not: the lse check sees it there); a ring merges
+    blocks with wrong weights."""
 
     name = "mutant.lse_log2"
 

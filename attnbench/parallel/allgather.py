@@ -15,10 +15,11 @@ runs here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
+from attnbench.accuracy.contract import check_backward, check_forward
 from attnbench.backends.base import Unsupported
 from attnbench.parallel.group import Comm
 from attnbench.parallel.layout import Shard, block_spec, offsets, padded, put_rows, take_rows
@@ -33,8 +34,11 @@ class GatherContext:
     comm: Comm
     shard: Shard
     calls: list
-    """(query rows of the local tensor, backend ctx) per query segment."""
+    """(query rows of the local tensor, backend ctx, the call's (q, k, v)) per query segment."""
     out: torch.Tensor
+    lse: Optional[torch.Tensor] = None
+    """This rank's log-sum-exp, its segments' calls concatenated (None if the backend returns
+    none), gathered and judged."""
 
 
 def _gather_sequence(comm: Comm, shard: Shard, x: torch.Tensor) -> torch.Tensor:
@@ -51,26 +55,34 @@ def forward(backend, comm: Comm, shard: Shard, q: torch.Tensor, k: torch.Tensor,
             v: torch.Tensor, spec: AttnSpec, *, probe: bool = False) -> GatherContext:
     k_full = _gather_sequence(comm, shard, k)
     v_full = _gather_sequence(comm, shard, v)
-    outs, calls, failure = [], [], None
+    outs, lses, calls, failure = [], [], [], None
+    label = f"CP rank {shard.cp_rank}, TP rank {shard.tp_rank}: "
     for seg, at in zip(shard.q_segments, offsets(shard.q_segments)):
         rows = slice(at, at + seg.length)
         if not seg.length:
             continue  # packed: a slot of empty chunks (every sequence shorter than 2 cp)
+        q_seg = q[:, :, rows].contiguous()
         try:
-            fwd = backend.forward(q[:, :, rows].contiguous(), k_full, v_full,
-                                  block_spec(spec, seg, shard.whole_kv()))
+            fwd = backend.forward(q_seg, k_full, v_full, block_spec(spec, seg, shard.whole_kv()))
         except Unsupported as exc:
             if not probe:
                 raise
             failure = exc
             break
+        check_forward(shard.case, q_seg, k_full, v_full, fwd.out, fwd.lse, call=label)
         outs.append(fwd.out)
-        calls.append((rows, fwd.ctx))
+        lses.append(fwd.lse)
+        calls.append((rows, fwd.ctx, (q_seg, k_full, v_full, label)))
     if probe:
         comm.agree(failure)
     out = torch.cat(outs, dim=2) if outs else \
         q.new_zeros(*q.shape[:3], v.shape[-1])  # this rank holds no query at all
-    return GatherContext(backend=backend, comm=comm, shard=shard, calls=calls, out=out)
+    lse = None
+    if lses and all(x is not None for x in lses):
+        lse = torch.cat([x.float() for x in lses], dim=2)
+    elif not lses:
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=F32, device=q.device)
+    return GatherContext(backend=backend, comm=comm, shard=shard, calls=calls, out=out, lse=lse)
 
 
 def backward(ctx: GatherContext, dout: torch.Tensor):
@@ -83,8 +95,11 @@ def backward(ctx: GatherContext, dout: torch.Tensor):
                           device=dout.device)
     dv_full = torch.zeros(batch, heads_kv, case.seqlen_kv, case.head_dim_v, dtype=F32,
                           device=dout.device)
-    for rows, backend_ctx in ctx.calls:
-        dq_b, dk, dv = ctx.backend.backward(backend_ctx, dout[:, :, rows].contiguous())
+    for rows, backend_ctx, inputs in ctx.calls:
+        grads = ctx.backend.backward(backend_ctx, dout[:, :, rows].contiguous())
+        q_seg, k_full, v_full, label = inputs
+        check_backward(q_seg, k_full, v_full, grads, call=label)
+        dq_b, dk, dv = grads
         dq[:, :, rows] = dq_b.to(F32)
         dk_full += dk.to(F32)
         dv_full += dv.to(F32)

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from attnbench.accuracy.contract import check_backward, check_forward
 from attnbench.backends.base import Unsupported
 from attnbench.parallel.group import Comm
 from attnbench.parallel.layout import Shard, any_visible, block_spec, offsets, padded
@@ -159,9 +160,10 @@ def _forward_step(ctx: RingContext, step: int, owner: int, held_k, held_v, spec:
                 continue  # wholly masked: the causal half that zigzag balances
             this_spec = block_spec(spec, q_seg, kv_seg)
             cols = slice(ka, ka + kv_seg.length)
-            fwd = ctx.backend.forward(ctx.q[:, :, rows].contiguous(),
-                                      held_k[:, :, cols].contiguous(),
-                                      held_v[:, :, cols].contiguous(), this_spec)
+            block = (ctx.q[:, :, rows].contiguous(), held_k[:, :, cols].contiguous(),
+                     held_v[:, :, cols].contiguous())
+            fwd = ctx.backend.forward(*block, this_spec)
+            check_forward(shard.case, *block, fwd.out, fwd.lse, call=_label(shard, step))
             if fwd.lse is None:
                 raise Unsupported(f"ring/zigzag CP: backend {ctx.backend.name!r} returns no "
                                   "log-sum-exp (Forward.lse is None), which merging partial "
@@ -169,6 +171,11 @@ def _forward_step(ctx: RingContext, step: int, owner: int, held_k, held_v, spec:
             _merge(acc_out[:, :, rows], acc_lse[:, :, rows], fwd.out, fwd.lse)
             ctx.blocks.append(SavedBlock(step=step, q_index=qi, kv_owner=owner, kv_index=kj,
                                          spec=this_spec))
+
+
+def _label(shard: Shard, step: int) -> str:
+    """How a contract breach names the call that broke it."""
+    return f"CP rank {shard.cp_rank}, TP rank {shard.tp_rank}, ring step {step}: "
 
 
 def backward(ctx: RingContext, dout: torch.Tensor):
@@ -193,10 +200,13 @@ def backward(ctx: RingContext, dout: torch.Tensor):
             kv_segments = shard.kv_segments_of(block.kv_owner)
             ka = offsets(kv_segments)[block.kv_index]
             cols = slice(ka, ka + kv_segments[block.kv_index].length)
-            dq_b, dk_b, dv_b = ctx.backend.backward_from_stats(
-                ctx.q[:, :, rows].contiguous(), held_k[:, :, cols].contiguous(),
-                held_v[:, :, cols].contiguous(), ctx.out[:, :, rows].contiguous(),
-                ctx.lse[:, :, rows].contiguous(), dout[:, :, rows].contiguous(), spec)
+            block = (ctx.q[:, :, rows].contiguous(), held_k[:, :, cols].contiguous(),
+                     held_v[:, :, cols].contiguous())
+            grads = ctx.backend.backward_from_stats(
+                *block, ctx.out[:, :, rows].contiguous(), ctx.lse[:, :, rows].contiguous(),
+                dout[:, :, rows].contiguous(), spec)
+            check_backward(*block, grads, call=_label(shard, step))
+            dq_b, dk_b, dv_b = grads
             dq[:, :, rows] += dq_b.to(F32)
             dk_acc[:, :, cols] += dk_b.to(F32)
             dv_acc[:, :, cols] += dv_b.to(F32)

@@ -13,10 +13,11 @@ K/V head is replicated on every TP rank, and the backward of a replication is a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
+from attnbench.accuracy.contract import check_backward, check_forward
 from attnbench.backends.base import Unsupported
 from attnbench.parallel.group import Comm
 from attnbench.parallel.layout import Shard
@@ -30,6 +31,15 @@ class LocalContext:
     backend: Any
     ctx: Any
     out: torch.Tensor
+    lse: Optional[torch.Tensor] = None
+    """The call's log-sum-exp (None if the backend returns none), gathered and judged."""
+    inputs: tuple = ()
+    """This rank's (q, k, v, its label): what the backward's gradients must be shaped like."""
+
+
+def rank_label(shard: Shard) -> str:
+    """How a contract breach names the rank whose call broke it."""
+    return f"CP rank {shard.cp_rank}, TP rank {shard.tp_rank}: "
 
 
 def forward(backend, comm: Comm, shard: Shard, q: torch.Tensor, k: torch.Tensor,
@@ -44,11 +54,16 @@ def forward(backend, comm: Comm, shard: Shard, q: torch.Tensor, k: torch.Tensor,
         failure = exc
     if probe:
         comm.agree(failure)
-    return LocalContext(backend=backend, ctx=fwd.ctx, out=fwd.out)
+    check_forward(shard.case, q, k, v, fwd.out, fwd.lse, call=rank_label(shard))
+    return LocalContext(backend=backend, ctx=fwd.ctx, out=fwd.out, lse=fwd.lse,
+                        inputs=(q, k, v, rank_label(shard)))
 
 
 def backward(ctx: LocalContext, dout: torch.Tensor):
-    dq, dk, dv = ctx.backend.backward(ctx.ctx, dout)
+    grads = ctx.backend.backward(ctx.ctx, dout)
+    q, k, v, label = ctx.inputs
+    check_backward(q, k, v, grads, call=label)
+    dq, dk, dv = grads
     return dq.to(F32), dk.to(F32), dv.to(F32)
 
 

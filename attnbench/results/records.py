@@ -99,12 +99,13 @@ DIED_VERDICTS = tuple(v for v in BAD_VERDICTS if v not in RAN_VERDICTS)
 """error, crash, timeout, oom, lost: the case did not run to the end, so it has no result."""
 TENSORS = ("out", "dq", "dk", "dv")
 CHECKS = ("reference", "baseline_ratio", "identity", "nonfinite", "determinism", "parity",
-          "dropout")
+          "dropout", "lse")
 """What a ``checks`` entry may be: an error against the fp64 reference held to an absolute
 bound, or to a ratio of the baseline's; a gradient identity's residual; NaN/Inf counted; two
 runs' elements differing; a multi-rank result against one device's; a dropout mask or its
-statistics. Checked where a check is made (:class:`attnbench.accuracy.bounds.Check`) and where
-one is read by name (tests/project/test_vocabularies.py)."""
+statistics; a returned log-sum-exp against the reference's. Checked where a check is made
+(:class:`attnbench.accuracy.bounds.Check`) and where one is read by name
+(tests/project/test_vocabularies.py)."""
 
 
 TRACEBACK_CHARS = 4000

@@ -165,7 +165,7 @@ def test_forward_only_backend_runs_cp_tp_forward_only(pool, fields):
     assert set(record["accuracy"]["parity"]) == {"out"}
     assert record["accuracy"]["backward"].startswith("not applicable")
     assert record["timing"]["bwd"] is None and record["timing"]["flops_bwd"] is None
-    assert {c["tensor"] for c in record["checks"]} == {"out"}
+    assert {c["tensor"] for c in record["checks"]} == {"out", "lse"}  # its gathered lse too
 
 
 def test_forward_only_case_of_a_full_backend_computes_no_gradient(pool):
@@ -187,8 +187,8 @@ class RaisesInBackwardFromStats(NaiveBackend):
 
 
 class WrongShapedOut(NaiveBackend):
-    """Returns an output one query row short: the harness's own code raises on it (our
-    exception, not the backend's)."""
+    """Returns an output one query row short. Before issue 39 the harness's own code raised on
+    it (a harness error); now the backend contract names it, the backend's error."""
 
     name = "testing.wrong_shaped_out"
 
@@ -208,21 +208,39 @@ def test_exception_in_the_backends_own_code_is_its_error_with_its_frame(pool):
     assert record["reason"].endswith("in backward_from_stats)")
 
 
-def test_exception_in_the_harness_is_a_harness_error(pool):
+def test_a_wrong_shaped_output_under_cp_is_the_backends_contract_error(pool):
+    """Before: ``harness error: ...`` (our gather choked on it)."""
     record = run(pool, backend="test_fair_judging:WrongShapedOut", cp=2, dropout=0.0)
     assert record["verdict"] == "error"
-    assert record["reason"].startswith("harness error: "), record["reason"]
+    assert record["reason"].startswith("backend contract: CP rank "), record["reason"]
+    assert "out has shape (1, 4, 31, 16); expected (1, 4, 32, 16)" in record["reason"]
 
 
 @pytest.mark.parametrize("backend, reason", [
     ("testing.raises", "RuntimeError: deliberate failure (raised in the backend at "
                        "attnbench/execution/testing.py:"),
-    ("test_fair_judging:WrongShapedOut", "harness error: "),
+    ("test_fair_judging:WrongShapedOut", "backend contract: out has shape (1, 4, 63, 16); "
+                                         "expected (1, 4, 64, 16) (q's shape with v's head dim"),
 ])
 def test_single_device_blame(backend, reason):
     record = run_single_case(case_of(backend=backend, dropout=0.0),
                              RunOptions(timeout_s=60, timing=TimingOptions(enabled=False)))
     assert record["verdict"] == "error" and record["reason"].startswith(reason), record["reason"]
+
+
+def test_exception_in_the_harness_is_a_harness_error(monkeypatch):
+    """A bug of ours (planted: the identities raise) is a harness error at our frame."""
+    from attnbench.accuracy import evaluate
+
+    def broken(*args, **kwargs):
+        return {}["no such identity"]
+
+    monkeypatch.setattr(evaluate, "identity_residuals", broken)
+    record = run_single_case(case_of(backend="naive", dropout=0.0),
+                             RunOptions(timeout_s=60, timing=TimingOptions(enabled=False)))
+    assert record["verdict"] == "error"
+    assert record["reason"].startswith("harness error: KeyError"), record["reason"]
+    assert "attnbench/accuracy/evaluate.py" in record["reason"]
 
 
 # -- the bug the harness's seed now exposes: a seeded mask that ignores its seed ----------------

@@ -44,6 +44,9 @@ REFERENCE = {"baseline_ratio", "reference"}
 FINDING = {"finding"}
 """Not a check: the mutant passes every check and must be a finding of the run
 (attnbench.report.read.trends)."""
+CONTRACT = {"contract"}
+"""Not a check: a breach of the backend contract, the backend's ``error`` with a one-line
+reason (attnbench.accuracy.contract), before anything is judged."""
 EXPOSE = {
     "mutant.cp_fresh_dropout": (dict(cp=2, dropout=0.1), {"identity"}, None),
     "mutant.dq_log2_scale": (dict(mask="causal"), REFERENCE | {"identity"}, None),
@@ -107,6 +110,12 @@ EXPOSE = {
                                  ("fp8_e4m3",)),
     # K and V descales swapped: right by luck unless K and V draw different scales
     "mutant.fp8_descale_kv_swapped": (dict(inputs="kv_apart"), REFERENCE, None),
+    # what a backend hands back: the contract (out's dtype, dK/dV's heads), the returned lse
+    "mutant.out_fp32": (dict(), CONTRACT, ("fp16", "bf16")),
+    "mutant.gqa_dkv_expanded": (dict(), CONTRACT, None),
+    "mutant.lse_base2": (dict(), {"lse"}, None),
+    "mutant.lse_no_scale": (dict(), {"lse"}, None),
+    "mutant.lse_rows_shifted": (dict(mask="causal"), {"lse"}, None),
 }
 DEFAULT_DTYPE = {"mutant.nondeterministic_dq": "fp32", "mutant.cp_lse_no_max": "fp16",
                  "mutant.split_merge_no_max": "fp16", "mutant.fp8_descale_v_twice": "fp8_e5m2",
@@ -143,6 +152,8 @@ def control_of(name: str) -> str:
     """The correct backend the mutant edits."""
     if name == "mutant.top_left_causal":
         return "sdpa"
+    if by_name(name).ref.startswith("attnbench.mutants.returned:"):
+        return "naive"  # they edit what naive hands back
     if by_name(name).decode:
         return "triton" if name == "mutant.split_merge_no_max" else "naive"
     if name in ("mutant.cu_seqlens_off_by_one", "mutant.cross_document_leak",
@@ -193,8 +204,13 @@ def test_mutant_is_caught_and_its_control_passes(name, pool2):
     fields, kinds, dtypes = EXPOSE[name]
     dtype = DEFAULT_DTYPE.get(name, "bf16")
     record = run(case_of(name, dtype, **fields), pool2)
-    assert record["verdict"] == "fail", (record["verdict"], record["reason"])
-    assert failing_kinds(record) & kinds, (failing_kinds(record), record["reason"])
+    if kinds == CONTRACT:  # the backend's error, named in one line, nothing judged
+        assert record["verdict"] == "error", (record["verdict"], record["reason"])
+        assert record["reason"].startswith("backend contract: "), record["reason"]
+        assert "\n" not in record["reason"] and not record["checks"]
+    else:
+        assert record["verdict"] == "fail", (record["verdict"], record["reason"])
+        assert failing_kinds(record) & kinds, (failing_kinds(record), record["reason"])
     control = run(case_of(control_of(name), dtype, **fields), pool2)
     assert control["verdict"] == "pass", (control_of(name), control["reason"])
 
@@ -238,6 +254,9 @@ def test_parallel_mutants_are_the_correct_backend_on_one_device():
         if mutant.parallel:
             fields = {k: v for k, v in EXPOSE[mutant.name][0].items() if k not in ("cp", "tp")}
             record = run_case(case_of(mutant.name, "bf16", **fields), NO_TIMING)
+            if mutant.name == "mutant.lse_log2":  # its base-2 lse: the lse check, and only it
+                assert failing_kinds(record) == {"lse"}, record["reason"]
+                continue
             assert record["verdict"] == "pass", (mutant.name, record["reason"])
 
 
@@ -292,6 +311,9 @@ def test_evidence_ranks_measured_margins_and_names_crashes():
     assert (best.check, best.tensor) == ("baseline_ratio", "dq")
     assert best.margin == pytest.approx(30)
     assert evidence({"verdict": "pass", "checks": [], "case": {"dtype": "bf16"}}) is None
+    breach = {"verdict": "error", "checks": [], "case": {"dtype": "bf16"},
+              "reason": "backend contract: out has dtype float32; expected bfloat16 (...)"}
+    assert evidence(breach) == Evidence(math.inf, "contract", "error")  # not a crash
     result = judge_mutant(by_name("mutant.dq_log2_scale"), [crash, fail])
     assert result.caught and result.failed == 2 and result.best.margin == pytest.approx(30)
     controls = judge_controls([{**fail, "case": {"backend": "sdpa", "dtype": "bf16"},

@@ -250,8 +250,11 @@ def test_decode_mutants_are_caught(mutant, fields):
 def test_decode_mutants_are_correct_where_their_bug_does_not_show():
     contiguous = make_case("t", dict(backend="mutant.paged_wrong_sequence", **DECODE))
     assert run_case(contiguous, NO_TIMING)["verdict"] == "pass"
-    bf16 = make_case("t", dict(backend="mutant.split_merge_no_max", **DECODE))
-    assert run_case(bf16, NO_TIMING)["verdict"] == "pass"
+    bf16 = run_case(make_case("t", dict(backend="mutant.split_merge_no_max", **DECODE)),
+                    NO_TIMING)
+    # Its output is right in bf16 (no overflow); its merged lse, m + log sum exp(lse_s), counts
+    # the max twice: the lse check (issue 39) sees that wherever the kernel returns it.
+    assert {c["check"] for c in bf16["checks"] if not c["passed"]} == {"lse"}, bf16["reason"]
 
 
 # -- the dashboard: the decode panel ---------------------------------------------------------------
