@@ -5,7 +5,8 @@ error metrics and every bound, each beside the measurement behind it; :mod:`~.fu
 the precision of a correct fused kernel (blockwise, at every length); :mod:`~.invariants` the
 reference-free gradient identities; :mod:`~.dropout_probe` hidden dropout masks, recovered or
 judged by statistics (the generator replayed by :mod:`~.rng`, the fp64 side in
-:mod:`~.dropout_exact`); :mod:`~.fp8_split` an fp8 case's error split into quantization and
+:mod:`~.dropout_exact`; masks that should be independent checked in
+:mod:`~.dropout_independence`); :mod:`~.fp8_split` an fp8 case's error split into quantization and
 kernel.
 """
 
@@ -15,6 +16,8 @@ __all__, __getattr__ = package_face(__name__, {
     "bounds": ("Check", "RATIO_FACTOR", "RATIO_FLOOR", "REFERENCE_SELF_BOUND", "Ruling",
                "identity_bounds", "split_sum_roundings", "tensor_errors"),
     "dropout_exact": ("ExactCall", "identity_columns", "visible_floor"),
+    "dropout_independence": ("FALSE_ALARM", "MaskParts", "cp_parts", "expected_agreement",
+                             "independence_check"),
     "dropout_probe": ("RecoveredKeepMask", "judge_dropout"),
     "evaluate": ("Judgement", "References", "timed_only"),
     "fused_baseline": ("FusedBaseline", "fused_backward", "fused_forward"),
