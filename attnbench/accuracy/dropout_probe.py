@@ -29,6 +29,12 @@ draws the judged forward's mask. That is checked, not assumed: see ``recovered-m
     are checked from the probe at no extra cost.
     One more call, an independent draw, must change the mask (``mask_unchanged_by_redraw``).
     Cost: 2 * ceil(Sk / Dv) + 1 forward calls.
+    Under CP/TP (``split``) there is no captured state: a mask that follows the seed is
+    replayed on one device as above, and must be the one the ranks drew -- else
+    ``ranks_mask_replay`` fails ("ranks-mask-mismatch"); the split run's own probe
+    (``mask_parts``: every rank probed under its :meth:`RngState.for_call` state) recovers a
+    generator-driven mask, or the mismatching one, so the reference still judges.
+    Every recovered mask's independence is checked (:mod:`.dropout_independence`).
 ``statistics``  when the mask is not reproducible or not replayable, or the case is
     larger. Needs no replay: one identity-column probe of Dv keys spread over Sk (keep rate,
     kept-entry scale) and one redraw of it, then UNBIASED_RUNS calls, each under its own

@@ -19,6 +19,10 @@ Phases, and what a failure in each becomes:
    backend's own exception escapes as a :class:`~attnbench.errors.BackendError` naming its
    frame (its ``error``), any other is a harness error (:mod:`attnbench.execution.blame`).
    Crashes and hangs are the pool's as for any case.
+   A hidden dropout mask: every rank draws under its own generator state
+   (:meth:`~attnbench.accuracy.rng.RngState.for_call`: the case's seed and the rank), and where
+   the case is small enough to probe, the ranks read the split run's mask back together
+   (:func:`_mask_parts`: identity columns as V, Dv keys a call), gathered for rank 0.
 5. Rank 0 alone: accuracy of the gathered full tensors against fp64 (the usual checks,
    :func:`attnbench.accuracy.evaluate.evaluate`) and parity against the same backend at CP = 1,
    TP = 1 on the same inputs (:mod:`attnbench.parallel.parity`).
