@@ -177,9 +177,11 @@ class RecoveredKeepMask:
 @dataclass(frozen=True)
 class DropoutJudgement:
     method: str
-    """``recovered-mask`` | ``statistics`` | ``none: <why>``."""
+    """``recovered-mask`` | ``statistics`` | ``exposed-mask`` (independence only) |
+    ``none: <why>``."""
     checks: tuple[Check, ...] = ()
-    """check="dropout", tensor="out"; the harness appends them to the case's checks."""
+    """check="dropout" (and "dropout_independence", "ranks_mask_replay"), tensor="out"; the
+    harness appends them to the case's checks."""
     keep_mask: Optional[KeepMaskFn] = None
     """The recovered mask (``recovered-mask`` only): pass it to the fp64 reference."""
     forward_calls: int = 0
