@@ -29,6 +29,12 @@ draws the judged forward's mask. That is checked, not assumed: see ``recovered-m
     are checked from the probe at no extra cost.
     One more call, an independent draw, must change the mask (``mask_unchanged_by_redraw``).
     Cost: 2 * ceil(Sk / Dv) + 1 forward calls.
+    Under CP/TP (``split``) there is no captured state: a mask that follows the seed is
+    replayed on one device as above, and must be the one the ranks drew -- else
+    ``ranks_mask_replay`` fails ("ranks-mask-mismatch"); the split run's own probe
+    (``mask_parts``: every rank probed under its :meth:`RngState.for_call` state) recovers a
+    generator-driven mask, or the mismatching one, so the reference still judges.
+    Every recovered mask's independence is checked (:mod:`.dropout_independence`).
 ``statistics``  when the mask is not reproducible or not replayable, or the case is
     larger. Needs no replay: one identity-column probe of Dv keys spread over Sk (keep rate,
     kept-entry scale) and one redraw of it, then UNBIASED_RUNS calls, each under its own
@@ -65,6 +71,8 @@ from typing import Any, Optional
 import torch
 
 from attnbench.accuracy.bounds import ABSOLUTE_BOUND, Check
+from attnbench.accuracy.dropout_independence import (MaskParts, exposed_keep,
+                                                     independence_check)
 from attnbench.accuracy.dropout_exact import ExactCall, identity_columns, visible_floor
 from attnbench.accuracy.rng import RngState
 from attnbench.backends.capabilities import Capabilities
@@ -169,9 +177,11 @@ class RecoveredKeepMask:
 @dataclass(frozen=True)
 class DropoutJudgement:
     method: str
-    """``recovered-mask`` | ``statistics`` | ``none: <why>``."""
+    """``recovered-mask`` | ``statistics`` | ``exposed-mask`` (independence only) |
+    ``none: <why>``."""
     checks: tuple[Check, ...] = ()
-    """check="dropout", tensor="out"; the harness appends them to the case's checks."""
+    """check="dropout" (and "dropout_independence", "ranks_mask_replay"), tensor="out"; the
+    harness appends them to the case's checks."""
     keep_mask: Optional[KeepMaskFn] = None
     """The recovered mask (``recovered-mask`` only): pass it to the fp64 reference."""
     forward_calls: int = 0
@@ -194,27 +204,49 @@ class DropoutJudgement:
 
 def judge_dropout(backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttnSpec,
                   out: torch.Tensor, rng: Optional[RngState], *,
-                  force_statistics: bool = False) -> DropoutJudgement:
+                  force_statistics: bool = False, split: bool = False,
+                  mask_parts: Optional[MaskParts] = None) -> DropoutJudgement:
     """Judge the forward dropout of ``backend`` on one call: q (B, Hq, Sq, D), k (B, Hkv, Sk, D),
     v (B, Hkv, Sk, Dv) and the judged ``out`` (B, Hq, Sq, Dv), made under ``rng`` (None: no
-    replay possible, statistics only)."""
+    replay possible, statistics only).
+
+    ``split``: ``out`` was gathered from a CP/TP run; a mask that replays by seed on one device
+    must then be the one its ranks drew (else ``ranks_mask_replay`` fails). ``mask_parts``: the
+    split run's own probe (:class:`MaskParts`), recovering its mask where one device cannot."""
     if spec.dropout_p <= 0:
         return DropoutJudgement("none: no dropout")
     if spec.dropout_p >= 1:
         return DropoutJudgement("none: dropout_p >= 1 drops every probability")
-    if Capabilities.of(backend).keep_mask is not None:
+    exposed = Capabilities.of(backend).keep_mask
+    if exposed is not None:
+        return _exposed(exposed, q, k, v, spec, mask_parts)
+    return _Judge(backend, q, k, v, spec, out, rng, split, mask_parts).run(force_statistics)
+
+
+def _exposed(keep_mask, q, k, v, spec: AttnSpec, parts: Optional[MaskParts]) -> DropoutJudgement:
+    """An exposed mask: the exact reference judges with it; only its independence is left to
+    check (:mod:`.dropout_independence`), where the case is small enough to hold P."""
+    batch, heads_q, sq, _ = q.shape
+    entries = batch * heads_q * sq * k.shape[2]
+    if entries > PROBE_ENTRY_LIMIT:
         return DropoutJudgement("none: the backend exposes its keep mask; the exact reference "
-                                "applies")
-    return _Judge(backend, q, k, v, spec, out, rng).run(force_statistics)
+                                f"applies (B*Hq*Sq*Sk = {entries} > PROBE_ENTRY_LIMIT: "
+                                "independence not checked)")
+    started, details = time.perf_counter(), {}
+    p_all = ExactCall(q, k, v, spec).probabilities()
+    keep = exposed_keep(keep_mask, spec, p_all.shape, q.device)
+    check = independence_check(keep, p_all > 0, spec, k.shape[1], parts=parts, details=details)
+    return DropoutJudgement("exposed-mask", (check,), None, 0, time.perf_counter() - started,
+                            details)
 
 
 class _Judge:
     """One judgement: recovery where it applies and validates, else statistics. Counts the
     extra forward calls; leaves the device's generator as it found it."""
 
-    def __init__(self, backend, q, k, v, spec, out, rng):
+    def __init__(self, backend, q, k, v, spec, out, rng, split=False, parts=None):
         self.backend, self.q, self.k, self.v, self.spec, self.out = backend, q, k, v, spec, out
-        self.rng = rng
+        self.rng, self.split, self.parts = rng, split, parts
         self.p = spec.dropout_p
         self.u = torch.finfo(q.dtype).eps / 2
         self.calls = 0
@@ -233,6 +265,7 @@ class _Judge:
             why = f"2 * ceil(Sk / Dv) = {calls} probe calls > PROBE_CALL_LIMIT = {PROBE_CALL_LIMIT}"
         else:
             why = None
+        checks = []
         if why is None:
             keep, checks, why = self.recover()
             if keep is not None:
@@ -240,7 +273,7 @@ class _Judge:
                                         RecoveredKeepMask(keep, self.spec), self.calls,
                                         time.perf_counter() - started, self.details)
         self.details["why_not_recovered"] = why
-        checks = self.statistics()
+        checks = [*checks, *self.statistics()]  # a ranks_mask_replay failure stays
         return DropoutJudgement("statistics", tuple(checks), None, self.calls,
                                 time.perf_counter() - started, self.details)
 
@@ -303,36 +336,72 @@ class _Judge:
 
     def recover(self) -> tuple[Optional[torch.Tensor], list[Check], str]:
         """(keep mask, checks, "") when the mask is recovered and validated, else
-        (None, [], why not)."""
+        (None, checks that failed on the way -- ``ranks_mask_replay`` --, why not)."""
         sk = self.k.shape[2]
         keys = torch.arange(sk, device=self.q.device)
-        states, why = self.replay_states(keys)
-        if not states:
-            return None, [], why
-        first = self.probe_pass(keys, states[0])
-        second = self.probe_pass(keys.flip(0), states[1])
         p_all = ExactCall(self.q, self.k, self.v, self.spec).probabilities()
         visible = p_all >= visible_floor(self.q.dtype)
-        differ = int(((first != 0) != (second != 0))[visible].sum())
-        self.details.update(probe_entries=int(visible.numel()), probe_visible=int(visible.sum()),
-                            probe_mask_mismatches=differ)
-        if differ:
-            return None, [], (f"not reproducible: {differ} of {int(visible.sum())} mask entries "
-                              f"differ between two probes under the same RNG state")
-        replay = _rel_l2(self.out, _apply(first, self.v))
-        bound = REPLAY_ROUNDINGS * self.u
-        self.details.update(replay_rel_l2=replay, replay_bound=bound)
-        if not replay <= bound:
-            return None, [], (f"the judged output is not probe @ V (rel. L2 {replay:.3g} > "
-                              f"{bound:.3g}): the judged forward drew another mask")
+        self.details.update(probe_entries=int(visible.numel()), probe_visible=int(visible.sum()))
+        first, why, failed = self.replay_one_device(keys, visible)
+        if first is None and self.parts is not None and self.parts.probe is not None:
+            first, why_parts = self.replay_parts()
+            why = f"{why}; {why_parts}" if why and why_parts else why or why_parts
+        if first is None:
+            return None, failed, why
         keep = (first != 0) | ~visible
-        checks = _entry_checks(first, p_all, self.p, self.u, self.details)
+        checks = failed + _entry_checks(first, p_all, self.p, self.u, self.details)
         row_p2, row_p4 = (p_all * p_all).sum(-1), (p_all ** 4).sum(-1)
         checks.append(_row_sum_check(first.to(F64).sum(-1)[None], row_p2, row_p4, self.p,
                                      self.details))
+        checks.append(independence_check(first != 0, visible, self.spec, self.k.shape[1],
+                                         parts=self.parts, details=self.details))
         spread = self.spread_keys()  # the first keys may be hidden (a window's far end)
         checks.append(self.redraw_check(spread, first[..., spread], p_all[..., spread]))
         return keep, checks, ""
+
+    def replay_one_device(self, keys: torch.Tensor, visible: torch.Tensor
+                          ) -> tuple[Optional[torch.Tensor], str, list[Check]]:
+        """(the judged forward's probe, "", []) from single-device probes, else (None, why,
+        failed checks). A split run whose mask replays by seed on one device but whose output
+        is not that mask @ V drew other masks on its ranks: ``ranks_mask_replay`` fails (a
+        correct kernel keyed by global positions draws the single-device mask on every rank)."""
+        states, why = self.replay_states(keys)
+        if not states:
+            return None, why, []
+        first = self.probe_pass(keys, states[0])
+        second = self.probe_pass(keys.flip(0), states[1])
+        differ = int(((first != 0) != (second != 0))[visible].sum())
+        self.details.update(probe_mask_mismatches=differ)
+        if differ:
+            return None, (f"not reproducible: {differ} of {int(visible.sum())} mask entries "
+                          f"differ between two probes under the same RNG state"), []
+        replay = _rel_l2(self.out, _apply(first, self.v))
+        bound = REPLAY_ROUNDINGS * self.u
+        self.details.update(replay_rel_l2=replay, replay_bound=bound)
+        if replay <= bound:
+            return first, "", []
+        if self.split and self.details.get("replayed_by") == "seed":
+            check = Check("ranks_mask_replay", "out", "rel_l2", replay, bound, False,
+                          f"ranks-mask-mismatch: the mask replays by dropout_seed on one "
+                          f"device, but the CP/TP output is not that mask @ V: its ranks drew "
+                          f"other masks (positions not global, or a rank's own seed)")
+            return None, "ranks-mask-mismatch", [check]
+        return None, (f"the judged output is not probe @ V (rel. L2 {replay:.3g} > "
+                      f"{bound:.3g}): the judged forward drew another mask"), []
+
+    def replay_parts(self) -> tuple[Optional[torch.Tensor], str]:
+        """The split run's own probe (:class:`MaskParts`: its ranks under the states they drew
+        the judged forward with), if the judged output is that probe @ V."""
+        probe = self.parts.probe
+        replay = _rel_l2(self.out, _apply(probe, self.v))
+        bound = REPLAY_ROUNDINGS * self.u
+        self.details.update(parts_replay_rel_l2=replay)
+        if not replay <= bound:
+            return None, (f"the split run's output is not its ranks' probe @ V (rel. L2 "
+                          f"{replay:.3g} > {bound:.3g}): not reproducible under its ranks' "
+                          "generator states")
+        self.details["replayed_by"] = "rank-states"
+        return probe, ""
 
     def spread_keys(self) -> torch.Tensor:
         """Up to Dv keys spread evenly over Sk (one identity-column call reads them all)."""
@@ -378,6 +447,10 @@ class _Judge:
         p_cols = exact.columns(keys)
         checks = _entry_checks(probe, p_cols, self.p, self.u, self.details)
         checks.append(self.redraw_check(keys, probe, p_cols))
+        # the probed columns of every batch row and head: enough to see a mask they share
+        visible = p_cols >= visible_floor(self.q.dtype)
+        checks.append(independence_check(probe != 0, visible, self.spec, self.k.shape[1],
+                                         documents=False, details=self.details))
         row_p2, row_p4, p2v2 = exact.moments()
         runs = [self.forward(v_runs, *self.draw(1 + n)) for n in range(UNBIASED_RUNS)]
         row_sums = torch.stack([run[..., -1] for run in runs]).to(F64)

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 import torch
 
 from attnbench.accuracy import bounds as acc
+from attnbench.accuracy.dropout_independence import MaskParts
 from attnbench.accuracy.dropout_probe import judge_dropout
 from attnbench.accuracy.rng import RngState
 from attnbench.accuracy.fp8_split import quantization_split
@@ -137,7 +138,8 @@ class References:
 def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
              rng: Optional[RngState] = None, originals=None,
              reference_roundings: Optional[dict] = None,
-             lse: Optional[torch.Tensor] = None) -> Judgement:
+             lse: Optional[torch.Tensor] = None,
+             mask_parts: Optional[MaskParts] = None) -> Judgement:
     """Errors against fp64 (when a reference applies), baseline errors and identities.
 
     ``rng``: the state of the generator a hidden-mask backend's dropout drew from, captured right
@@ -149,7 +151,10 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     ``reference_roundings``: see :func:`attnbench.accuracy.bounds.judge`.
     ``lse``: the log-sum-exp the backend returned (``Forward.lse``; a CP/TP run's gathered
     one), judged against the reference's by the ``lse`` check
-    (:mod:`attnbench.accuracy.lse_check`); None: the backend returned none."""
+    (:mod:`attnbench.accuracy.lse_check`); None: the backend returned none. ``mask_parts``: a
+    CP/TP run's keep-mask probe, gathered from its ranks (:mod:`attnbench.execution.multi`):
+    the split run's own mask, checked against the single-device replay and for independence
+    between its parts (:mod:`attnbench.accuracy.dropout_independence`)."""
     device = device or q.device
     tensors = TENSORS if grads is not None else ("out",)  # grads None: forward only
     results = dict(zip(tensors, (out, *(grads or ()))))
@@ -157,14 +162,15 @@ def evaluate(case, backend, spec, q, k, v, dout, out, grads, device=None,
     exact_inputs = dequantize_call(q, k, v, spec, torch.float64) if spec.fp8_format else (q, k, v)
     refs = References(*exact_inputs, dout, spec, tensors)
     errors, dropout = None, None
-    if spec.dropout_p > 0 and keep_mask is None:
-        dropout = judge_dropout(backend, q, k, v, spec, out, rng)
+    note = "exact-mask" if spec.dropout_p > 0 else "exact"
+    if spec.dropout_p > 0:  # hidden: recovered or statistics; exposed: its independence
+        dropout = judge_dropout(backend, q, k, v, spec, out, rng, mask_parts=mask_parts,
+                                split=case.world_size > 1)
+    if dropout is not None and keep_mask is None:
         keep_mask = dropout.keep_mask
         note = dropout.method if keep_mask is not None else (
             f"{dropout.method}: the backend hides its dropout mask and it could not be "
             "recovered; dropout statistics and the identities decide")
-    else:
-        note = "exact-mask" if spec.dropout_p > 0 else "exact"
     if keep_mask is not None or spec.dropout_p == 0:
         errors = refs.errors(results, keep_mask)
     measured = _baselines(case, backend, spec, q, k, v, dout, refs, device)

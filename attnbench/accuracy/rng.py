@@ -58,6 +58,14 @@ class RngState:
         scratch = torch.Generator(device=generator.device).manual_seed(seed)
         return cls(generator, scratch.get_state())
 
+    @classmethod
+    def for_call(cls, device: torch.device | str, dropout_seed: int, rank: int = 0) -> "RngState":
+        """The state a case's judged call runs under on rank ``rank`` (0 on one device): derived
+        from the case's ``dropout_seed`` and the rank, so a rerun draws the same masks and every
+        rank of a CP/TP run draws its own (Megatron's model-parallel RNG offsets its seed per
+        TP rank for the same reason); the probes replay it per rank."""
+        return cls.seeded(device, (dropout_seed * 1_000_003 + 7919 * rank + 1) & 0x7FFFFFFF)
+
     def restore(self) -> None:
         self.generator.set_state(self.state)
 

@@ -19,6 +19,10 @@ Phases, and what a failure in each becomes:
    backend's own exception escapes as a :class:`~attnbench.errors.BackendError` naming its
    frame (its ``error``), any other is a harness error (:mod:`attnbench.execution.blame`).
    Crashes and hangs are the pool's as for any case.
+   A hidden dropout mask: every rank draws under its own generator state
+   (:meth:`~attnbench.accuracy.rng.RngState.for_call`: the case's seed and the rank), and where
+   the case is small enough to probe, the ranks read the split run's mask back together
+   (:func:`_mask_parts`: identity columns as V, Dv keys a call), gathered for rank 0.
 5. Rank 0 alone: accuracy of the gathered full tensors against fp64 (the usual checks,
    :func:`attnbench.accuracy.evaluate.evaluate`) and parity against the same backend at CP = 1,
    TP = 1 on the same inputs (:mod:`attnbench.parallel.parity`).
@@ -40,7 +44,11 @@ from typing import Any, Optional
 import torch
 
 from attnbench.accuracy import bounds as acc
+from attnbench.accuracy.dropout_exact import identity_columns
+from attnbench.accuracy.dropout_independence import MaskParts, cp_parts
+from attnbench.accuracy.dropout_probe import PROBE_CALL_LIMIT, PROBE_ENTRY_LIMIT
 from attnbench.accuracy.evaluate import Judgement, evaluate, timed_only
+from attnbench.accuracy.rng import RngState
 from attnbench.backends import Capabilities, Unsupported, World, get_backend, refusal
 from attnbench.backends.masks import release_prepared
 from attnbench.errors import BackendError, is_oom
@@ -146,8 +154,14 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
         dk, dv = tp.reduce_replicated_kv(comm, shard, dk, dv)
         return dq, dk, dv
 
+    # A hidden mask drawn from the generator: each rank from its own state (the case's seed and
+    # its rank), so ranks draw independent masks and the probes below can replay them.
+    rank_rng = _rank_rng(case, backend, device, spec, rank)
+
     # 3. first step, agreed; 4. the rest (exceptions escape: the pool rebuilds the group)
     try:
+        if rank_rng is not None:
+            rank_rng.restore()
         ctx = run_forward(probe=True)
     except Unsupported as exc:
         return record("unsupported", str(exc))
@@ -162,6 +176,9 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
         lse = _gather_lse(comm, case, shard, getattr(ctx, "lse", None))
         if full is not None and lse is not None:
             full["lse"] = lse
+    parts = None
+    if rank_rng is not None and options.accuracy and _probe_fits(case):
+        parts = _mask_parts(case, comm, shard, algo, backend, local, spec, v, rank_rng)
     timing = None
     if options.timing.enabled:
         timing = time_case(case, device, run_forward,
@@ -178,7 +195,7 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend, algo, r
         return record(judgement.verdict, judgement.reason, timing=timing,
                       **judgement.record_fields())
     try:
-        judgement = evaluate_parallel(case, backend, q, k, v, dout, full)
+        judgement = evaluate_parallel(case, backend, q, k, v, dout, full, parts)
     except Exception as exc:  # the checks' own failure (say, OOM in the single-device run)
         if is_oom(exc):
             return make.exception("error", exc, "evaluating the gathered result: ",
@@ -268,6 +285,54 @@ def _local_shapes(case: Case, shard: Shard) -> list[torch.Size]:
                                     (b, h.kv_count, sk, case.head_dim_v))]
 
 
+# -- a hidden mask, probed on the ranks ---------------------------------------------------------
+
+
+def _rank_rng(case: Case, backend, device, spec: AttnSpec, rank: int) -> Optional[RngState]:
+    """This rank's generator state for a hidden-mask dropout case (None otherwise, or where the
+    device has no generator :mod:`attnbench.accuracy.rng` knows)."""
+    if spec.dropout_p <= 0 or Capabilities.of(backend).keep_mask is not None:
+        return None
+    try:
+        return RngState.for_call(device, spec.dropout_seed, rank)
+    except NotImplementedError:
+        return None
+
+
+def _probe_fits(case: Case) -> bool:
+    """The single-device probe's limits (decided alike on every rank)."""
+    entries = case.tensor_batch * case.heads_q * case.seqlen_q * case.seqlen_kv
+    calls = -(-case.seqlen_kv // case.head_dim_v)
+    return entries <= PROBE_ENTRY_LIMIT and 2 * calls <= PROBE_CALL_LIMIT
+
+
+def _mask_parts(case: Case, comm: Comm, shard: Shard, algo, backend, local, spec: AttnSpec,
+                v: torch.Tensor, rank_rng: RngState) -> Optional[MaskParts]:
+    """The split run's P * keep / (1 - p), read through the split itself: V replaced by
+    identity columns (:func:`attnbench.accuracy.dropout_exact.identity_columns`), Dv keys a
+    call, every rank under the state it drew the judged forward with; gathered on rank 0
+    (None elsewhere). Every rank makes the same calls. Cost: ceil(Sk / Dv) split forwards."""
+    dv, sk = case.head_dim_v, case.seqlen_kv
+    found = None
+    for start in range(0, sk, dv):
+        keys = torch.arange(start, min(sk, start + dv), device=v.device)
+        rank_rng.restore()
+        out = algo.forward(backend, comm, shard, local[0], local[1],
+                           shard.slice_kv(identity_columns(v, keys)), spec).out
+        full = _gather(comm, case, shard, out, None)
+        if full is not None:
+            if found is None:
+                found = full["out"].new_zeros(*full["out"].shape[:3], sk)
+            found[..., keys] = full["out"][..., :len(keys)]
+    return MaskParts(found, *_cp_layout(case)) if found is not None else None
+
+
+def _cp_layout(case: Case):
+    """The CP chunks of a case (every rank's query and key segments) as ``MaskParts`` ranges."""
+    shards = [Shard.of(case, c, 0) for c in range(case.cp)]
+    return cp_parts([s.q_segments for s in shards], [s.kv_segments for s in shards])
+
+
 # -- checks (rank 0) -----------------------------------------------------------------------------
 
 
@@ -285,9 +350,11 @@ def _single_backward(case: Case, backend, fwd, q, k, v, dout, spec: AttnSpec):
     return backend.backward(fwd.ctx, dout)
 
 
-def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict) -> Judgement:
+def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict,
+                      mask_parts: Optional[MaskParts] = None) -> Judgement:
     """The usual accuracy checks on the gathered tensors, plus parity against the same backend
-    at CP = 1, TP = 1 on the same inputs."""
+    at CP = 1, TP = 1 on the same inputs. ``mask_parts``: the split run's hidden keep mask as
+    its ranks probed it (:func:`_mask_parts`)."""
     spec = AttnSpec.from_case(case)
     tensors = TENSORS if case.backward else ("out",)
     grads = tuple(full[t] for t in tensors[1:]) if case.backward else None
@@ -310,7 +377,8 @@ def evaluate_parallel(case: Case, backend, q, k, v, dout, full: dict) -> Judgeme
         roundings = reference_roundings(case, q, k, v, dout, out64, lse64, spec, keep_mask, ref,
                                         summed_partials(case, algorithm(case) is allgather))
     judgement = evaluate(judged_as, backend, spec, q, k, v, dout, full["out"], grads,
-                         reference_roundings=roundings, lse=full.get("lse"))
+                         reference_roundings=roundings, lse=full.get("lse"),
+                         mask_parts=mask_parts or MaskParts(None, *_cp_layout(case)))
     fwd = backend.forward(q, k, v, spec)
     single = dict(zip(tensors, (fwd.out, *(_single_backward(case, backend, fwd, q, k, v, dout,
                                                             spec) if case.backward else ()))))

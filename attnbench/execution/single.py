@@ -82,10 +82,14 @@ def _run(case: Case, options: RunOptions, device: torch.device, backend,
     compile_report = Capabilities.of(backend).compile_report
     if compile_report:
         compile_report()  # forget what an earlier case that failed midway compiled
-    # A backend that hides its dropout mask draws it from the device's generator: its state now
-    # lets the judge replay this very forward's mask (attnbench.accuracy.dropout_probe).
+    # A backend that hides its dropout mask draws it from the device's generator: set to the
+    # case's own state, it lets the judge replay this very forward's mask
+    # (attnbench.accuracy.dropout_probe), and a rerun of the case draws the same one.
     hidden = Capabilities.of(backend).keep_mask is None
-    rng = RngState.capture(device) if spec.dropout_p > 0 and hidden else None
+    rng = None
+    if spec.dropout_p > 0 and hidden:
+        rng = RngState.for_call(device, spec.dropout_seed)
+        rng.restore()
     fwd = backend.forward(q, k, v, spec)
     # The contract before any judging: a breach is the backend's error (ContractBreach).
     check_forward(case, q, k, v, fwd.out, fwd.lse)

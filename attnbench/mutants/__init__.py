@@ -15,7 +15,8 @@ __all__, __getattr__ = package_face(__name__, {
     "backward": ("NanTailBlock",),
     "catalogue": ("CATALOGUE", "CONTROL", "FUSED_CONTROL", "HIDDEN_DROPOUT_CONTROL", "LONG_SEQLEN",
                   "SEEDED_DROPOUT_CONTROL", "Mutant", "by_name"),
-    "dropout": ("DropoutKeepP", "DropoutRenormalised", "DropoutSeedIgnored", "HiddenSeedDropout",
+    "dropout": ("CpDropoutLocalOffsets", "DropoutBatchShareMask", "DropoutHeadsShareMask",
+                "DropoutKeepP", "DropoutRenormalised", "DropoutSeedIgnored", "HiddenSeedDropout",
                 "HiddenTorchRngDropout"),
     "patch": ("MutationError", "mutated"),
 })

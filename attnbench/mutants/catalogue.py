@@ -125,6 +125,25 @@ CATALOGUE: tuple[Mutant, ...] = (
            "used as the seed); vllm-project/vllm#55009 (a seed from a data pointer)",
            exposed_by="dropout (a hidden mask: redrawn with another seed, or statistics)",
            dropout=True),
+    Mutant(name="mutant.dropout_heads_share_mask", ref=f"{M}.dropout:DropoutHeadsShareMask",
+           number="extra", bug="seeded hidden mask without the head in its RNG counter: every "
+           "head draws the same mask", report="Dao-AILab/flash-attention#612 (the Philox offset "
+           "carries batch and head); Dao-AILab/flash-attention#2439 (one Philox key for "
+           "different elements)",
+           exposed_by="dropout with >= 2 query heads (mask agreement between heads)",
+           dropout=True),
+    Mutant(name="mutant.dropout_batch_share_mask", ref=f"{M}.dropout:DropoutBatchShareMask",
+           number="extra", bug="seeded hidden mask without the batch row in its RNG counter: "
+           "every batch row (and document of a pack) draws the same mask",
+           report="Dao-AILab/flash-attention#612 (the Philox offset carries batch and head)",
+           exposed_by="dropout with batch >= 2 or a pack of >= 2 documents", dropout=True),
+    Mutant(name="mutant.cp_dropout_local_offsets", ref=f"{M}.dropout:CpDropoutLocalOffsets",
+           number="extra", bug="seeded hidden mask keyed by the call's local rows and keys: "
+           "under CP every rank repeats rank 0's mask",
+           report="NVIDIA/makani#40 (ring-aware dropout); awslabs/slapo#21 (each partition "
+           "of attention dropout needs its own random stream)",
+           exposed_by="CP with dropout (the ranks' masks against the seed's single-device "
+           "replay)", parallel=True, dropout=True),
     Mutant(name="mutant.pv_accumulator_in_dtype", ref=f"{M}.fused:PvAccumulatorInDtype",
            number="15", bug="forward's P·V accumulator kept in bf16/fp16 across key blocks",
            report="Dao-AILab/flash-attention#2250 (FP8 accumulator not fp32: long-context "

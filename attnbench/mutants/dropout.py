@@ -9,11 +9,16 @@ gradient identities of :mod:`attnbench.accuracy.invariants` hold: only
 :mod:`attnbench.accuracy.dropout_probe` (the recovered mask under the fp64 reference, or the keep
 rate / scale / row-sum / bias statistics) can see the two bugs.
 
-The last, :class:`HiddenSeedDropout`, is the other kind of hidden mask: a pure function of the
+Then :class:`HiddenSeedDropout`, is the other kind of hidden mask: a pure function of the
 seed the kernel is handed (``spec.dropout_seed``) and of global positions, as a custom Triton
 kernel that takes a seed argument draws it. A correct one; the harness must judge it as fairly
 as the torch-RNG kind (issue 26: it failed every CP/TP dropout case before the harness varied
 the seed across its statistics runs).
+
+The last three edit it: masks that should be independent and are not -- shared by the heads,
+by the batch rows (and the documents of a pack), or repeated by every CP rank -- which only
+:mod:`attnbench.accuracy.dropout_independence` sees (each mask alone is a fine draw, and
+forward and backward agree).
 
 Legend: B = batch, Hq = query heads, Sq / Sk = lengths.
 """
@@ -24,7 +29,7 @@ import torch
 
 from attnbench.backends.masks import dense_masks
 from attnbench.backends.naive import NaiveBackend
-from attnbench.mutants.patch import mutated
+from attnbench.mutants.patch import mutated, rebound
 
 
 class HiddenTorchRngDropout(NaiveBackend):
@@ -108,3 +113,45 @@ class DropoutSeedIgnored(HiddenSeedDropout):
 
 _STUCK_SEED = 1234
 """The seed the mutant reads whatever it is handed (any constant is the bug)."""
+
+
+_KEEP_DRAW = "keep_mask = hash_keep_mask(spec, batches, heads, q_pos, k_pos)"
+
+
+def _drawn_by(new: str):
+    """naive's ``build_masks`` whose keep mask is drawn by ``new`` instead of _KEEP_DRAW."""
+    return rebound(NaiveBackend.build_masks, dense_masks=mutated(dense_masks, _KEEP_DRAW, new))
+
+
+class DropoutHeadsShareMask(HiddenSeedDropout):
+    """The seeded kernel leaves the head out of its RNG counter: every head of a batch row
+    draws the same mask (flash-attn keys its Philox offset by batch and head,
+    Dao-AILab/flash-attention#612; a counter built without one of them, or threads that own
+    different elements computing one Philox key, Dao-AILab/flash-attention#2439, repeats
+    masks). Each mask is a fine draw: only the agreement between heads shows it."""
+
+    name = "mutant.dropout_heads_share_mask"
+    build_masks = _drawn_by("keep_mask = hash_keep_mask(spec, batches, torch.zeros_like(heads), "
+                            "q_pos, k_pos)  # BUG: no head in the counter")
+
+
+class DropoutBatchShareMask(HiddenSeedDropout):
+    """The seeded kernel leaves the batch row out of its RNG counter: every batch row -- and
+    every document of a pack, numbered as batch rows -- draws the same mask (the same class
+    as :class:`DropoutHeadsShareMask`, the other index)."""
+
+    name = "mutant.dropout_batch_share_mask"
+    build_masks = _drawn_by("keep_mask = hash_keep_mask(spec, torch.zeros_like(batches), heads, "
+                            "q_pos, k_pos)  # BUG: no batch row in the counter")
+
+
+class CpDropoutLocalOffsets(HiddenSeedDropout):
+    """The seeded kernel keys its RNG counter by the call's own rows and keys, not by their
+    positions in the sequence (it takes q_start / kv_start for the causal offset only): right on
+    one device, where they coincide; under CP every rank's block draws the mask of rank 0's, so
+    ranks repeat each other (NVIDIA/makani#40 added a ring-aware dropout for this;
+    awslabs/slapo#21: partitioned attention dropout needs its own random stream per part)."""
+
+    name = "mutant.cp_dropout_local_offsets"
+    build_masks = _drawn_by("keep_mask = hash_keep_mask(spec, batches, heads, q_pos - spec.q_start, "
+                            "k_pos - spec.kv_start)  # BUG: local rows and keys")

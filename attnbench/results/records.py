@@ -99,13 +99,14 @@ DIED_VERDICTS = tuple(v for v in BAD_VERDICTS if v not in RAN_VERDICTS)
 """error, crash, timeout, oom, lost: the case did not run to the end, so it has no result."""
 TENSORS = ("out", "dq", "dk", "dv")
 CHECKS = ("reference", "baseline_ratio", "identity", "nonfinite", "determinism", "parity",
-          "dropout", "lse")
+          "dropout", "dropout_independence", "ranks_mask_replay", "lse")
 """What a ``checks`` entry may be: an error against the fp64 reference held to an absolute
 bound, or to a ratio of the baseline's; a gradient identity's residual; NaN/Inf counted; two
 runs' elements differing; a multi-rank result against one device's; a dropout mask or its
-statistics; a returned log-sum-exp against the reference's. Checked where a check is made
-(:class:`attnbench.accuracy.bounds.Check`) and where one is read by name
-(tests/project/test_vocabularies.py)."""
+statistics; two masks that should be independent agreeing too often; a CP/TP run whose masks
+are not the single-device mask its seed replays; a returned log-sum-exp against the
+reference's. Checked where a check is made (:class:`attnbench.accuracy.bounds.Check`) and where
+one is read by name (tests/project/test_vocabularies.py)."""
 
 
 TRACEBACK_CHARS = 4000

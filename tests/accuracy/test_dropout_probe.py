@@ -250,13 +250,18 @@ def test_large_cases_and_missing_state_use_statistics(monkeypatch, limit, value)
     assert judge_dropout(SdpaDefault(), q, k, v, spec, out, None).method == "statistics"
 
 
-def test_nothing_to_judge_without_dropout_or_with_an_exposed_mask():
+def test_nothing_to_judge_without_dropout_and_an_exposed_mask_only_for_independence(
+        monkeypatch):
     case = _case(dtype="fp32", dropout=0.0, seqlen_q=16)
     spec = AttnSpec.from_case(case)
     q, k, v, _ = make_inputs(case)
     assert judge_dropout(SdpaDefault(), q, k, v, spec, q, None).method == "none: no dropout"
     naive = get_backend("naive")
     spec = spec.replace(dropout_p=0.1)
+    exposed = judge_dropout(naive, q, k, v, spec, q, None)
+    assert exposed.method == "exposed-mask" and exposed.keep_mask is None  # the reference's own
+    assert [c.check for c in exposed.checks] == ["dropout_independence"] and exposed.passed
+    monkeypatch.setattr(dropout_probe, "PROBE_ENTRY_LIMIT", 16)
     assert judge_dropout(naive, q, k, v, spec, q, None).method.startswith(
         "none: the backend exposes its keep mask")
 

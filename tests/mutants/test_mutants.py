@@ -75,6 +75,12 @@ EXPOSE = {
     "mutant.dropout_keep_p": (dict(dropout=0.1), {"dropout"}, None),
     "mutant.dropout_renormalised": (dict(dropout=0.1), REFERENCE | {"dropout"}, None),
     "mutant.dropout_seed_ignored": (dict(dropout=0.1), {"dropout"}, None),
+    # masks that should be independent and are not: heads, batch rows, CP ranks
+    "mutant.dropout_heads_share_mask": (dict(dropout=0.1), {"dropout_independence"}, None),
+    "mutant.dropout_batch_share_mask": (dict(batch=2, dropout=0.1), {"dropout_independence"},
+                                        None),
+    "mutant.cp_dropout_local_offsets": (dict(cp=2, dropout=0.1),
+                                        {"ranks_mask_replay", "dropout_independence"}, None),
     # accumulators in the input dtype: a bug in half precision only, visible at long lengths
     "mutant.pv_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
     "mutant.dq_accumulator_in_dtype": (LONG, REFERENCE, ("fp16", "bf16")),
@@ -163,7 +169,8 @@ def control_of(name: str) -> str:
         return FUSED_CONTROL  # the fp8 path of the fused model
     if name in ("mutant.dropout_keep_p", "mutant.dropout_renormalised"):
         return HIDDEN_DROPOUT_CONTROL
-    if name == "mutant.dropout_seed_ignored":
+    if name in ("mutant.dropout_seed_ignored", "mutant.dropout_heads_share_mask",
+                "mutant.dropout_batch_share_mask", "mutant.cp_dropout_local_offsets"):
         return SEEDED_DROPOUT_CONTROL
     if by_name(name).long or name == "mutant.declared_dkv_in_dtype":
         return FUSED_CONTROL
