@@ -31,6 +31,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from attnbench.report.read.commonality import failed_tensors
 from attnbench.results.records import JUDGED_VERDICTS, TENSORS
 
 MIN_LENGTHS = 3
@@ -132,6 +133,8 @@ class Series:
     shapes: dict[tuple[int, int], tuple[_Mean, _Mean, _Mean]] = field(default_factory=dict)
     """The same means per (keys, queries): the level is a shape's, not a length's mix of
     query counts (512 queries on 64 keys lose 35x where 256 on 64 lose 1x)."""
+    failing: bool = False
+    """Some case of it failed a check of this tensor: a finding on it repeats the failure."""
 
     def add(self, point: Point) -> None:
         shape = (point.keys, point.queries or point.keys)
@@ -146,6 +149,7 @@ class Series:
     def merge(self, other: "Series") -> None:
         """Add ``other``'s points (the same series, of records after these)."""
         self.declared = self.declared or other.declared
+        self.failing = self.failing or other.failing
         for mine_all, theirs in ((self.lengths, other.lengths), (self.shapes, other.shapes)):
             for n, means in theirs.items():
                 mine = mine_all.setdefault(n, tuple(_Mean() for _ in means))
@@ -249,6 +253,7 @@ class SeriesCollector:
             return
         case = r.get("case") or {}
         tensors = ((r.get("accuracy") or {}).get("tensors") or {})
+        failed = failed_tensors(r) if r.get("verdict") == "fail" else set()
         key = None
         for t in TENSORS:
             row = tensors.get(t) or {}
@@ -268,6 +273,7 @@ class SeriesCollector:
             series.add(Point(int(case.get("seqlen_kv") or case.get("seqlen_q") or 0),
                              float(error), float(base), naive, int(case.get("seqlen_q") or 0),
                              float(ratio) if _positive(ratio) else 0.0))
+            series.failing = series.failing or t in failed
 
     def merge(self, other: "SeriesCollector") -> None:
         """Add what ``other`` collected of the records after these (series stay in the order

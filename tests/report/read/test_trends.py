@@ -115,3 +115,18 @@ def test_findings_set_exit_status_four_unless_a_case_failed(capsys):
     failed[0]["verdict"] = "fail"
     assert cli.run_status(failed, lines) == EXIT_FAILURES
     assert "FINDING" in capsys.readouterr().out
+
+
+def test_a_series_that_fails_the_tensor_is_marked_and_the_panel_lists_no_finding_on_it():
+    from attnbench.report.page.panels.error_trend import _finding
+
+    records = growing(1.4)
+    records[-1].update(verdict="fail", checks=[{"check": "reference", "tensor": "dq",
+                                                "passed": False}])
+    (trend,) = findings(records)
+    assert trend.series.failing and not _finding(trend)
+    other = growing(1.4)
+    other[-1].update(verdict="fail", checks=[{"check": "reference", "tensor": "dv",
+                                              "passed": False}])
+    (trend,) = findings(other)  # dv failed, dq's growth is news
+    assert not trend.series.failing and _finding(trend)

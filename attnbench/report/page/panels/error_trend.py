@@ -25,12 +25,23 @@ MIN_SPAN = 8.0  # the y axis spans at least this factor
 SHORT_LISTED = 10  # level findings of short series listed in words
 
 
+def _finding(trend) -> bool:
+    """A finding the panel shows: not one on a series that already fails that tensor."""
+    return trend.finding and not trend.series.failing
+
+
 def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     out = PanelOutput(panel)
     wanted = set(panel["tensors"])
     every = [t for t in fitted_trends(run.series) if t.series.tensor in wanted]
+    # A finding on a series that already fails a check of that tensor repeats the failure: the
+    # verdict matrix shows it; counted here, not listed or titled as a finding.
+    repeated = [t for t in every if t.finding and t.series.failing]
+    if repeated:
+        out.notes.append(f"{len(repeated)} finding{'s' if len(repeated) != 1 else ''} on series "
+                         "that already fail not listed as findings (the verdicts say more).")
     fitted = [t for t in every if t.fitted]
-    short = [t for t in every if t.finding and not t.fitted]  # a declared tensor's level
+    short = [t for t in every if _finding(t) and not t.fitted]  # a declared tensor's level
     if short:
         out.notes.append(f"{len(short)} finding{'s' if len(short) != 1 else ''} on series with "
                          f"fewer than {MIN_LENGTHS} lengths (not drawn): a tensor the backend "
@@ -44,7 +55,7 @@ def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                          "baseline: nothing to fit (a sweep needs a length ladder, e.g. "
                          "sweeps/standard.yaml's).")
         return out
-    found = [t for t in fitted if t.finding]
+    found = [t for t in fitted if _finding(t)]
     out.notes.append(f"{len(found)} finding{'s' if len(found) != 1 else ''} in {len(fitted)} "
                      f"series (a finding: slope over {SLOPE_BOUND:g} and the excess error grown "
                      f"{GROWTH_BOUND:g}x or more across the lengths; or a tensor the backend "
@@ -81,7 +92,7 @@ def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         ax.legend(handles=[own, base], fontsize=7, loc="upper left")
         title = f"{TENSOR_LABELS[trend.series.tensor]}: {trend.series.label}"
         ax.set_title(title if len(title) < 60 else title[:57] + "...", fontsize=8,
-                     color=VERDICT_COLORS["fail"] if trend.finding else "black")
+                     color=VERDICT_COLORS["fail"] if _finding(trend) else "black")
         handles.setdefault(trend.series.backend, own)
     handles["fused baseline"] = base
     for ax in list(axes.flat)[len(shown):]:
