@@ -36,6 +36,16 @@ FEATURES_NAMED = 3
 """Shared values named per backend, the most specific first (fewest cases with the value)."""
 BACKENDS_LISTED = 5
 """Failing backends described, most failures first; a line counts the rest."""
+SHARED_CHANCE = 0.25
+"""A value every failure has is named when failures falling on cases at random would all land
+on its cases with odds under this: 38 of 39 cases having softcap=0.0 while 25 fail (odds 0.36)
+say nothing; 3 failures all among the 3 heads_kv=2 cases of 6 (0.05) do."""
+SPARED_CHANCE = 0.01
+"""A value no failure has is named when random failures would all miss its cases with odds
+under this (stricter: every value of every field is tried): 14 MHA cases that all pass while 25
+of 39 fail (odds 2e-7) are named."""
+SPARED_NAMED = 2
+"""Values no failure has, named per backend (the most cases first)."""
 VALUE_CHARS = 40
 """A value's text is cut to this many characters (a pack's document lengths can be long)."""
 
@@ -59,6 +69,43 @@ def tensor_of(name: Any) -> str:
     return head if head in TENSORS else name
 
 
+def attention_kind(case: dict) -> str:
+    """MHA, GQA or MQA from a stored case's heads ('' where they are not plain integers): a
+    bug of the head groups fails GQA and MQA cases, which share no single heads_kv."""
+    heads_q, heads_kv = case.get("heads_q"), case.get("heads_kv") or case.get("heads_q")
+    if not (type(heads_q) is int and type(heads_kv) is int and heads_kv > 0):
+        return ""
+    return "MHA" if heads_q == heads_kv else "MQA" if heads_kv == 1 else "GQA"
+
+
+def _all_among(failures: int, some: int, cases: int) -> float:
+    """Odds that ``failures`` cases drawn at random from ``cases`` all fall among ``some`` of
+    them (hypergeometric: C(some, failures) / C(cases, failures)); stops once under 1e-9."""
+    odds = 1.0
+    for i in range(failures):
+        if some - i <= 0:
+            return 0.0
+        odds *= (some - i) / (cases - i)
+        if odds < 1e-9:
+            break
+    return odds
+
+
+def _plainest(found: list) -> list:
+    """``found`` less the derived ``attention`` value where a field of the case names as many
+    cases (heads_kv=2 and attention=GQA are then one set: the field is what the user wrote)."""
+    counts = {having for name, _, having in found if name != "attention"}
+    return [f for f in found if f[0] != "attention" or f[2] not in counts]
+
+
+def _count(tallies: dict, texts: dict[str, str]) -> None:
+    for name, text in texts.items():
+        counts = tallies.get(name, collections.Counter())
+        if counts is not _MANY:
+            counts[text] += 1
+            tallies[name] = counts if len(counts) <= MAX_VALUES else _MANY
+
+
 def failed_tensors(record: dict) -> set[str]:
     """The tensors (:func:`tensor_of`) of a record's failed checks."""
     return {tensor_of(c.get("tensor")) for c in record.get("checks") or []
@@ -68,12 +115,14 @@ def failed_tensors(record: dict) -> set[str]:
 class _Backend:
     """One backend's tallies (see the module docstring)."""
 
-    __slots__ = ("cases", "values", "failures", "verdicts", "shared", "judged", "checked",
-                 "failed", "kinds_made", "kinds_failed")
+    __slots__ = ("cases", "values", "failed_values", "failures", "verdicts", "shared", "judged",
+                 "checked", "failed", "kinds_made", "kinds_failed")
 
     def __init__(self) -> None:
         self.cases = 0
         self.values: dict[str, Optional[collections.Counter]] = {}
+        self.failed_values: dict[str, Optional[collections.Counter]] = {}
+        """The same counts over the failures only."""
         self.failures = 0
         self.verdicts: collections.Counter = collections.Counter()
         self.shared: Optional[dict[str, str]] = None
@@ -87,14 +136,14 @@ class _Backend:
     def add(self, case: dict, record: dict) -> None:
         self.cases += 1
         texts = {k: value_text(v) for k, v in case.items() if k != "backend"}
-        for name, text in texts.items():
-            counts = self.values.get(name, collections.Counter())
-            if counts is not _MANY:
-                counts[text] += 1
-                self.values[name] = counts if len(counts) <= MAX_VALUES else _MANY
+        kind = attention_kind(case)
+        if kind:
+            texts["attention"] = kind
+        _count(self.values, texts)
         verdict = record.get("verdict")
         if verdict not in BAD_VERDICTS:
             return
+        _count(self.failed_values, texts)
         self.failures += 1
         self.verdicts[verdict] += 1
         self.shared = texts if self.shared is None else {
@@ -103,7 +152,15 @@ class _Backend:
         if verdict != "fail" or not checks:
             return
         self.judged += 1
+        # An identity ties two tensors (<dQ,Q> = <dK,K>): its failure is not a tensor's whose
+        # own reference or baseline checks all pass (a wrong dK breaks dq_q with dQ right).
+        direct = collections.defaultdict(set)
+        for c in checks:
+            if c.get("check") != "identity":
+                direct[tensor_of(c.get("tensor"))].add(c.get("passed") is False)
         made = {(tensor_of(c.get("tensor")), str(c.get("check"))): c.get("passed") is False
+                and not (c.get("check") == "identity"
+                         and direct.get(tensor_of(c.get("tensor"))) == {False})
                 for c in checks}
         for counter, names in ((self.checked, {t for t, _ in made}),
                                (self.failed, {t for (t, _), bad in made.items() if bad}),
@@ -115,13 +172,15 @@ class _Backend:
 
     def merge(self, other: "_Backend") -> None:
         self.cases += other.cases
-        for name, theirs in other.values.items():
-            mine = self.values.get(name, collections.Counter())
-            if mine is _MANY or theirs is _MANY:
-                self.values[name] = _MANY
-                continue
-            mine.update(theirs)
-            self.values[name] = mine if len(mine) <= MAX_VALUES else _MANY
+        for kept, added in ((self.values, other.values),
+                            (self.failed_values, other.failed_values)):
+            for name, theirs in added.items():
+                mine = kept.get(name, collections.Counter())
+                if mine is _MANY or theirs is _MANY:
+                    kept[name] = _MANY
+                    continue
+                mine.update(theirs)
+                kept[name] = mine if len(mine) <= MAX_VALUES else _MANY
         self.failures += other.failures
         self.verdicts.update(other.verdicts)
         if other.shared is not None:
@@ -143,9 +202,23 @@ class _Backend:
         for name, text in (self.shared or {}).items():
             counts = self.values.get(name)
             having = None if counts is _MANY else counts[text]
-            if having is None or having < self.cases:
+            if having is None or _all_among(self.failures, having, self.cases) < SHARED_CHANCE:
                 found.append((name, text, having))
-        return sorted(found, key=lambda f: (f[2] is None, f[2] or 0, f[0]))
+        return _plainest(sorted(found, key=lambda f: (f[2] is None, f[2] or 0, f[0])))
+
+    def spared(self) -> list[tuple[str, str, int]]:
+        """(field, value, cases with it) that no failure has, where random failures would hit
+        its cases but for odds under SPARED_CHANCE: the most cases first."""
+        found = []
+        for name, counts in self.values.items():
+            failed = self.failed_values.get(name)
+            if counts is _MANY or failed is _MANY:
+                continue
+            found += [(name, text, having) for text, having in counts.items()
+                      if having < self.cases and not (failed or {}).get(text)
+                      and _all_among(self.failures, self.cases - having,
+                                     self.cases) < SPARED_CHANCE]
+        return _plainest(sorted(found, key=lambda f: (-f[2], f[0], f[1])))
 
     def line(self, backend: str) -> Optional[str]:
         """The backend's line, or None where it says nothing beyond the counts."""
@@ -163,6 +236,13 @@ class _Backend:
             more = len(features) - FEATURES_NAMED
             said.append(f"{n} of {n} failures are " + ", ".join(named)
                         + (f" and share {more} more values" if more > 0 else ""))
+        # A field named above holds every failure in one value: its other values are spared
+        # by implication (heads_kv=2 named, "no failure has heads_kv=4" says nothing more).
+        spared = [f for f in self.spared() if f[0] not in {name for name, _, _ in features}]
+        spared = spared[:SPARED_NAMED]
+        if spared:
+            said.append("no failure has " + " or ".join(
+                f"{name}={text} ({having} such cases pass)" for name, text, having in spared))
         said += self._tensor_words()
         if not said:
             return None
