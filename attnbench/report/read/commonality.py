@@ -24,6 +24,7 @@ import json
 from typing import Any, Optional
 
 from attnbench.results.records import BAD_VERDICTS, TENSORS
+from attnbench.sweep.case import attention_kind
 
 MAX_VALUES = 32
 """Distinct values of a field counted per backend; past this it counts none (the failures can
@@ -69,13 +70,13 @@ def tensor_of(name: Any) -> str:
     return head if head in TENSORS else name
 
 
-def attention_kind(case: dict) -> str:
+def _attention(case: dict) -> str:
     """MHA, GQA or MQA from a stored case's heads ('' where they are not plain integers): a
     bug of the head groups fails GQA and MQA cases, which share no single heads_kv."""
     heads_q, heads_kv = case.get("heads_q"), case.get("heads_kv") or case.get("heads_q")
-    if not (type(heads_q) is int and type(heads_kv) is int and heads_kv > 0):
+    if not (type(heads_q) is int and type(heads_kv) is int and 0 < heads_kv <= heads_q):
         return ""
-    return "MHA" if heads_q == heads_kv else "MQA" if heads_kv == 1 else "GQA"
+    return attention_kind(heads_q, heads_kv)
 
 
 def _all_among(failures: int, some: int, cases: int) -> float:
@@ -136,7 +137,7 @@ class _Backend:
     def add(self, case: dict, record: dict) -> None:
         self.cases += 1
         texts = {k: value_text(v) for k, v in case.items() if k != "backend"}
-        kind = attention_kind(case)
+        kind = _attention(case)
         if kind:
             texts["attention"] = kind
         _count(self.values, texts)
