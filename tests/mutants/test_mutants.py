@@ -23,7 +23,7 @@ from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         HIDDEN_DROPOUT_CONTROL, SEEDED_DROPOUT_CONTROL,
                                         by_name)
 from attnbench.selftest import (Evidence, evidence, is_long, judge_controls, judge_mutant,
-                                make_plan, run_in_pools, summary)
+                                make_plan, render, run_in_pools, summary)
 from attnbench.sweep.case import Case, make_case
 from attnbench.sweep.load import load_sweep
 from attnbench.sweep.options import RunOptions, TimingOptions
@@ -327,6 +327,33 @@ def test_evidence_ranks_measured_margins_and_names_crashes():
                                 "label": "x", "reason": "r"}])
     ok, text = summary([result], controls)
     assert not ok and "1 false alarms" in text
+
+
+def _ladder(backend: str, kind: str) -> list[dict]:
+    """A dq series over 512..8192 keys growing 1.3x per doubling against a flat fused error."""
+    out = []
+    for i, n in enumerate((512, 1024, 2048, 4096, 8192)):
+        error = 2e-3 * 1.3 ** i
+        tensors = {t: {"rel_l2": 2e-3, "fused_rel_l2": 2e-3, "baseline": "fused"}
+                   for t in ("out", "dk", "dv")}
+        tensors["dq"] = {"rel_l2": error, "fused_rel_l2": 2e-3, "baseline": kind,
+                         "ratio": 0.5 if kind == "naive" else error / 2e-3}
+        out.append({"verdict": "pass", "checks": [], "label": f"{backend} {n}",
+                    "case": {"backend": backend, "dtype": "bf16", "seqlen_q": n,
+                             "seqlen_kv": n}, "accuracy": {"tensors": tensors}})
+    return out
+
+
+def test_a_control_declared_in_input_precision_that_grows_is_a_finding_not_an_alarm():
+    # PyTorch's CPU flash dQ grew 1.21x per doubling (512-8192 keys) in the selftest: a real
+    # kernel's measured loss on a tensor it declares; our own fused control growing is an alarm.
+    declared = judge_controls(_ladder("sdpa_flash", "naive"))["sdpa_flash"]
+    assert not declared.trend_alarms and [t.series.tensor for t in declared.level_findings] == ["dq"]
+    fused = judge_controls(_ladder("mutant.fused_base", "fused"))["mutant.fused_base"]
+    assert [t.series.tensor for t in fused.trend_alarms] == ["dq"] and not fused.level_findings
+    ok, _ = summary([], {"sdpa_flash": declared})
+    assert ok and "growing (declared input precision, not an alarm): sdpa_flash" in render(
+        [], {"sdpa_flash": declared})
 
 
 def test_selftest_through_rank_pools_survives_a_segfault():
