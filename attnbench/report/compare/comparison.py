@@ -202,8 +202,8 @@ class Comparison:
 
     def regressions_on(self, fail_on: str) -> pd.DataFrame:
         """The regressions a gate counts (:data:`FAIL_ON`): ``speed``, a case SLOW on the same
-        GPU kind; ``accuracy``, a case that went from a good verdict to a bad one; ``both``;
-        :meth:`named`."""
+        GPU kind; ``accuracy``, a case from a good verdict to a bad one; ``both``; :meth:`named`.
+        Verdict regressions first, the worst error ratio B/A first, then the largest slowdown."""
         p = self.pairs
         if p.empty:
             return self.named(p)
@@ -214,10 +214,11 @@ class Comparison:
         if fail_on in ("accuracy", "both"):
             keep |= p.verdict_regression
         reg = p[keep]
-        # verdict regressions first, then the largest slowdown
         worst_speed = reg[[f"{d}_speed" for d in DIRECTIONS]].min(axis=1).fillna(1.0)
-        return self.named(reg.assign(_o=~reg.verdict_regression, _s=worst_speed).sort_values(
-            ["_o", "_s"]).drop(columns=["_o", "_s"]))
+        worst_error = (-reg.worst_err_ratio.fillna(0.0)).where(reg.verdict_regression, 0.0)
+        return self.named(reg.assign(_o=~reg.verdict_regression, _e=worst_error, _s=worst_speed)
+                          .sort_values(["_o", "_e", "_s"], kind="stable")
+                          .drop(columns=["_o", "_e", "_s"]))
 
 
 def _keyed(run: Run) -> pd.DataFrame:

@@ -13,7 +13,6 @@ folded in a ``<details>`` block. Every value that comes from a run (a backend na
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import re
@@ -156,10 +155,11 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
 
 
 def md(value: Any, limit: int = 300) -> str:
-    """Text from a run, safe in a Markdown table cell: one line, HTML escaped (``<script>``
-    stays text), Markdown's punctuation backslash-escaped (``|`` cannot end a cell)."""
+    """Text from a run, safe in a Markdown table cell: one line, ``&`` and ``<`` as entities
+    (``<script>`` stays text; a lone ``>`` opens no tag, so ``pass -> fail`` reads as written),
+    Markdown's punctuation backslash-escaped (``|`` cannot end a cell)."""
     text = printable(value, limit)
-    text = html.escape(text, quote=False)
+    text = text.replace("&", "&amp;").replace("<", "&lt;")
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
