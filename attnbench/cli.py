@@ -219,11 +219,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 # -- backends ---------------------------------------------------------------------------------
 def cmd_backends(args: argparse.Namespace) -> int:
-    """Each backend, and whether it can run a plain bf16 case on this machine's device."""
-    from attnbench.backends import backend_names, get_backend
+    """Each backend, and whether it runs a plain bf16 case (or only its forward) here."""
+    from attnbench.backends import backend_names
+    from attnbench.backends.readiness import prepare_interpreter, readiness
     from attnbench.hardware.device import device_env, pick_device
-    from attnbench.sweep.case import make_case
 
+    prepare_interpreter()  # before anything imports triton
     device = pick_device()
     env = device_env(device)
     identity = env.get("identity") or {}
@@ -233,15 +234,8 @@ def cmd_backends(args: argparse.Namespace) -> int:
     for name in backend_names():
         if name.startswith(("testing.", "mutant.")) and not args.all:
             continue
-        try:
-            backend = get_backend(name)
-            probe = make_case("backends", {"backend": name, "dtype": "bf16"})
-            reason = backend.supports(probe, device)
-            state = "ready" if reason is None else f"unavailable: {reason}"
-        except Exception as exc:
-            first = str(exc).splitlines()[0][:100] if str(exc) else ""
-            state = f"unavailable: {type(exc).__name__}: {first}"
-        print(f"  {name:<20} {state}")
+        for line in readiness(name, device).lines():
+            print(printable(line))
     return 0
 
 

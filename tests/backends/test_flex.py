@@ -57,6 +57,13 @@ def test_flex_is_a_listed_builtin():
     proc = subprocess.run([*attnbench_cmd(), "backends"], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert "flex" in proc.stdout.split(), proc.stdout + proc.stderr
+    # Its forward cases pass on a CPU (the sweep below): "ready, forward only", not unavailable;
+    # and probing flex (which imports triton) first no longer made triton "unavailable".
+    states = {line.split()[0]: line.split(None, 1)[1] for line in proc.stdout.splitlines()
+              if line.startswith("  ") and not line.startswith("   ")}
+    assert states["flex"].startswith("ready, forward only:"), proc.stdout
+    if not torch.cuda.is_available():
+        assert states["triton"] == "ready", proc.stdout
 
 
 @pytest.mark.parametrize("fields, reason", [
