@@ -220,8 +220,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 # -- backends ---------------------------------------------------------------------------------
 def cmd_backends(args: argparse.Namespace) -> int:
     """Each backend, and whether it runs a plain bf16 case (or only its forward) here."""
-    from attnbench.backends import backend_names
-    from attnbench.backends.readiness import prepare_interpreter, readiness
+    from attnbench.backends import backend_names, backend_readiness, prepare_interpreter
     from attnbench.hardware.device import device_env, pick_device
 
     prepare_interpreter()  # before anything imports triton
@@ -234,7 +233,7 @@ def cmd_backends(args: argparse.Namespace) -> int:
     for name in backend_names():
         if name.startswith(("testing.", "mutant.")) and not args.all:
             continue
-        for line in readiness(name, device).lines():
+        for line in backend_readiness(name, device).lines():
             print(printable(line))
     return 0
 

@@ -29,6 +29,7 @@ _IMPLEMENTATIONS, __getattr__ = package_face(__name__, {
     "importable": ("one_line", "third_party", "unimportable"),
     "masks": ("PreparesOnce", "dense_masks", "release_prepared"),
     "naive": ("NaiveBackend",),
+    "readiness": ("Readiness", "backend_readiness", "prepare_interpreter"),
     "reference_backend": ("ReferenceBackend",),
     "sdpa": ("SdpaBase", "SdpaCudnn", "SdpaDefault", "SdpaEfficient", "SdpaFlash", "SdpaMath",
              "attention_mask"),

@@ -31,7 +31,7 @@ class Readiness:
                              break_on_hyphens=False) or [head.rstrip()]
 
 
-def readiness(name: str, device) -> Readiness:
+def backend_readiness(name: str, device) -> Readiness:
     """Probe ``name`` with a plain bf16 case on ``device``; when that is refused, with the same
     case forward only. Nothing runs: the backend's own ``supports`` answers."""
     from attnbench.backends import get_backend

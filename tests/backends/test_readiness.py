@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from attnbench.backends.readiness import (FORWARD_ONLY, READY, REASON_LIMIT, UNAVAILABLE,
-                                          Readiness, readiness)
+                                          Readiness, backend_readiness)
 
 CPU = torch.device("cpu")
 
@@ -33,22 +33,22 @@ def _with(monkeypatch, backend):
 
 def test_forward_only_backend_is_ready_forward_only(monkeypatch):
     _with(monkeypatch, _Probe("no backward on this device", None))
-    got = readiness("naive", CPU)
+    got = backend_readiness("naive", CPU)
     assert (got.state, got.reason) == (FORWARD_ONLY, "no backward on this device")
 
 
 def test_a_backend_refusing_both_is_unavailable_with_the_full_case_reason(monkeypatch):
     _with(monkeypatch, _Probe("needs CUDA", "needs CUDA"))
-    assert readiness("naive", CPU) == Readiness("naive", UNAVAILABLE, "needs CUDA")
+    assert backend_readiness("naive", CPU) == Readiness("naive", UNAVAILABLE, "needs CUDA")
     _with(monkeypatch, _Probe(None, None))
-    assert readiness("naive", CPU).state == READY
+    assert backend_readiness("naive", CPU).state == READY
 
 
 def test_an_import_error_is_stated_in_full_not_cut_mid_word(monkeypatch):
     text = ("attnbench.kernels: no GPU, so the Triton kernels must run under TRITON_INTERPRET=1, "
             "but triton was imported before that was set (its library functions are compiled-mode)")
     _with(monkeypatch, ImportError(text + "\nsecond line"))
-    got = readiness("triton", CPU)
+    got = backend_readiness("triton", CPU)
     assert got.state == UNAVAILABLE and got.reason == f"ImportError: {text}"
     lines = got.lines(width=80)
     assert all(len(line) <= 80 for line in lines) and len(lines) > 1
