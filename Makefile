@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow selftest setup clean wheelhouse gpu-install rehearsal
+.PHONY: run test test-slow selftest setup clean wheelhouse gpu-install rehearsal readers-only
 
 # The box's Python (major.minor; empty: the lent H200's 3.12), the wheelhouse, the box's prefix,
 # and distributions to leave out of the wheelhouse (WITHOUT=bokeh: no dashboards on the box).
@@ -61,3 +61,7 @@ gpu-install:
 # CI, after `make test`: a fresh torch-only venv gets the wheelhouse offline and runs the check.
 rehearsal:
 	bash .ci/rehearsal
+
+# A venv without torch, the readers' install line of docs/install.md, every reader run (CI).
+readers-only:
+	bash .ci/readers-only

@@ -19,6 +19,7 @@ fresh GPU compiles one kernel per variant instead of every config of the space.
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import os
 from dataclasses import asdict, dataclass
@@ -27,6 +28,11 @@ from typing import Any, Callable
 import triton
 
 from attnbench.resources import ENV_KERNEL_CONFIGS, KERNEL_CONFIG_MODES
+
+# Autotuning results kept on disk between processes (a rank pool's restart re-tunes nothing):
+# ``cache_results`` came with Triton 3.4; older releases (3.1 pairs with torch 2.5) tune anew.
+AUTOTUNE_CACHE = ({"cache_results": True}
+                  if "cache_results" in inspect.signature(triton.autotune).parameters else {})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

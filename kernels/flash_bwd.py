@@ -327,10 +327,10 @@ _AUTOTUNE_KEY = ["seqlen_q", "seqlen_k", "HEAD_DIM", "HEAD_DIM_V", "WINDOW", "SO
                  "DROPOUT", "VARLEN"]
 _bwd_dkdv_tuned = triton.autotune(configs=configs.BWD_DKDV_CONFIGS, key=_AUTOTUNE_KEY,
                                   prune_configs_by={"early_config_prune": configs.prune_bwd_dkdv},
-                                  cache_results=True)(_bwd_dkdv)
+                                  **configs.AUTOTUNE_CACHE)(_bwd_dkdv)
 _bwd_dq_tuned = triton.autotune(configs=configs.BWD_DQ_CONFIGS, key=_AUTOTUNE_KEY,
                                 prune_configs_by={"early_config_prune": configs.prune_bwd_dq},
-                                cache_results=True)(_bwd_dq)
+                                **configs.AUTOTUNE_CACHE)(_bwd_dq)
 
 PREPROCESS_BLOCK_M = 64  # rows per program of the delta pass: memory-bound, any size will do
 # Triton's defaults for the rest (4 warps; 3 stages on CUDA, nothing to pipeline here)

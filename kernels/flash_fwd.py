@@ -205,7 +205,7 @@ _attn_fwd_tuned = triton.autotune(
     key=["seqlen_q", "seqlen_k", "HEAD_DIM", "HEAD_DIM_V", "WINDOW", "SOFTCAP", "ALIBI", "DROPOUT",
          "VARLEN", "FP8"],
     prune_configs_by={"early_config_prune": configs.prune_fwd},
-    cache_results=True,
+    **configs.AUTOTUNE_CACHE,
 )(_attn_fwd)
 
 

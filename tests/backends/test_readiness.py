@@ -62,3 +62,14 @@ def test_a_huge_reason_is_bounded_at_a_word():
 
     reason = _bounded("word " * 1000)
     assert len(reason) <= REASON_LIMIT and reason.endswith("word ...")
+
+
+def test_a_triton_older_than_the_kernels_need_is_named_not_a_type_error():
+    # triton 3.1 (PyPI torch 2.5's pin) failed at import: jit() got an unexpected keyword
+    # argument 'do_not_specialize_on_alignment' (tried: /tmp/tri-t/3.1.0, issue 40 item 8)
+    from attnbench.backends.triton_entry import TritonUnavailable, triton_too_old
+
+    reason = triton_too_old("3.1.0")
+    assert reason and "triton 3.1.0 is older than 3.2" in reason
+    assert triton_too_old("3.2.0") is None and triton_too_old("3.9.0+git1") is None
+    assert TritonUnavailable(reason).supports(None, CPU) == reason
