@@ -164,15 +164,24 @@ def compile_variant(variant: dict) -> dict:
     """Compile every kernel of ``variant`` on the current CUDA device (nothing timed):
     ``{"variant", "seconds", "kernels", "configs": {kernel: {BLOCK_M, BLOCK_N, num_warps,
     num_stages}}}``; seconds and kernels from Triton's compile hooks (kernels: compiles this
-    call made; 0 when everything came from the cache). No CUDA: seconds 0, kernels 0 and a
-    ``note``."""
+    call made; 0 when everything came from the cache). No CUDA: the launchers run in Triton's
+    interpreter (the rehearsal), seconds 0, kernels 0, ``launched`` and a ``note``."""
+    import time
+
     import torch
 
-    if not torch.cuda.is_available():
-        return {"variant": variant, "seconds": 0.0, "kernels": 0, "configs": {},
-                "note": "no CUDA device: nothing compiled (the interpreter compiles nothing)"}
-    from attnbench.kernels.compile_watch import CompileWatch
     from attnbench.kernels.warm_launch import launch_variant
+
+    if not torch.cuda.is_available():
+        # The rehearsal: the real launchers on the variant's minimal tensors, interpreted, so a
+        # variant the launchers cannot take fails here as it would on a GPU.
+        began = time.perf_counter()
+        launch_variant(variant, torch.device("cpu"))
+        return {"variant": variant, "seconds": 0.0, "kernels": 0, "configs": {},
+                "launched": len(variant.get("kernels", ())),
+                "launch_s": round(time.perf_counter() - began, 3),
+                "note": "no CUDA device: launched in Triton's interpreter, nothing compiled"}
+    from attnbench.kernels.compile_watch import CompileWatch
 
     saved = {k: os.environ.get(k) for k in (ENV_KERNEL_CONFIGS, ENV_FP8_MAX_IMPRECISE_ACC)}
     os.environ[ENV_KERNEL_CONFIGS] = variant["kernel_configs"]

@@ -21,6 +21,7 @@ from attnbench.gpu_check.plan import Plan
 from attnbench.gpu_check.step_main import StepConfig
 from attnbench.gpu_check.step_runner import StepResult
 from attnbench.gpu_check.sweeps import ROLES, CheckSweeps
+from attnbench.gpu_check.timer_check import direction_text
 from attnbench.results.files import write_atomic
 from attnbench.results.records import BAD_VERDICTS, make_record
 
@@ -49,6 +50,7 @@ def collect_folder(config: StepConfig, sweeps: CheckSweeps, plan: Plan, steps: l
         "model": _model(records, plan),
         "compile": _compile(_read(folder / CONFIGS), plan),
         "timer": (_read(folder / TIMER) or {}).get("cases", []),
+        "timer_complete": (_read(folder / TIMER) or {}).get("complete", True),
         "smi": smi,
     }
     write_atomic(folder / SUMMARY, json.dumps(summary, indent=1, default=str))
@@ -100,7 +102,9 @@ def _device(probe: Optional[dict]) -> dict[str, Any]:
             "cuda": software.get("cuda_runtime"), "cudnn": software.get("cudnn"),
             "driver": software.get("driver_version"),
             "matmul_peak_tflops": probe.get("matmul_peak_tflops"),
-            "precision": probe.get("precision")}
+            "precision": probe.get("precision"),
+            # False: the step was cut (a hang): what is here was measured, the rest is missing.
+            "probe_complete": probe.get("complete", True)}
 
 
 def _verdicts(records: list[dict], sweeps: CheckSweeps) -> dict[str, dict]:
@@ -185,7 +189,9 @@ def summary_lines(summary: dict[str, Any], folder: Path) -> list[str]:
     device = summary["device"]
     lines = [f"gpu-check: {device.get('name') or device.get('note')} ({device.get('kind')}), "
              f"torch {device.get('torch')}, triton {device.get('triton')}, "
-             f"kernel configs {summary['check']['kernel_configs']}"]
+             f"kernel configs {summary['check']['kernel_configs']}"
+             + ("; the probe was cut: its file holds the parts it finished"
+                if device.get("probe_complete") is False else "")]
     lines.append(f"  {'step':<9} {'status':<11} {'seconds':>8} {'estimate':>9}")
     for s in summary["steps"]:
         lines.append(f"  {s['name']:<9} {s['status']:<11} {s['seconds']:>8.1f} "
@@ -211,9 +217,13 @@ def summary_lines(summary: dict[str, Any], folder: Path) -> list[str]:
                  f"{comp.get('compile_seconds')} s of compiling in {comp.get('seconds')} s"
                  + (f"; {comp['note']}" if comp.get("note") else ""))
     for entry in summary["timer"]:
-        gaps = [f"{d} {entry[d]['gap_us']:.1f} us ({entry[d]['gap_pct']}%)"
-                for d in ("fwd", "bwd") if entry.get(d)]
-        lines.append(f"  timer: {entry['label']}: eager - graph = {', '.join(gaps) or '-'}")
+        gaps = [direction_text(d, entry[d]) for d in ("fwd", "bwd") if entry.get(d)]
+        notes = sorted({n for n in (entry.get("notes") or {}).values() if n})
+        lines.append(f"  timer: {entry['label']}: eager - graph = {', '.join(gaps) or '-'}"
+                     + (f" [{'; '.join(notes)[:200]}]" if notes else ""))
+    if summary.get("timer_complete") is False:
+        lines.append(f"  timer: the step was cut after {len(summary['timer'])} cases; "
+                     f"those are kept")
     smi = summary["smi"]
     lines.append("  clocks: " + (f"{smi.get('samples')} samples; SM clock {smi.get('sm_clock_mhz')}"
                                  f", power {smi.get('power_w')}, throttled samples "

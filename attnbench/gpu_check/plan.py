@@ -180,6 +180,12 @@ def make_plan(sweeps: CheckSweeps, machine: Machine, budget_s: float = BUDGET_S)
     waves = math.ceil(len(variants) / max(1, min(len(variants), machine.cores))) if variants else 0
     slowest = max((v.compiles for v in variants), default=0) * machine.compile_s
     prewarm_s = machine.process_start_s + waves * (machine.process_start_s + slowest)
+    if not machine.gpu and variants:
+        # The rehearsal: one process per core, each launching its share of the variants'
+        # kernels in the interpreter (attnbench.gpu_check.prewarm).
+        most = max(len(v.kernels) for v in variants)
+        prewarm_s = 2 * machine.process_start_s + waves * most * machine.interpreted_call_s
+        waves = 1
     timer_cases = sweeps.timer_cases()
     timer_options = sweeps.options("speed")
     timer_s = 2 * _sweep_step_s(timer_cases, timer_options, machine, timed=True) \
@@ -191,7 +197,9 @@ def make_plan(sweeps: CheckSweeps, machine: Machine, budget_s: float = BUDGET_S)
          f"SDPA's pick for {len(sdpa)} cases, TF32 flags"),
         ("prewarm", prewarm_s, f"{len(variants)} variants in parallel processes "
                                f"(at most {machine.cores} at once: {waves} round(s)), "
-                               f"{sum(v.compiles for v in variants)} compilations"),
+                               + (f"{sum(v.compiles for v in variants)} compilations"
+                                  if machine.gpu else "rehearsed: launched in the interpreter,"
+                                  " nothing compiles")),
         ("timer", timer_s, f"{len(timer_cases)} cases timed eagerly and from a CUDA graph"),
         ("speed", _sweep_step_s(speed, sweeps.options("speed"), machine, timed=True),
          f"{len(speed)} cases timed ({Path(sweeps.speed.path).name}), timing loops at their caps"),

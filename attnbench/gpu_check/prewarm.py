@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from attnbench.errors import exception_summary
 from attnbench.gpu_check.folder import CONFIGS
 from attnbench.gpu_check.plan import plan_variants
 from attnbench.gpu_check.step_main import StepConfig
@@ -57,57 +60,70 @@ def run_prewarm(config: StepConfig) -> None:
         return
     started = time.perf_counter()
     variants = list(warm.variants(cases))
-    if not getattr(warm, "compiles_here", lambda: True)():
-        # Triton's interpreter compiles nothing: a process per variant would only import torch
-        # (seconds each on a loaded box) to report that, and run the step out of time.
-        report.update(status="skipped", variants=[{"variant": v} for v in variants], kernels=0,
-                      seconds=0.0, compile_seconds=0.0, note="no CUDA device: Triton's "
-                      "interpreter compiles nothing (the parallel pre-warm runs on a GPU)")
-        path.write_text(json.dumps(report, indent=1, default=str))
-        print(f"prewarm: {len(variants)} variants; {report['note']}")
-        return
-    print(f"prewarm: {len(variants)} variants of {len(cases)} triton cases, up to "
-          f"{max(1, min(config.cores, len(variants)))} compiling at once", flush=True)
-    results = compile_parallel(variants, config)
+    compiles = getattr(warm, "compiles_here", lambda: True)()
+    slots = max(1, min(config.cores, len(variants)))
+    if compiles:
+        print(f"prewarm: {len(variants)} variants of {len(cases)} triton cases, up to "
+              f"{slots} compiling at once", flush=True)
+        results = compile_parallel(variants, config)
+    else:
+        # Triton's interpreter compiles nothing, but the step is rehearsed all the same: the
+        # same parallel processes, timeouts and result files, each running the real
+        # launchers of its variants in the interpreter. One process per core (not per
+        # variant): on a loaded box a torch import per variant ran the step out of time.
+        print(f"prewarm: rehearsal without CUDA: {len(variants)} variants launched in Triton's "
+              f"interpreter by {slots} processes at once (nothing compiles)", flush=True)
+        results = compile_parallel(variants, config, per_process=math.ceil(len(variants) / slots))
     done = [r for r in results if r.get("status") == "ok"]
+    complete = len(done) == len(results)
     report.update(
-        status="ok" if len(done) == len(results) else "incomplete",
+        status=("ok" if compiles else "rehearsed") if complete else "incomplete",
         seconds=round(time.perf_counter() - started, 2),
         compile_seconds=round(sum(float(r.get("seconds") or 0) for r in done), 2),
         kernels=sum(int(r.get("kernels") or 0) for r in done), variants=results)
+    if not compiles:
+        report["note"] = ("no CUDA device: a rehearsal (the parallel pre-warm's processes ran "
+                          "every variant's launchers in Triton's interpreter; nothing compiled)")
     path.write_text(json.dumps(report, indent=1, default=str))
     print(f"prewarm: {len(done)}/{len(results)} variants, {report['kernels']} kernels, "
           f"{report['compile_seconds']:.1f} s of compiling in {report['seconds']:.1f} s")
 
 
-def compile_parallel(variants: list[dict], config: StepConfig) -> list[dict]:
-    """``compile_variant`` of each variant in its own process, at most ``config.cores`` at
-    once; results in the variants' order."""
+def compile_parallel(variants: list[dict], config: StepConfig,
+                     per_process: int = 1) -> list[dict]:
+    """``compile_variant`` of the variants, ``per_process`` of them (one after another) in
+    each process, at most ``config.cores`` processes at once; results in the variants'
+    order."""
     slots = max(1, min(config.cores, len(variants)))
+    jobs = [list(range(i, min(i + per_process, len(variants))))
+            for i in range(0, len(variants), max(1, per_process))]
     scratch = Path(tempfile.mkdtemp(prefix="attnbench-prewarm-"))
     results: list[dict] = [{"variant": v, "status": "not started",
                             "note": "the step's time ran out first"} for v in variants]
-    pending = list(range(len(variants)))
+    pending = list(range(len(jobs)))
     running: dict[int, tuple[subprocess.Popen, float]] = {}
     try:
         while pending or running:
             while pending and len(running) < slots and config.left_s() > 0:
-                index = pending.pop(0)
-                running[index] = (_start(index, variants[index], config, scratch),
-                                  time.perf_counter())
-            for index, (proc, began) in list(running.items()):
+                job = pending.pop(0)
+                running[job] = (_start(job, [variants[i] for i in jobs[job]], config, scratch),
+                                time.perf_counter())
+            for job, (proc, began) in list(running.items()):
                 if proc.poll() is None and config.left_s() > 0:
                     continue
-                if proc.returncode is None:
+                killed = proc.returncode is None
+                if killed:
                     proc.kill()
                     proc.wait()
-                    results[index] = {"variant": variants[index], "status": "timeout",
-                                      "note": "killed: the step's time ran out"}
-                else:
-                    results[index] = _result(index, variants[index], proc.returncode, scratch)
-                results[index]["process_s"] = round(time.perf_counter() - began, 2)
-                del running[index]
-                _say(results[index])
+                done = _results(job, scratch)  # a killed process keeps the ones it finished
+                for n, index in enumerate(jobs[job]):
+                    results[index] = done.get(n) or (
+                        {"variant": variants[index], "status": "timeout",
+                         "note": "killed: the step's time ran out"} if killed
+                        else _failed(variants[index], job, proc.returncode, scratch))
+                    results[index]["process_s"] = round(time.perf_counter() - began, 2)
+                    _say(results[index])
+                del running[job]
             if not running and config.left_s() <= 0:
                 break
             time.sleep(POLL_S)
@@ -118,28 +134,40 @@ def compile_parallel(variants: list[dict], config: StepConfig) -> list[dict]:
     return results
 
 
-def _start(index: int, variant: dict, config: StepConfig, scratch: Path) -> subprocess.Popen:
-    (scratch / f"{index}.variant.json").write_text(json.dumps(variant))
-    log = open(scratch / f"{index}.log", "wb")
+def _start(job: int, variants: list[dict], config: StepConfig,
+           scratch: Path) -> subprocess.Popen:
+    (scratch / f"{job}.variants.json").write_text(json.dumps(variants))
+    log = open(scratch / f"{job}.log", "wb")
     try:
         return subprocess.Popen(
             [sys.executable, "-c", _BOOT.format(root=_ROOT), config.warm_module,
-             str(scratch / f"{index}.variant.json"), str(scratch / f"{index}.result.json")],
+             str(scratch / f"{job}.variants.json"), str(scratch / f"{job}.results")],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     finally:
         log.close()
 
 
-def _result(index: int, variant: dict, returncode: int, scratch: Path) -> dict:
+def _results(job: int, scratch: Path) -> dict[int, dict]:
+    """The job's finished variants by position (each written as it finished)."""
+    done = {}
+    for path in sorted((scratch / f"{job}.results").glob("*.json")):
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        result.setdefault("status", "ok")
+        done[int(path.stem)] = result
+    return done
+
+
+def _failed(variant: dict, job: int, returncode: int, scratch: Path) -> dict:
     try:
-        result = json.loads((scratch / f"{index}.result.json").read_text())
-        result["status"] = "ok"
-        return result
-    except (OSError, ValueError):
-        tail = (scratch / f"{index}.log").read_bytes()[-2000:].decode("utf-8", "replace")
-        last = [line for line in tail.splitlines() if line.strip()][-1:] or [""]
-        return {"variant": variant, "status": "failed",
-                "note": f"exit status {returncode}: {last[0][:300]}", "output_tail": tail}
+        tail = (scratch / f"{job}.log").read_bytes()[-2000:].decode("utf-8", "replace")
+    except OSError:
+        tail = ""
+    last = [line for line in tail.splitlines() if line.strip()][-1:] or [""]
+    return {"variant": variant, "status": "failed",
+            "note": f"exit status {returncode}: {last[0][:300]}", "output_tail": tail}
 
 
 def _say(result: dict) -> None:
@@ -156,10 +184,19 @@ def _say(result: dict) -> None:
 
 
 def compile_child(argv: list[str]) -> int:
-    """One variant's process: ``MODULE VARIANT_JSON RESULT_JSON``."""
-    module, variant_path, result_path = argv
-    variant = json.loads(Path(variant_path).read_text())
-    result = dict(importlib.import_module(module).compile_variant(variant))
-    result.setdefault("variant", variant)
-    Path(result_path).write_text(json.dumps(result, default=str))
+    """One process: ``MODULE VARIANTS_JSON RESULTS_DIR``; each variant's result is written as
+    it finishes (``RESULTS_DIR/<position>.json``), so a kill keeps the ones before."""
+    module, variants_path, results_dir = argv
+    variants = json.loads(Path(variants_path).read_text())
+    warm = importlib.import_module(module)
+    Path(results_dir).mkdir()
+    for n, variant in enumerate(variants):
+        try:
+            result = dict(warm.compile_variant(variant))
+        except Exception as exc:  # noqa: BLE001 - this variant fails; the next ones still run
+            result = {"variant": variant, "status": "failed",
+                      "note": exception_summary(exc)[:300],
+                      "output_tail": traceback.format_exc()[-2000:]}
+        result.setdefault("variant", variant)
+        Path(results_dir, f"{n}.json").write_text(json.dumps(result, default=str))
     return 0

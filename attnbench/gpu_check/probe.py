@@ -42,17 +42,25 @@ def run_probe(config: StepConfig) -> None:
         torch.cuda.get_device_properties(device)  # starts CUDA here: NVML reads the SM count
     sweeps = load_check_sweeps(config.cpu, config.kernel_configs, config.sweeps_dir)
     cases = [c for c in sweeps.speed.cases + sweeps.accuracy.cases if c.backend.startswith("sdpa")]
-    probe = {
-        "device": str(device),
-        "cuda": torch.cuda.is_available(),
-        "env": _part(lambda: device_env(device)),
-        "matmul_peak_tflops": _part(lambda: measure_matmul_peak(
-            device, PROBE_MATMUL, seconds=PROBE_MATMUL_S) if device.type == "cuda" else
-            {"note": "no CUDA device: CPU timings are for rehearsal, no peak to measure"}),
-        "precision": _part(precision_flags),
-        "sdpa": [_part(lambda c=c: sdpa_choice(c, device)) for c in cases],
-    }
-    write_atomic(config.folder / PROBE, json.dumps(probe, indent=1, default=str))
+    probe: dict[str, Any] = {"device": str(device), "cuda": torch.cuda.is_available(),
+                             "complete": False}
+    path = config.folder / PROBE
+
+    def record(name: str, value: Any) -> None:
+        # Written after every part: a step killed in a hang still leaves what it measured.
+        probe[name] = value
+        write_atomic(path, json.dumps(probe, indent=1, default=str))
+
+    record("env", _part(lambda: device_env(device)))
+    record("precision", _part(precision_flags))
+    record("matmul_peak_tflops", _part(lambda: measure_matmul_peak(
+        device, PROBE_MATMUL, seconds=PROBE_MATMUL_S) if device.type == "cuda" else
+        {"note": "no CUDA device: CPU timings are for rehearsal, no peak to measure"}))
+    probe["sdpa"] = []
+    for case in cases:
+        probe["sdpa"].append(_part(lambda c=case: sdpa_choice(c, device)))
+        record("sdpa", probe["sdpa"])
+    record("complete", True)
     env = probe["env"] if "error" not in probe["env"] else {}
     print(f"probe: {device} {env.get('device_name', '?')} ({env.get('gpu_kind', '?')}), torch "
           f"{env.get('torch')}, triton {env.get('triton')}; matmul peak "

@@ -42,8 +42,11 @@ def run_timer(config: StepConfig) -> None:
                                          min(options[mode].timeout_s, left))
             entry = compare(case.id, case.label, records)
             entries.append(entry)
+            # Written after every case: a step killed in a hang still leaves what it measured.
+            write_atomic(config.folder / TIMER,
+                         json.dumps({"cases": entries, "complete": False}, indent=1))
             print(f"timer: {case.label}: {describe(entry)}", flush=True)
-    write_atomic(config.folder / TIMER, json.dumps({"cases": entries}, indent=1))
+    write_atomic(config.folder / TIMER, json.dumps({"cases": entries, "complete": True}, indent=1))
 
 
 def compare(case_id: str, label: str, records: dict[str, dict]) -> dict[str, Any]:
@@ -58,6 +61,12 @@ def compare(case_id: str, label: str, records: dict[str, dict]) -> dict[str, Any
         medians = {m: _median(records.get(m), direction) for m in MODES}
         if None in medians.values():
             continue
+        if _timed_as(records.get("graph"), direction) == "eager":
+            # The capture failed (an autograd backward often cannot be captured): both times are
+            # eager, and their difference is noise, not the host's share.
+            entry[direction] = {"eager_ms": medians["eager"], "graph_ms": None, "gap_us": None,
+                                "gap_pct": None, "fell_back": True}
+            continue
         gap_ms = medians["eager"] - medians["graph"]
         entry[direction] = {"eager_ms": medians["eager"], "graph_ms": medians["graph"],
                             "gap_us": round(gap_ms * 1e3, 3),
@@ -66,13 +75,26 @@ def compare(case_id: str, label: str, records: dict[str, dict]) -> dict[str, Any
     return entry
 
 
+def _timed_as(record: Optional[dict], direction: str) -> Optional[str]:
+    stats = ((record or {}).get("timing") or {}).get(direction)
+    return stats.get("timed_as") if stats else None
+
+
+def direction_text(direction: str, figures: dict) -> str:
+    """One direction's gap, or that the graph fell back to eager (no gap to tell)."""
+    if figures.get("fell_back"):
+        return f"{direction} not captured, timed eagerly (no gap measured)"
+    return f"{direction} {figures['gap_us']:.1f} us ({figures['gap_pct']}%)"
+
+
 def _median(record: Optional[dict], direction: str) -> Optional[float]:
     stats = ((record or {}).get("timing") or {}).get(direction)
     return stats["median_ms"] if stats else None
 
 
 def describe(entry: dict) -> str:
-    parts = [f"{d} eager {e['eager_ms']:.4f} ms, graph {e['graph_ms']:.4f} ms, gap "
+    parts = [direction_text(d, e) if e.get("fell_back") else
+             f"{d} eager {e['eager_ms']:.4f} ms, graph {e['graph_ms']:.4f} ms, gap "
              f"{e['gap_us']:.1f} us ({e['gap_pct']}%)" for d in ("fwd", "bwd")
              if (e := entry.get(d))]
     notes = sorted({n for n in entry["notes"].values() if n})

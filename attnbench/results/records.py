@@ -36,7 +36,8 @@ Everything downstream (``attnbench show``, reports, compare, pandas) reads these
                 "noisy",                   # the spread never settled: compare says AMBIGUOUS
                 "tflops", "pct_peak", "pct_measured_peak", "gbps",
                 "pct_peak_bandwidth",      # gbps over the datasheet bandwidth (decode's figure)
-                "peak_memory_bytes"},
+                "peak_memory_bytes",
+                "timed_as"},               # "graph" | "eager": mode graph fell back here
         "bwd": {...same...} | null         # null for a forward-only case (flops/bytes_bwd too)
       },
       "compile": {                         # absent when no Triton kernel of ours ran (older

@@ -38,7 +38,8 @@ _STATS = {**{k: NUMBER for k in ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "
                                  "pct_peak", "pct_measured_peak", "gbps", "pct_peak_bandwidth",
                                  "peak_memory_bytes",
                                  "calls_per_sample", "warmup_calls", "warmup_ms")},
-          "samples_ms": NUMBERS, "noisy": FLAG}
+          "samples_ms": NUMBERS, "noisy": FLAG,
+          "timed_as": TEXT}  # "graph" or "eager" (a graph mode call that fell back)
 _TIMING = {"clock": TEXT, "mode": TEXT, "note": TEXT,
            **{k: NUMBER for k in ("world_size", "l2_flush_bytes", "flops_fwd", "flops_bwd",
                                   "bytes_fwd", "bytes_bwd", "peak_tflops",

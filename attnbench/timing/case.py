@@ -35,10 +35,15 @@ def time_case(case: Case, device, forward: Callable[[], object],
     for name, fn in directions:
         used = peak_memory(device, fn)
         memory[name] = ranks.slowest(used) if (ranks and used is not None) else used
+    timed_as = {name: "eager" for name, _ in directions}
     if options.mode == "graph":
         replayed = {name: graph_replay(fn, device) for name, fn in directions}
         directions = tuple((name, fn) for name, (fn, _) in replayed.items())
-        notes += sorted({n for _, n in replayed.values() if n})
+        # Per direction: an autograd backward often cannot be captured, and its eager time
+        # must not read as a graph time.
+        for name, (_, why) in replayed.items():
+            timed_as[name] = "eager" if why else "graph"
+            notes += [f"{name}: {why}"] if why else []
     stats = {name: measure(fn, clock, options, ranks) for name, fn in directions}
     flops = dict(zip(("fwd", "bwd"), case_flops(case)))
     traffic = dict(zip(("fwd", "bwd"), case_bytes(case)))
@@ -55,14 +60,16 @@ def time_case(case: Case, device, forward: Callable[[], object],
     }
     for name in ("fwd", "bwd"):
         timing[name] = _direction(stats[name], flops[name], traffic[name], memory[name], peaks,
-                                  world_size, throughput=not note) if name in stats else None
+                                  world_size, throughput=not note,
+                                  timed_as=timed_as[name]) if name in stats else None
     if notes:
         timing["note"] = "; ".join(notes)
     return timing
 
 
 def _direction(stats: TimingStats, flops: float, traffic: float, memory: Optional[int],
-               peaks: dict, world_size: int, throughput: bool) -> dict[str, Any]:
+               peaks: dict, world_size: int, throughput: bool,
+               timed_as: str = "eager") -> dict[str, Any]:
     seconds = stats.median_ms * 1e-3
     tflops = flops / seconds / 1e12 if throughput and seconds > 0 else None
     gbps = traffic / seconds / 1e9 if throughput and seconds > 0 else None
@@ -74,4 +81,4 @@ def _direction(stats: TimingStats, flops: float, traffic: float, memory: Optiona
             "pct_measured_peak": pct(tflops, peaks.get("measured")), "gbps": gbps,
             # Memory-bound calls (decode): achieved GB/s over the datasheet bandwidth.
             "pct_peak_bandwidth": pct(gbps, peaks.get("bandwidth_gbs")),
-            "peak_memory_bytes": memory}
+            "peak_memory_bytes": memory, "timed_as": timed_as}

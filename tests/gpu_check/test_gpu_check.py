@@ -230,16 +230,37 @@ def test_the_prewarm_without_the_warm_module_says_so(tmp_path, monkeypatch):
     assert report["status"] == "unavailable" and "cases compile as they run" in report["note"]
 
 
-def test_the_prewarm_starts_no_process_where_nothing_compiles(tmp_path, monkeypatch):
-    """Without a CUDA device (the CPU variant, the rehearsal) the real warm module compiles
-    nothing: the step says so at once instead of importing torch once per variant (on a loaded
-    box that ran the step out of time: "incomplete", 11 of 16 variants)."""
-    started = time.perf_counter()
-    run_prewarm(StepConfig(out=str(tmp_path), cpu=True, timeout_s=60))
+def test_the_prewarm_is_rehearsed_where_nothing_compiles(tmp_path, monkeypatch):
+    """Issue 43 item 1: without a CUDA device (the CPU variant, the rehearsal) the step still
+    runs the parallel pre-warm -- processes, result files, the real launchers of every variant
+    in Triton's interpreter -- one process per core, not per variant (a torch import per
+    variant ran a loaded box's step out of time: "incomplete", 11 of 16)."""
+    import attnbench.gpu_check.prewarm as prewarm
+    processes = []
+    real_start = prewarm._start
+    monkeypatch.setattr(prewarm, "_start", lambda *a: processes.append(a[1]) or real_start(*a))
+    began = time.perf_counter()
+    run_prewarm(StepConfig(out=str(tmp_path), cpu=True, timeout_s=120, cores=2))
     report = json.loads((tmp_path / "configs.json").read_text())
-    assert report["status"] == "skipped" and "compiles nothing" in report["note"]
-    assert report["variants"] and report["kernels"] == 0
-    assert time.perf_counter() - started < 30  # one torch import, not one per variant
+    assert report["status"] == "rehearsed" and "nothing compiled" in report["note"], report
+    assert len(processes) == 2 and sum(map(len, processes)) == len(report["variants"]) > 2
+    assert all(v["status"] == "ok" and v["launched"] == len(v["variant"]["kernels"])
+               for v in report["variants"]), report["variants"]
+    assert report["kernels"] == 0 and time.perf_counter() - began < 90
+
+
+def test_a_rehearsed_variant_the_launchers_refuse_fails_by_name(tmp_path, monkeypatch):
+    """Rehearsal, all variants in one process: a variant whose launch raises is 'failed' with
+    the exception's line, and the variants after it in that process still run. Mutant: letting
+    the exception end the process loses every variant after it."""
+    monkeypatch.setenv(standins.REHEARSE, "1")
+    monkeypatch.setenv(standins.FAIL, "bf16 none")
+    report, _ = _prewarm(tmp_path, monkeypatch, cores=1, timeout_s=60)
+    statuses = {v["variant"]["name"]: v["status"] for v in report["variants"]}
+    assert statuses.pop("bf16 none") == "failed" and set(statuses.values()) == {"ok"}, statuses
+    failed = next(v for v in report["variants"] if v["status"] == "failed")
+    assert "RuntimeError: a stand-in launch that fails" in failed["note"]
+    assert report["status"] == "incomplete"
 
 
 # -- the clock log -------------------------------------------------------------------------------
@@ -292,6 +313,61 @@ def test_the_timer_check_reports_the_hosts_gap():
     entry = compare("id", "label", {"eager": record(0.150), "graph": record(0.100)})
     assert entry["fwd"]["gap_us"] == pytest.approx(50.0) and entry["fwd"]["gap_pct"] == 33.33
     assert "bwd" not in entry
+
+
+def test_a_backward_the_graph_could_not_capture_is_said_not_measured_as_a_gap():
+    """Issue 43 item 3: an autograd backward falls back to eager in graph mode; its two eager
+    times must not read as the host's share, and the summary says it fell back."""
+    from attnbench.gpu_check.timer_check import describe, direction_text
+
+    def record(fwd, bwd, bwd_as):
+        return {"verdict": "timed", "timing": {
+            "fwd": {"median_ms": fwd, "timed_as": "graph"},
+            "bwd": {"median_ms": bwd, "timed_as": bwd_as},
+            "note": "" if bwd_as == "graph" else "bwd: graph capture failed (...); timed eagerly"}}
+    entry = compare("id", "label", {"eager": record(0.15, 0.40, "eager"),
+                                    "graph": record(0.10, 0.30, "eager")})
+    assert entry["fwd"]["gap_us"] == pytest.approx(50.0)
+    assert entry["bwd"]["fell_back"] and entry["bwd"]["gap_us"] is None
+    assert "bwd not captured, timed eagerly" in direction_text("bwd", entry["bwd"])
+    assert "bwd not captured" in describe(entry)
+
+
+def test_graph_mode_says_per_direction_what_was_timed_eagerly():
+    """The record says, per direction, that graph mode fell back (on a CPU: both)."""
+    from attnbench.execution.case_runner import run_case
+    from attnbench.sweep.case import make_case
+    from attnbench.sweep.options import RunOptions, TimingOptions
+    case = make_case("t", {"backend": "sdpa", "seqlen_q": 64, "heads_q": 2, "head_dim": 16,
+                           "dtype": "fp32"})
+    options = RunOptions(accuracy=False, timing=TimingOptions(mode="graph", max_seconds=0.05))
+    timing = run_case(case, options)["timing"]
+    assert timing["fwd"]["timed_as"] == "eager" and timing["bwd"]["timed_as"] == "eager"
+    assert "fwd: graph mode needs a CUDA device" in timing["note"]
+    assert "bwd: graph mode needs a CUDA device" in timing["note"]
+
+
+def test_a_probe_cut_in_the_middle_leaves_what_it_measured(tmp_path, monkeypatch):
+    """Issue 43 item 2: the probe writes probe.json after every part, so a hang (here: the
+    second SDPA choice never returns, stood in by an interrupt) keeps the device identity and
+    the first choice; the summary says the probe was cut."""
+    from attnbench.gpu_check import probe as probe_step
+    from attnbench.gpu_check.step_main import StepConfig
+    asked = []
+
+    def stuck(case, device):
+        asked.append(case.id)
+        if len(asked) > 1:
+            raise KeyboardInterrupt  # what a killed step never gets to write after
+        return {"id": case.id, "sdpa_picks": "MATH"}
+    monkeypatch.setattr(probe_step, "sdpa_choice", stuck)
+    with pytest.raises(KeyboardInterrupt):
+        probe_step.run_probe(StepConfig(out=str(tmp_path), cpu=True))
+    written = json.loads((tmp_path / "probe.json").read_text())
+    assert written["complete"] is False and written["env"] and written["precision"]
+    assert written["sdpa"] == [{"id": asked[0], "sdpa_picks": "MATH"}]
+    from attnbench.gpu_check.collect import _device
+    assert _device(written)["probe_complete"] is False
 
 
 # -- end to end, on the CPU ----------------------------------------------------------------------

@@ -17,6 +17,10 @@ HANG = "ATTNBENCH_TEST_HANG_VARIANT"
 """Names a variant whose compile never ends."""
 PIDS = "ATTNBENCH_TEST_PIDS"
 """Where the hanging step writes its own pid and its child's."""
+FAIL = "ATTNBENCH_TEST_FAIL_VARIANT"
+"""Names a variant whose compile raises."""
+REHEARSE = "ATTNBENCH_TEST_REHEARSE"
+"""Set: the stand-in compiles nothing (the pre-warm rehearses, several variants a process)."""
 CONTRACT_KEYS = {"kernels", "dtype", "head_dim", "mask", "config_mode"}
 
 
@@ -38,6 +42,10 @@ def variants(cases):
     return list(found.values())
 
 
+def compiles_here():
+    return not os.environ.get(REHEARSE)
+
+
 def compile_variant(variant):
     """Checks the contract's argument (a dict as variants() made it, JSON round-tripped),
     "compiles" for COMPILE_S, or forever for the variant named by HANG."""
@@ -45,6 +53,8 @@ def compile_variant(variant):
     json.dumps(variant)
     if variant["name"] == os.environ.get(HANG):
         time.sleep(3600)
+    if variant["name"] == os.environ.get(FAIL):
+        raise RuntimeError("a stand-in launch that fails")
     began = time.time()
     time.sleep(COMPILE_S)
     return {"variant": variant, "seconds": COMPILE_S, "kernels": len(variant["kernels"]),
