@@ -75,6 +75,14 @@ def _xformers_bias(spec, q: torch.Tensor, k: torch.Tensor):
     return dense.unsqueeze(0).expand(batch, -1, -1, -1)
 
 
+def fa2_lse(lse: torch.Tensor) -> torch.Tensor:
+    """FA2's log-sum-exp in attnbench's convention: float32, and -inf (not FA2's +inf) for a
+    row that sees no key (flash-attn's softmax writes INFINITY where the row sum is 0), so a
+    ring CP merge of such a row weighs it 0 and the lse check compares like with like."""
+    lse = lse.float()
+    return lse.masked_fill(lse == float("inf"), float("-inf"))
+
+
 def _autograd_backward(ctx, dout):
     out, q_in, k_in, v_in = ctx
     return torch.autograd.grad(out, (q_in, k_in, v_in), dout, retain_graph=True)
@@ -169,7 +177,7 @@ class FlashAttnBackend(PreparesOnce):
         out, lse = flash_attn_with_kvcache(
             decode_queries(q, spec).transpose(1, 2), cache.k, cache.v,
             cache_seqlens=cache.seqlens, return_softmax_lse=True, **kwargs)
-        out, lse = packed_like(out.transpose(1, 2), lse.float(), spec)
+        out, lse = packed_like(out.transpose(1, 2), fa2_lse(lse), spec)
         return Forward(out=out, lse=lse, ctx=None)
 
     def forward(self, q, k, v, spec):
@@ -193,7 +201,7 @@ class FlashAttnBackend(PreparesOnce):
                 q_in.transpose(1, 2), plan.keys(k_in).transpose(1, 2),
                 plan.keys(v_in).transpose(1, 2), dropout_p=spec.dropout_p,
                 return_attn_probs=with_lse, **plan.kwargs)
-            out, lse = (result[0], result[1].float()) if with_lse else (result, None)
+            out, lse = (result[0], fa2_lse(result[1])) if with_lse else (result, None)
             out = out.transpose(1, 2)
         return Forward(out=out.detach(), lse=lse, ctx=(out, q_in, k_in, v_in))
 
@@ -219,7 +227,7 @@ class FlashAttnBackend(PreparesOnce):
                 to_thd(q_in), to_thd(k_in), to_thd(v_in), cu_q, cu_k, max_q, max_k,
                 dropout_p=spec.dropout_p, return_attn_probs=True, **kwargs)
             out = from_thd(result[0])
-        lse = result[1].float()
+        lse = fa2_lse(result[1])
         # FA2 >= 2.4 returns lse as (H, Tq); older ones padded per sequence: not comparable.
         lse = lse.unsqueeze(0) if lse.shape == (q.shape[1], q.shape[2]) else None
         return Forward(out=out.detach(), lse=lse, ctx=(out, q_in, k_in, v_in))

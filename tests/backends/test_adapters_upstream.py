@@ -169,6 +169,26 @@ def test_flash_attn_computes_the_cases_problem(monkeypatch, name):
         assert calls[-1]["causal"] is True and calls[-1]["window_size"] == (-1, -1)
 
 
+@pytest.mark.parametrize("call", ["dense", "packed"])
+def test_flash_attn_rows_that_see_no_key_have_lse_minus_inf(monkeypatch, call):
+    """FA2 writes +inf as the log-sum-exp of a row that sees no key (softmax.h: ``sum == 0 ?
+    INFINITY``; the stand-in does too); attnbench's convention -- the reference's, and what a
+    ring CP merge weighs as 0 -- is -inf. Mutant: passing FA2's lse through gives +inf rows
+    (issue 43 item 5: forward-only ring CP with FA2)."""
+    from attnbench.backends.adapters import FlashAttnBackend
+
+    fake_flash_attn(monkeypatch)
+    fields = (dict(mask="causal", seqlen_kv=8) if call == "dense" else
+              dict(seqlens_q=[24, 8], seqlens_kv=[4, 8], seqlen_q=32, batch=1, mask="causal"))
+    q, k, v, _, spec = _problem(_case("flash_attn", **fields))
+    lse = FlashAttnBackend().forward(q, k, v, spec).lse
+    _, exact = reference_forward(q, k, v, spec)
+    unseen = exact == float("-inf")
+    assert unseen.any() and not (lse == float("inf")).any()
+    assert (lse[unseen] == float("-inf")).all()
+    assert (lse[~unseen].double() - exact[~unseen]).abs().max() < 1e-3
+
+
 def test_flash_attn_refuses_alibi_on_a_chunk_away_from_the_corner(monkeypatch):
     from attnbench.backends.adapters import FlashAttnBackend
 

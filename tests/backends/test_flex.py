@@ -170,3 +170,34 @@ def test_a_long_lived_rank_clears_dynamo_before_its_recompile_limit(monkeypatch)
     assert report["kernels"] == limit + 1 and report["mode"] == "torch.compile"
     compiler.call(("shape", limit), x)  # known: no compile, nothing new to report
     assert compiler.report()["kernels"] == 0
+
+
+def test_the_first_backward_of_a_variant_compiles_inside_compiling():
+    """AOTAutograd compiles FlexAttention's backward at its first call: that call runs inside
+    ``compiling()`` (the case's timeout stands still) and its seconds are in the compile record;
+    later backwards of the variant are plain calls (issue 43 item 5). A stand-in graph: a
+    backward hook bumps dynamo's graph counter the first time, as a lazy compile does."""
+    from torch._dynamo.utils import counters
+
+    import attnbench.backends.base as base
+    import attnbench.backends.flex as flex
+
+    events = []
+    base.on_compile(events.append)
+    try:
+        compiler = flex._Compiler()
+        x = torch.ones(3, requires_grad=True)
+
+        def lazy_compile(grad):
+            counters["stats"]["unique_graphs"] += 1
+            return grad
+        for _ in range(2):
+            out = x * 2
+            out.register_hook(lazy_compile)
+            (grad,) = compiler.backward(("variant",), out, (x,), torch.ones(3))
+            assert torch.equal(grad, torch.full((3,), 2.0))
+        assert events == [True, False]  # the first backward only
+        report = compiler.report()
+        assert report["kernels"] == 1 and report["seconds"] >= 0
+    finally:
+        base._compile_listeners.remove(events.append)

@@ -82,6 +82,11 @@ def _fa2_checks(q, k, v, softcap, dropout_p, alibi_slopes):
         assert alibi_slopes.dtype == torch.float32, "ALiBi slopes must have dtype fp32"
 
 
+def fa2_no_key_lse(lse):
+    """FA2's lse for a row that sees no key is +inf (softmax.h: ``sum == 0 ? INFINITY``)."""
+    return lse.masked_fill(lse == float("-inf"), float("inf"))
+
+
 def fake_flash_attn(monkeypatch, version: str = "2.8.3") -> list[dict]:
     """flash_attn at ``version`` ("2.5.9": the signatures before softcap); returns its calls."""
     calls: list[dict] = []
@@ -91,9 +96,10 @@ def fake_flash_attn(monkeypatch, version: str = "2.8.3") -> list[dict]:
         left, right = window_size
         calls.append({"fn": "flash_attn_func", "causal": causal, "window_size": window_size,
                       "softcap": softcap, "alibi_slopes": alibi_slopes, "q": q, "k": k})
-        return attend(q, k, v, scale=softmax_scale, offset=k.shape[1] - q.shape[1],
-                      left=left, right=0 if causal else right, softcap=softcap,
-                      slopes=alibi_slopes)
+        out, lse = attend(q, k, v, scale=softmax_scale, offset=k.shape[1] - q.shape[1],
+                          left=left, right=0 if causal else right, softcap=softcap,
+                          slopes=alibi_slopes)
+        return out, fa2_no_key_lse(lse)
 
     def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                         window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
@@ -157,7 +163,7 @@ def fake_flash_attn(monkeypatch, version: str = "2.8.3") -> list[dict]:
                               softcap=softcap, slopes=alibi_slopes)
             outs.append(out)
             lses.append(lse)
-        out, lse = torch.cat(outs), torch.cat(lses)
+        out, lse = torch.cat(outs), fa2_no_key_lse(torch.cat(lses))
         return (out, lse) if return_softmax_lse else out
 
     flash_attn_func_2_5.__name__ = "flash_attn_func"
