@@ -127,6 +127,9 @@ def _figure(record: dict) -> dict[str, Any]:
             out[direction] = {k: stats.get(k) for k in ("median_ms", "tflops", "gbps",
                                                         "pct_measured_peak",
                                                         "pct_peak_bandwidth", "noisy")}
+            clocks = timing.get(f"clocks_{direction}") or {}
+            if clocks.get("throttled"):  # per case: the card was slowed in this window
+                out[direction]["throttled"] = clocks.get("reasons") or "violation counters"
     if timing.get("note"):
         out["note"] = timing["note"]
     return out
@@ -181,7 +184,8 @@ def _figure_text(fig: dict) -> str:
                 text += f" ({stats['pct_measured_peak']:.0f}% of measured)"
         if stats.get("gbps") and not fig.get("bwd"):
             text += f" {stats['gbps']:.3g} GB/s"
-        parts.append(text + (" noisy" if stats.get("noisy") else ""))
+        parts.append(text + (" noisy" if stats.get("noisy") else "")
+                     + (f" throttled ({stats['throttled']})" if stats.get("throttled") else ""))
     return "  ".join(parts)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from attnbench.gpu_check.folder import SMI
+from attnbench.hardware.clock_watch import NOT_THROTTLING
 
 INTERVAL_MS = 500
 """Issue #24's period: 8 minutes are ~1000 lines, a few hundred kB."""
@@ -29,9 +30,6 @@ FIELDS = ("timestamp", "index", "clocks.sm", "clocks.mem", "clocks.max.sm", "pow
           "clocks_event_reasons.active")
 """``clocks_event_reasons`` is the throttle-reason bitmask's name since driver 535 (before:
 ``clocks_throttle_reasons``); a driver that knows neither gets the list without it."""
-NOT_THROTTLING = 0x1 | 0x2
-"""Reasons that do not slow a busy GPU: idle (0x1), the applications-clocks setting (0x2); the
-rest (power cap 0x4, hardware and thermal slowdowns 0x8, 0x20, 0x40, ...) count as throttled."""
 START_CHECK_S = 1.0
 """An unknown field makes nvidia-smi exit at once: alive after this long, it is logging."""
 

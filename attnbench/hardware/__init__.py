@@ -3,6 +3,7 @@
 - ``identity``: ``DeviceIdentity``, the facts about one device (``cpu_identity`` for CPUs).
 - ``nvml``: reads them through NVML (``nvidia-ml-py``, optional) without starting CUDA.
 - ``nvml_replay``: records NVML's answers on a GPU machine; replays them in tests.
+- ``clock_watch``: ``ClockWatch``, NVML's clocks and throttle reasons around a timed window.
 - ``kinds``: ``gpu_kind`` / ``kind_from_name`` -> ``GpuKind(kind, family)``, the exact SKU.
 - ``peaks``: datasheet dense TFLOP/s per kind and dtype, and memory bandwidth.
 - ``matmul_peak``: the worker's own measured matmul peak.
@@ -15,6 +16,7 @@ Nothing here starts CUDA or measures anything on import.
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
+    "clock_watch": ("ClockWatch", "NOT_THROTTLING", "REASONS", "reason_names", "watch_for"),
     "device": ("backend_env", "device_env", "device_peaks", "interpreter_on_gpu", "peak_memory",
                "pick_device", "release_memory", "sync"),
     "identity": ("DeviceIdentity", "cpu_identity", "host_env"),

@@ -38,7 +38,11 @@ Everything downstream (``attnbench show``, reports, compare, pandas) reads these
                 "pct_peak_bandwidth",      # gbps over the datasheet bandwidth (decode's figure)
                 "peak_memory_bytes",
                 "timed_as"},               # "graph" | "eager": mode graph fell back here
-        "bwd": {...same...} | null         # null for a forward-only case (flops/bytes_bwd too)
+        "bwd": {...same...} | null,        # null for a forward-only case (flops/bytes_bwd too)
+        "clocks_fwd": {"sm_mhz": [start, end], "sm_mhz_max", "reasons": "sw_power_cap,...",
+                       "power_violation_ms", "thermal_violation_ms", "energy_j",
+                       "throttled"},       # NVML around the window (GPU only): hardware.clock_watch
+        "clocks_bwd": {...same...}
       },
       "compile": {                         # absent when no Triton kernel of ours ran (older
         "mode": "autotune" | "pinned",     # records too); attnbench.execution.kernel_settings

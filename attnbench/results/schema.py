@@ -40,6 +40,9 @@ _STATS = {**{k: NUMBER for k in ("median_ms", "q1_ms", "q3_ms", "min_ms", "n", "
                                  "calls_per_sample", "warmup_calls", "warmup_ms")},
           "samples_ms": NUMBERS, "noisy": FLAG,
           "timed_as": TEXT}  # "graph" or "eager" (a graph mode call that fell back)
+_CLOCKS = {"sm_mhz": NUMBERS, "reasons": TEXT, "throttled": FLAG,
+           **{k: NUMBER for k in ("sm_mhz_max", "power_violation_ms", "thermal_violation_ms",
+                                  "energy_j")}}  # attnbench.hardware.clock_watch
 _TIMING = {"clock": TEXT, "mode": TEXT, "note": TEXT,
            **{k: NUMBER for k in ("world_size", "l2_flush_bytes", "flops_fwd", "flops_bwd",
                                   "bytes_fwd", "bytes_bwd", "peak_tflops",
@@ -154,6 +157,8 @@ _NESTED = ((("crash",), _CRASH, False),
            (("timing",), _TIMING, False),
            (("timing", "fwd"), _STATS, False),
            (("timing", "bwd"), _STATS, False),
+           (("timing", "clocks_fwd"), _CLOCKS, False),  # on a GPU with NVML
+           (("timing", "clocks_bwd"), _CLOCKS, False),
            (("compile",), _COMPILE, False),  # optional: newer records
            (("compile", "configs"), _TILE, True),
            (("accuracy",), {"reference": TEXT}, False),

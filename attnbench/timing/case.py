@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from attnbench.hardware.clock_watch import watch_for
 from attnbench.hardware.device import peak_memory
 from attnbench.sweep.case import Case
 from attnbench.sweep.flops import case_bytes, case_flops
@@ -44,7 +45,12 @@ def time_case(case: Case, device, forward: Callable[[], object],
         for name, (_, why) in replayed.items():
             timed_as[name] = "eager" if why else "graph"
             notes += [f"{name}: {why}"] if why else []
-    stats = {name: measure(fn, clock, options, ranks) for name, fn in directions}
+    watch = watch_for(device)
+    stats, clocks = {}, {}
+    for name, fn in directions:
+        before = watch.read() if watch else {}
+        stats[name] = measure(fn, clock, options, ranks)
+        clocks[name] = watch.window(before, watch.read()) if watch else None
     flops = dict(zip(("fwd", "bwd"), case_flops(case)))
     traffic = dict(zip(("fwd", "bwd"), case_bytes(case)))
     if backward is None:
@@ -62,6 +68,8 @@ def time_case(case: Case, device, forward: Callable[[], object],
         timing[name] = _direction(stats[name], flops[name], traffic[name], memory[name], peaks,
                                   world_size, throughput=not note,
                                   timed_as=timed_as[name]) if name in stats else None
+        if timing[name] is not None and clocks.get(name):
+            timing[f"clocks_{name}"] = clocks[name]
     if notes:
         timing["note"] = "; ".join(notes)
     return timing
