@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from attnbench.errors import SweepError, short_repr, shown_key
-from attnbench.sweep.one_pass import SharedCauses
 from attnbench.validation import Int, Problems, fail, is_int, load_yaml, unknown_name
 
 RANGE_KINDS = ("pow2", "range")
@@ -237,22 +236,26 @@ def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tu
            exclude_raw: Sequence, includes: Sequence[dict], make: Callable[[str, dict], Any],
            show: Callable[[Mapping, str], str], problems: Problems,
            defaults_for: Callable[[dict, dict], Mapping] = lambda d, own: d,
-           doubtful: Callable[[Mapping], bool] = lambda exclude: False) -> list:
+           doubtful: Callable[[Mapping], bool] = lambda exclude: False,
+           causes: Any = None) -> list:
     """The product of the axis groups, less the excludes, plus the includes; each case once
     (``make(where, values)`` builds one, or returns None for a case not to check;
     ``show(values, field)`` names a value in messages, ``defaults_for(defaults, own)`` the
-    defaults a case with its own values takes). A case mistake that several cases share is
-    one line with their count (:class:`~attnbench.sweep.one_pass.SharedCauses`). An exclude
+    defaults a case with its own values takes). A case's mistake goes to ``causes``
+    (``add(where, exc)``, then ``report(problems)``: the loader's
+    :class:`~attnbench.sweep.one_pass.SharedCauses` says a cause many cases share once), else
+    straight to ``problems``. An exclude
     that removes nothing is a mistake (a typo would otherwise go unnoticed), unless
     ``doubtful(exclude)``: it may match only values left out for their own mistakes."""
     cases: dict[str, Any] = {}
-    causes = SharedCauses()
-
     def add(where: str, values: dict) -> None:
         try:
             case = make(where, values)
         except SweepError as exc:
-            causes.add(where, exc)
+            if causes is None:
+                problems.add(exc)
+            else:
+                causes.add(where, exc)
             return
         if case is not None:
             cases.setdefault(case.id, case)
@@ -271,7 +274,8 @@ def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tu
         add("axes(" + ", ".join(f"{n}={show(values, n)}" for n in names) + ")", values)
     for i, inc in enumerate(includes):
         add(f"include[{i}]", {**defaults_for(dict(defaults), inc), **inc})
-    causes.report(problems)
+    if causes is not None:
+        causes.report(problems)
     for i, ex in excludes:
         if i not in used and not doubtful(ex):
             problems.add(fail(f"exclude[{i}]", exclude_raw[i], "an entry that matches some "

@@ -33,7 +33,7 @@ from attnbench.errors import shown_key as _key
 from attnbench.sweep.case import (CASE_RULES, MAX_CASES, MAX_NAME, MAX_SIZE, PUBLIC_FIELDS,
                                   _PACKED_FIELDS, Case, make_case)
 from attnbench.sweep.length_mix import expand as expand_lengths
-from attnbench.sweep.one_pass import Doubt, valid_part
+from attnbench.sweep.one_pass import Doubt, SharedCauses, valid_part
 from attnbench.sweep.options import RunOptions
 from attnbench.sweep.options import parse_options as _parse_options
 from attnbench.sweep.packed_rules import MAX_SEQUENCES, defaults_for
@@ -249,7 +249,7 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
 
     cases = axes.expand(groups, defaults, excludes, exclude_raw,
                         axes.cross_includes(includes, forced), make, _show, problems,
-                        defaults_for, doubtful)
+                        defaults_for, doubtful, SharedCauses())
     problems.raise_any()
     if not cases:
         raise SweepError(f"{filename}: axes: the sweep expands to no cases (everything excluded?)")
