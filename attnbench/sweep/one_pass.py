@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 from attnbench.errors import SweepError
 from attnbench.validation import Problems, near_miss
@@ -64,34 +64,43 @@ _ABSENT = object()
 
 class SharedCauses:
     """Case mistakes gathered by cause: 40 cases that fail alike are one line
-    ``heads_kv: got 3, expected ... (40 cases: axes(...), axes(...), ...)``, not 40."""
+    ``heads_kv: got 3, expected ... (40 cases: axes(...), axes(...), ...)``, not 40. Bounded
+    whatever the product's size: the first :data:`SHOWN_CASES` cases of a cause are kept, the
+    others counted, and causes past :attr:`Problems.LIMIT` only counted (they would not be
+    shown)."""
 
     def __init__(self) -> None:
-        self._by_cause: dict[str, list[str]] = {}
+        self._by_cause: dict[str, tuple[list[str], list[int]]] = {}
+        self._unshown = 0
 
     def add(self, where: str, exc: SweepError) -> None:
         for line in str(exc).split("\n"):
             cause = line[len(where) + 2:] if line.startswith(f"{where}: ") else line
-            self._by_cause.setdefault(cause, [])
-            if where not in self._by_cause[cause]:
-                self._by_cause[cause].append(where)
+            if cause not in self._by_cause:
+                if len(self._by_cause) >= Problems.LIMIT:
+                    self._unshown += 1
+                    continue
+                self._by_cause[cause] = ([], [0])
+            wheres, count = self._by_cause[cause]
+            count[0] += 1
+            if len(wheres) < SHOWN_CASES:
+                wheres.append(where)
 
     def report(self, problems: Problems) -> None:
-        for cause, wheres in self._by_cause.items():
-            problems.add(SweepError(shared_line(cause, wheres)))
+        for cause, (wheres, (count,)) in self._by_cause.items():
+            problems.add(SweepError(shared_line(cause, wheres, count)))
+        problems.count += self._unshown
 
 
-def shared_line(cause: str, wheres: list[str]) -> str:
+def shared_line(cause: str, wheres: list[str], count: int) -> str:
     """``WHERE: CAUSE`` for one case; ``CAUSE (N cases: W1, W2, ...)`` for several."""
-    if len(wheres) == 1:
+    if count == 1:
         return f"{wheres[0]}: {cause}"
-    if not wheres:
-        return cause
-    more = ", ..." if len(wheres) > SHOWN_CASES else ""
-    return f"{cause} ({len(wheres)} cases: {', '.join(wheres[:SHOWN_CASES])}{more})"
+    more = ", ..." if count > len(wheres) else ""
+    return f"{cause} ({count} cases: {', '.join(wheres)}{more})"
 
 
-def valid_part(entry: Any, norm, check_name) -> Optional[dict]:
+def valid_part(entry: Any, norm, check_name) -> dict:
     """The fields of an exclude or include entry that are valid (no mistake reported: the
     entry's own reading reports them)."""
     if not isinstance(entry, Mapping):
