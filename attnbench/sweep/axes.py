@@ -244,10 +244,11 @@ def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tu
     defaults a case with its own values takes). A case's mistake goes to ``causes``
     (``add(where, exc)``, then ``report(problems)``: the loader's
     :class:`~attnbench.sweep.one_pass.SharedCauses` says a cause many cases share once), else
-    straight to ``problems``. An exclude
-    that removes nothing is a mistake (a typo would otherwise go unnoticed), unless
-    ``doubtful(exclude)``: it may match only values left out for their own mistakes."""
+    straight to ``problems``. An exclude that removes nothing is a mistake (a typo would
+    otherwise go unnoticed), unless ``doubtful(exclude)``: it may match only values left out
+    for their own mistakes."""
     cases: dict[str, Any] = {}
+
     def add(where: str, values: dict) -> None:
         try:
             case = make(where, values)
