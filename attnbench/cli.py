@@ -154,15 +154,15 @@ def run_status(records: Iterable[dict], findings: list[str]) -> int:
 
 # -- validate ---------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
+    check = _backend_here()
     if args.coverage is not None:  # the sweeps together: which pairs of values never meet
         from attnbench.sweep.coverage import pair_coverage
 
-        sweeps = [load_sweep(path, check_backend_name, args.set or ())
+        sweeps = [load_sweep(path, check, args.set or ())
                   for path in [args.sweep, *args.coverage]]
         print(pair_coverage(c for sweep in sweeps for c in sweep.cases).report())
         return 0
-    sweep = load_sweep(args.sweep, check_backend_name, args.set or ())
-    _check_importable(c.backend for c in sweep.cases)
+    sweep = load_sweep(args.sweep, check, args.set or ())
     counts = collections.Counter(c.backend for c in sweep.cases)
     print(f"{sweep.path}: ok: sweep {sweep.name!r}, {len(sweep.cases)} cases "
           f"({', '.join(f'{b}: {n}' for b, n in sorted(counts.items()))})")
@@ -172,14 +172,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_importable(backends) -> None:
-    """The sweep's ``module:object`` backends must be importable from here (imports nothing)."""
+def _backend_here():
+    """The backend check of ``validate``: the name's form, and a ``module:object`` must be
+    loadable from here (its module found, the object in its source; nothing imported), each
+    name looked at once. A mistake is one of the sweep's, said with the others in one pass
+    (``run`` looks on the workers instead: their environment is what counts there)."""
     from attnbench.backends import backend_names
-    from attnbench.backends.importable import one_line, third_party, unimportable
+    from attnbench.backends.importable import importable_here, third_party
 
-    missing = unimportable(third_party(backends, backend_names()))
-    if missing:
-        raise UserError("\n".join(one_line(ref, why) for ref, why in missing.items()))
+    seen: dict[str, Optional[str]] = {}
+
+    def check(name: str) -> Optional[str]:
+        if name not in seen:
+            seen[name] = check_backend_name(name) or (
+                importable_here(name) if third_party([name], backend_names()) else None)
+        return seen[name]
+
+    return check
 
 
 # -- show -------------------------------------------------------------------------------------

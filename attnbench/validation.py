@@ -59,13 +59,26 @@ def fail(where: str, given: Any, allowed: str) -> SweepError:
 
 
 def suggestion(given: Any, known: Sequence[str]) -> str:
-    """`` (did you mean seqlen_q?)`` when ``given`` is a near miss of one of ``known``."""
+    """`` (did you mean seqlen_q?)`` when ``given`` is a near miss of one of ``known``: the one
+    place every field, key and enum value (``casual``, ``bfloat61``) is hinted from."""
+    close = near_miss(given, known)
+    return f" (did you mean {close}?)" if close else ""
+
+
+def near_miss(given: Any, known: Sequence[str]) -> str:
+    """The name of ``known`` that ``given`` probably meant ('' for none): a close spelling
+    (difflib's ratio >= 0.6), the same name in another case, or a word of it (``per_head`` for
+    ``head``)."""
     if not isinstance(given, str) or len(given) > 100:
         return ""
-    close = difflib.get_close_matches(given, [str(k) for k in known], n=1, cutoff=0.6)
-    if not close and given.lower() in [str(k).lower() for k in known]:
-        close = [k for k in known if str(k).lower() == given.lower()]
-    return f" (did you mean {close[0]}?)" if close else ""
+    names = [str(k) for k in known]
+    close = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
+    if not close:
+        close = [k for k in names if k.lower() == given.lower()]
+    if not close:  # 'per_head' -> 'head', 'causal_mask' -> 'causal'
+        words = [w for w in re.split(r"[^A-Za-z0-9]+", given.lower()) if len(w) > 2]
+        close = [k for w in words for k in difflib.get_close_matches(w, names, n=1, cutoff=0.75)]
+    return close[0] if close else ""
 
 
 def unknown_name(where: str, given: Any, known: Sequence[str], what: str) -> SweepError:
@@ -172,11 +185,14 @@ class PowerOfTwo:
 @dataclass(frozen=True, slots=True)
 class Choice:
     choices: tuple[str, ...]
+    hints: tuple[str, ...] = ()
+    """Other spellings a sweep may use (dtype aliases, turned into a choice before this
+    check): a near miss of one is hinted too (``bfloat61``: did you mean bfloat16?)."""
 
     def check(self, where: str, value: Any) -> str:
         if not isinstance(value, str) or value not in self.choices:
             raise fail(where, value, "one of " + ", ".join(self.choices)
-                       + suggestion(value, self.choices))
+                       + suggestion(value, self.choices + self.hints))
         return value
 
 

@@ -7,6 +7,8 @@ where each part of the dotted name would be loaded from, without running any mod
 a sweep is not yet known to be a backend -- ``os:getcwd`` is refused only once loaded, by
 :func:`attnbench.backends.get_backend`). ``attnbench validate`` asks in the client,
 ``attnbench run`` on every Dask worker (whose environment its rank processes inherit).
+``validate`` also reads the module's source for the object (:func:`importable_here`), still
+running nothing.
 
 Torch-free: it runs in the client and in Dask workers.
 """
@@ -17,6 +19,9 @@ import importlib.machinery
 import os
 import sys
 from typing import Iterable, Optional
+
+from attnbench.backends.source_names import MAX_SOURCE_BYTES, top_level_names
+from attnbench.validation import read_bounded, suggestion
 
 FIX = ("put the folder that holds it on PYTHONPATH where the cases run (export PYTHONPATH=DIR "
        "before `attnbench run` or `attnbench worker`) or pip install it there; "
@@ -47,17 +52,67 @@ def unimportable(refs: Iterable[str]) -> dict[str, str]:
 
 def _first_missing(module: str) -> Optional[str]:
     """The first dotted prefix of ``module`` no finder locates, or None when all are found."""
+    return _locate(module)[0]
+
+
+def _locate(module: str):
+    """(the first dotted prefix of ``module`` no finder locates, or None; ``module``'s spec
+    when every part is found)."""
     search: Optional[list[str]] = None
     parts = module.split(".")
+    spec = None
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
         spec = _find(name, search)
         if spec is None:
-            return name
+            return name, None
         search = list(spec.submodule_search_locations or [])
         if depth < len(parts) and not search:  # a plain module has no submodules
-            return ".".join(parts[:depth + 1])
-    return None
+            return ".".join(parts[:depth + 1]), None
+    return None, spec
+
+
+def importable_here(ref: str) -> Optional[str]:
+    """None when the ``module:object`` ``ref`` can be loaded from here as far as a look without
+    running anything can tell, else the user's line: its module is not found (as
+    :func:`unimportable` says), or its module's source binds no such top-level name (read
+    with :func:`~attnbench.backends.source_names.top_level_names`; with a did-you-mean).
+    ``attnbench validate`` asks it of every ``module:object`` in a sweep."""
+    module, _, attr = ref.partition(":")
+    absent, spec = _locate(module)
+    if absent is not None:
+        return one_line(ref, unimportable([ref])[ref])
+    first = attr.split(".")[0]
+    names = _names_in(module, spec)
+    if names is None or first in names or _is_submodule(module, first, spec):
+        return None
+    origin = str(getattr(spec, "origin", None) or "")
+    source = f" ({origin})" if os.path.isabs(origin) else ""  # not 'frozen', 'built-in'
+    return (f"backend {ref!r}: module {module!r}{source} binds no top-level name "
+            f"{first!r}{suggestion(first, sorted(names))}; expected the name of the backend's "
+            "class, instance or factory in it (docs/backends.md#importable)")
+
+
+def _names_in(module: str, spec) -> Optional[frozenset[str]]:
+    """The top-level names of ``module`` (its spec given), or None when they cannot be told
+    without running it: a loaded module's own dict (nothing runs), else its ``.py`` source."""
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        return None if "__getattr__" in vars(loaded) else frozenset(vars(loaded))
+    origin = getattr(spec, "origin", None)
+    if not origin or not str(origin).endswith(".py"):  # compiled, frozen, namespace: no source
+        return None
+    try:
+        source = read_bounded(origin, MAX_SOURCE_BYTES)
+    except (OSError, ValueError):
+        return None
+    return top_level_names(source)
+
+
+def _is_submodule(module: str, name: str, spec) -> bool:
+    """``pkg:sub`` names a submodule: importing the package may load it (cannot tell)."""
+    search = list(getattr(spec, "submodule_search_locations", None) or [])
+    return bool(search) and _find(f"{module}.{name}", search) is not None
 
 
 def _find(name: str, search: Optional[list[str]]):

@@ -2,7 +2,8 @@
 
 :mod:`~.load` reads a sweep file (defaults, axes that are crossed, exclusions, includes) into a
 :class:`~.load.Sweep` of :class:`~.case.Case` records, every mistake one line ``FILE: FIELD: got
-X, expected Y``. :mod:`~.case` holds the case and the rule of every field; :mod:`~.axes` ranges,
+X, expected Y``, all in one pass (:mod:`~.one_pass`: the cases are checked despite wrong
+fields, a cause many cases share said once). :mod:`~.case` holds the case and the rule of every field; :mod:`~.axes` ranges,
 zipped groups and ``-s`` overrides; :mod:`~.options` the harness options; :mod:`~.packed_rules`,
 :mod:`~.length_mix`, :mod:`~.decode_rules` and :mod:`~.fp8_rules` the rules of packed, decode and
 fp8 cases; :mod:`~.flops` the one work model (FLOPs and minimal bytes of a case, read by the
@@ -21,6 +22,7 @@ __all__, __getattr__ = package_face(__name__, {
     "flops": ("BACKWARD_FACTOR", "case_bytes", "case_flops", "decode_bytes", "visible_pairs"),
     "length_mix": ("expand",),
     "load": ("Sweep", "load_sweep", "parse_sweep", "single_case_sweep"),
+    "one_pass": ("Doubt", "SharedCauses", "shared_line", "valid_part"),
     "options": ("RunOptions", "TimingOptions", "check_options_dict"),
     "packed_rules": ("MAX_SEQUENCES",),
     "schema": ("add_schema_command", "schema_text", "sweep_schema"),

@@ -172,10 +172,12 @@ def _zip_group(where: str, raw: Mapping, public: Sequence[str], rules: Mapping,
     rows = []
     for i, point in enumerate(zip(*values.values())):
         row: dict = {}
+        before = problems.count
         for name, value in zip(values, point):
             with problems.check():
                 row.update(normalize(f"{where}.zip.{name}[{i}]", name, value))
-        rows.append(row)
+        if problems.count == before:  # a point with a wrong value is left out, not half-made
+            rows.append(row)
     return AxisGroup(where, tuple(values), tuple(rows))
 
 
@@ -233,16 +235,30 @@ def count_points(axes_raw: Mapping, public: Sequence[str], rules: Mapping, limit
 def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tuple[int, dict]],
            exclude_raw: Sequence, includes: Sequence[dict], make: Callable[[str, dict], Any],
            show: Callable[[Mapping, str], str], problems: Problems,
-           defaults_for: Callable[[dict, dict], Mapping] = lambda d, own: d) -> list:
+           defaults_for: Callable[[dict, dict], Mapping] = lambda d, own: d,
+           doubtful: Callable[[Mapping], bool] = lambda exclude: False,
+           causes: Any = None) -> list:
     """The product of the axis groups, less the excludes, plus the includes; each case once
-    (``make(where, values)`` builds one, ``show(values, field)`` names a value in messages,
-    ``defaults_for(defaults, own)`` the defaults a case with its own values takes).
-    An exclude that removes nothing is a mistake (a typo would otherwise go unnoticed)."""
+    (``make(where, values)`` builds one, or returns None for a case not to check;
+    ``show(values, field)`` names a value in messages, ``defaults_for(defaults, own)`` the
+    defaults a case with its own values takes). A case's mistake goes to ``causes``
+    (``add(where, exc)``, then ``report(problems)``: the loader's
+    :class:`~attnbench.sweep.one_pass.SharedCauses` says a cause many cases share once), else
+    straight to ``problems``. An exclude that removes nothing is a mistake (a typo would
+    otherwise go unnoticed), unless ``doubtful(exclude)``: it may match only values left out
+    for their own mistakes."""
     cases: dict[str, Any] = {}
 
     def add(where: str, values: dict) -> None:
-        with problems.check():
+        try:
             case = make(where, values)
+        except SweepError as exc:
+            if causes is None:
+                problems.add(exc)
+            else:
+                causes.add(where, exc)
+            return
+        if case is not None:
             cases.setdefault(case.id, case)
 
     names = [n for g in groups for n in g.fields]
@@ -259,8 +275,10 @@ def expand(groups: Sequence[AxisGroup], defaults: Mapping, excludes: Sequence[tu
         add("axes(" + ", ".join(f"{n}={show(values, n)}" for n in names) + ")", values)
     for i, inc in enumerate(includes):
         add(f"include[{i}]", {**defaults_for(dict(defaults), inc), **inc})
-    for i, _ in excludes:
-        if i not in used:
+    if causes is not None:
+        causes.report(problems)
+    for i, ex in excludes:
+        if i not in used and not doubtful(ex):
             problems.add(fail(f"exclude[{i}]", exclude_raw[i], "an entry that matches some "
                               "case of the axes' product (each field it names must be set by "
                               "defaults or an axis, to a value listed there)"))

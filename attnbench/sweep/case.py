@@ -17,7 +17,7 @@ import operator
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from attnbench.dtypes import NAMES, is_fp8
+from attnbench.dtypes import ALIASES, NAMES, is_fp8
 from attnbench.errors import SweepError
 from attnbench.sweep.decode_rules import MAX_PAGE_SIZE, check_capacity, check_decode
 from attnbench.sweep.fp8_rules import FP8_SCALINGS, MAX_FP8_PROMOTION, check_fp8, default_backward
@@ -301,7 +301,7 @@ CASE_RULES: dict[str, Any] = {
     "bias": Choice(BIASES),
     "dropout": Real(0.0, 1.0, hi_open=True, expected="a number in [0, 1)"),
     "softcap": Real(0.0, math.inf, expected="a finite number >= 0 (0 disables softcap)"),
-    "dtype": Choice(NAMES),
+    "dtype": Choice(NAMES, hints=tuple(ALIASES)),
     "cp": _RANKS, "cp_algo": Choice(CP_ALGOS), "tp": _RANKS,
     "gpu": Name(r"[A-Za-z0-9_.+-]+", "a GPU kind such as H100, A100, cpu, or any", MAX_TEXT),
     "inputs": Choice(INPUTS),

@@ -33,10 +33,11 @@ from attnbench.errors import shown_key as _key
 from attnbench.sweep.case import (CASE_RULES, MAX_CASES, MAX_NAME, MAX_SIZE, PUBLIC_FIELDS,
                                   _PACKED_FIELDS, Case, make_case)
 from attnbench.sweep.length_mix import expand as expand_lengths
+from attnbench.sweep.one_pass import Doubt, SharedCauses, valid_part
 from attnbench.sweep.options import RunOptions
 from attnbench.sweep.options import parse_options as _parse_options
 from attnbench.sweep.packed_rules import MAX_SEQUENCES, defaults_for
-from attnbench.validation import Name, Problems, unknown_name
+from attnbench.validation import Name, Problems, near_miss, unknown_name
 from attnbench.validation import fail as _fail
 from attnbench.validation import is_int as _is_int
 from attnbench.validation import load_yaml, read_input_file
@@ -86,7 +87,19 @@ def _norm_mask(where: str, value: Any) -> dict[str, Any]:
             return {"mask": "window", "window_left": int(w[0]), "window_right": int(w[1])}
         raise _fail(f"{where}.window", w, f"a positive int W <= {MAX_SIZE}, or [left, right] "
                     "with ints >= -1 (-1 = unbounded, not both)")
-    raise _fail(where, value, allowed)
+    raise _fail(where, value, allowed + _mask_hint(value))
+
+
+_MASK_WORDS = {"none": "none", "causal": "causal", "window": "{window: W}"}
+
+
+def _mask_hint(value: Any) -> str:
+    """`` (did you mean causal?)`` for ``casual``, ``{window: W}`` for ``windw`` or a mapping
+    with the key ``windwo``: the one suggestion rule, over the words a mask is spelt with."""
+    if isinstance(value, Mapping) and len(value) == 1:
+        value = next(iter(value))
+    close = near_miss(value, tuple(_MASK_WORDS))
+    return f" (did you mean {_MASK_WORDS[close]}?)" if close else ""
 
 
 def _norm_value(where: str, name: str, value: Any, backend_check) -> dict[str, Any]:
@@ -141,12 +154,15 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
         raise SweepError(f"{filename}: expected a mapping with keys {', '.join(_TOP_KEYS)}, "
                          f"got {type(data).__name__}")
     problems = Problems(filename)
+    doubt = Doubt()  # what the field mistakes leave unknown: the cases are checked all the same
     fixed, paths = axes.split_overrides(overrides, PUBLIC_FIELDS, problems)
+    doubt.blind = bool(problems)
     data = axes.set_paths(data, paths)
     problems.overridden = {".".join(parts) for parts, _ in paths}
     for key in data:
         if key not in _TOP_KEYS:
             problems.add(unknown_name(_key(key), key, _TOP_KEYS, "key"))
+            doubt.blind |= near_miss(key, _TOP_KEYS) not in _HARMLESS_KEYS  # a misspelt axes?
     name = description = ""
     with problems.check():
         name = _NAME.check("name", data.get("name"))
@@ -162,6 +178,7 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
         if not isinstance(value, kind):
             problems.add(SweepError(f"{key}: got {type(value).__name__}, expected a "
                                     f"{'mapping' if kind is Mapping else 'list'}"))
+            doubt.blind |= key not in _HARMLESS_KEYS
             return default
         return value
 
@@ -172,11 +189,21 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
     exclude_raw, include_raw = section("exclude", list, []), section("include", list, [])
     defaults: dict[str, Any] = {}
     for key, value in defaults_raw.items():
-        with problems.check():
+        try:
             _check_field_name(f"defaults.{_key(key)}", key)
             if key not in fixed:  # -s FIELD=... replaces its default too
                 defaults.update(norm(f"defaults.{key}", key, value))
+        except SweepError as exc:
+            problems.add(exc)
+            if key in PUBLIC_FIELDS:
+                doubt.fields.add(_SETS.get(key, key))
+            else:
+                doubt.misspelt(key, PUBLIC_FIELDS)
+    before = problems.count
     forced = axes.read_overrides(fixed, CASE_RULES, norm, problems, MAX_CASES)
+    doubt.blind |= set(fixed) != set(forced)  # a -s field none of whose values can be read
+    if problems.count > before:
+        doubt.shaky |= set(fixed)
     total, product = axes.count_points(axes_raw, PUBLIC_FIELDS, CASE_RULES, MAX_CASES, forced)
     if total + len(include_raw) > MAX_CASES:
         count = f"{total + len(include_raw):,}" if total < 10**12 else f"{total:.2e}"
@@ -185,21 +212,44 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
                                 f"{count} cases, more than the {MAX_CASES:,} one sweep may have; "
                                 "split it into several sweep files"))
         problems.raise_any()  # before anything is expanded
+    before = problems.count
     groups = axes.read_axes(axes_raw, PUBLIC_FIELDS, CASE_RULES, norm, problems, MAX_CASES, forced)
+    if problems.count > before:
+        _doubt_axes(doubt, axes_raw, groups, forced)
     excludes, includes = [], []
     for i, entry in enumerate(exclude_raw):
-        with problems.check():
+        try:
             excludes.append((i, _parse_partial(f"exclude[{i}]", entry, norm)))
+        except SweepError as exc:
+            problems.add(exc)
+            doubt.excludes.append(valid_part(entry, norm, _check_field_name))
     for i, entry in enumerate(include_raw):
         with problems.check():
             includes.append(_parse_partial(f"include[{i}]", entry, norm))
     options = _parse_options("", section("options", Mapping, {}), problems)
-    problems.raise_any()
+    if doubt.blind:
+        problems.raise_any()
 
     excludes = [(i, ex) for i, ex in excludes if axes.reachable(ex, forced)]
+    doubt.shaky |= doubt.fields
+    empty = any(not g.rows for g in groups)  # every value of an axis was wrong: no product
+
+    def make(where: str, values: dict[str, Any]) -> Optional[Case]:
+        if doubt.skips(values):
+            return None
+        try:
+            return make_case(where, values)
+        except SweepError as exc:
+            if doubt.holds_back(values, str(exc).removeprefix(f"{where}: ")):
+                return None
+            raise
+
+    def doubtful(exclude: Mapping[str, Any]) -> bool:
+        return bool(problems) and (empty or bool(set(exclude) & doubt.shaky))
+
     cases = axes.expand(groups, defaults, excludes, exclude_raw,
-                        axes.cross_includes(includes, forced), make_case, _show, problems,
-                        defaults_for)
+                        axes.cross_includes(includes, forced), make, _show, problems,
+                        defaults_for, doubtful, SharedCauses())
     problems.raise_any()
     if not cases:
         raise SweepError(f"{filename}: axes: the sweep expands to no cases (everything excluded?)")
@@ -207,6 +257,32 @@ def parse_sweep(text: str, filename: str, backend_check: Optional[BackendCheck] 
         cases = _with_run_promotion(cases, options.fp8_max_imprecise_acc)
     return Sweep(name=name, path=filename, cases=tuple(cases), options=options, source=text,
                  description=description, overrides=tuple(overrides))
+
+
+_HARMLESS_KEYS = ("name", "description", "options")
+"""Top-level keys whose mistakes leave the cases as the sweep meant them."""
+_SETS = {"varlen": "seqlens_q"}
+"""The case field a sweep field sets when it is spelt differently (a case has no ``varlen``)."""
+
+
+def _doubt_axes(doubt: Doubt, axes_raw: Mapping, groups: Sequence[axes.AxisGroup],
+                forced: Mapping[str, list]) -> None:
+    """After mistakes in the axes: the fields of an axis left out whole take their default
+    (unknown), so do those a misspelt axis key probably meant, and an axis that lost a wrong
+    value is shaky (an exclude may have matched only that value)."""
+    made = {n: g for g in groups for n in g.fields}
+    for key, raw in axes_raw.items():
+        zipped = raw.get(axes.ZIP) if isinstance(raw, Mapping) and key not in PUBLIC_FIELDS \
+            else None
+        columns = dict(zipped) if isinstance(zipped, Mapping) else {key: raw}
+        for name, column in columns.items():
+            if name not in PUBLIC_FIELDS:
+                doubt.misspelt(name, PUBLIC_FIELDS)
+            elif name not in made:
+                doubt.fields.add(_SETS.get(name, name))
+            elif name in forced or (len(made[name].rows) != axes.count_values(
+                    column, CASE_RULES, name, MAX_CASES)):
+                doubt.shaky.update(made[name].fields)
 
 
 def _with_run_promotion(cases, promotion: int) -> list[Case]:

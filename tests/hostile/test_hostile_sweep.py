@@ -84,12 +84,13 @@ def test_rank_counts_are_bounded(line, expected):
 # -- class 2: validate imports and runs nothing ---------------------------------------------------
 
 def test_validate_imports_no_backend_module(tmp_path, monkeypatch, capsys):
-    (tmp_path / "sleeps_at_import.py").write_text("import time\ntime.sleep(60)\n")
+    # The objects exist (validate reads each module's source for it, issue 40 item 3).
+    (tmp_path / "sleeps_at_import.py").write_text("import time\ntime.sleep(60)\nB = 1\n")
     (tmp_path / "marks_import.py").write_text(
-        f"open({str(tmp_path / 'imported')!r}, 'w').write('x')\n")
+        f"open({str(tmp_path / 'imported')!r}, 'w').write('x')\nclass B: pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     sweep = tmp_path / "s.yaml"
-    sweep.write_text("name: s\naxes: {backend: ['this:x', 'sleeps_at_import:B', "
+    sweep.write_text("name: s\naxes: {backend: ['this:s', 'sleeps_at_import:B', "
                      "'marks_import:B', 'os:getcwd']}\n")
     t0 = time.perf_counter()
     assert cli.main(["validate", str(sweep)]) == 0

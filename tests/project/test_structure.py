@@ -77,6 +77,7 @@ CLIENT_MAY_REACH = {
     # the registry's face: names, the protocol's types, capabilities and refusal (torch-free)
     "attnbench.backends", "attnbench.backends.base", "attnbench.backends.capabilities",
     "attnbench.backends.importable",  # can a worker import a module:object backend (no import)
+    "attnbench.backends.source_names",  # the names its source binds, read (never run)
     "attnbench.execution", "attnbench.execution.pool", "attnbench.execution.ranks",
     "attnbench.execution.child",  # a worker's rank pools (the ranks are other processes)
     "attnbench.execution.call_clock",  # the pool's deadline, stopped while a rank compiles
