@@ -41,3 +41,26 @@ def test_a_sink_skips_documents_without_keys():
                                inputs="sink", batch=1, seqlen_q=50))
     q, k, v, dout = make_inputs(case)
     assert k.shape[2] == 49 and torch.isfinite(k).all()
+
+
+def test_huge_tensors_are_drawn_in_seeded_chunks_on_threads(monkeypatch):
+    """Issue 43 item 5: a 1M-key cache (2.1G values) was one generator's ~15 s per step. Past
+    CHUNKED_DRAW values a tensor is drawn in chunks with their own seeds, in threads: the same
+    values whatever the thread count, standard normal, different per tensor and seed; below
+    it, the one generator's stream as before (every existing case's inputs unchanged)."""
+    from attnbench.problem import inputs
+
+    monkeypatch.setattr(inputs, "CHUNKED_DRAW", 1000)
+    monkeypatch.setattr(inputs, "DRAW_CHUNK", 256)
+    shape = (2, 3, 50, 16)  # 4800 values: 19 chunks, the last one short
+    draws = []
+    for threads in (1, 4):
+        monkeypatch.setattr(inputs, "DRAW_THREADS", threads)
+        draws.append(inputs._randn(shape, torch.Generator().manual_seed(0), 7, "k"))
+    assert torch.equal(*draws) and draws[0].shape == shape
+    assert abs(float(draws[0].mean())) < 0.1 and abs(float(draws[0].std()) - 1) < 0.1
+    other = inputs._randn(shape, torch.Generator().manual_seed(0), 7, "v")
+    reseeded = inputs._randn(shape, torch.Generator().manual_seed(0), 8, "k")
+    assert not torch.equal(draws[0], other) and not torch.equal(draws[0], reseeded)
+    small = inputs._randn((10, 10), torch.Generator().manual_seed(3), 3, "q")
+    assert torch.equal(small, torch.randn((10, 10), generator=torch.Generator().manual_seed(3)))
