@@ -13,18 +13,20 @@ piecewise-constant fit but robust to one bad run:
    ``nb`` / ``na`` the number of values on each side::
 
        |a - b| > threshold * b                             (large enough to matter: 5%)
-       |a - b| > Z * 1.2533 * sigma * sqrt(1/nb + 1/na)    (Z = 6: far outside the noise)
+       |a - b| > Z * 1.2533 * sigma * sqrt(1/nb + 1/na)    (Z = 5: far outside the noise)
 
-   ``sigma`` is the noise of one run: the larger of 1.4826 x the median absolute deviation of
-   every value from its own side's median (pooled over both sides), and the median of the
-   runs' own spreads, where given (a timing's ``(q3 - q1) / 1.349``: runs whose samples
-   spread widely widen it). 1.2533 x sigma / sqrt(n) is the standard error of a median of n
-   values of normal noise. ``Z`` is 6, not 2 or 3, because the split tested is the best of
-   many (the largest gap a series of noise offers). Measured on normal noise
-   (tests/report/history/test_steps.py seeds the same series): no step in 300 series of 20
-   runs at 5%, 10% or 30% noise, and 19 of 300 series of 6 runs (the MAD of few values is
-   itself noisy); a 20% step in 3% noise is found in 298 of 300 series of 20 runs, 242 of
-   300 of 6 runs.
+   ``sigma`` is the noise of one run: the larger of 1.4826 x the median absolute successive
+   difference of the segment's values / sqrt(2) (a step is one difference among many, so it
+   does not inflate the noise, and a second step elsewhere in the segment does not hide the
+   first), and the median of the runs' own spreads, where given (a timing's ``(q3 - q1) /
+   1.349``: runs whose samples spread widely widen it). 1.2533 x sigma / sqrt(n) is the
+   standard error of a median of n values of normal noise. ``Z`` is 5, not 2 or 3, because
+   the split tested is the best of many (the largest gap a series of noise offers). Measured
+   on normal noise with :func:`random.Random` seeds 0-299 (tests/report/history/test_steps.py
+   checks the same series): at 5%, 10% and 30% noise, no step in 300 series of 6 runs and 2
+   in 300 series of 20 runs; a 20% step in 3% noise is found at its run in 297 of 300 series
+   of 20 runs and 120 of 300 of 6 runs (a short history needs a larger step, or quieter
+   runs: on a GPU timings spread ~1%).
 
 Medians make one outlier run move neither side's level; the noise term keeps a noisy series
 from stepping. :data:`MIN_SIDE` 2 means the latest run alone never makes a step: one run is an
@@ -44,7 +46,7 @@ MIN_SIDE = 2
 MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): the MAD of normal noise is 0.6745 sigma
 IQR_TO_SIGMA = 1.349  # the interquartile range of normal noise is 1.349 sigma
 MEDIAN_ERROR = 1.2533  # sqrt(pi/2): a median of n normal values is off by 1.2533 sigma/sqrt(n)
-Z = 6.0
+Z = 5.0
 """How many standard errors a step's gap must clear (rule 3: measured in the docstring)."""
 
 
@@ -67,10 +69,10 @@ class Step:
         return self.after / self.before if self.before else math.inf
 
 
-def _sigma(before: np.ndarray, after: np.ndarray, spreads: np.ndarray | None) -> float:
-    """The noise of one run's value (rule 3): pooled MAD, or the runs' own spreads."""
-    residuals = np.concatenate([before - np.median(before), after - np.median(after)])
-    sigma = MAD_TO_SIGMA * float(np.median(np.abs(residuals)))
+def _sigma(values: np.ndarray, spreads: np.ndarray | None) -> float:
+    """The noise of one run's value (rule 3): from successive differences, or the runs' own
+    spreads, whichever is larger."""
+    sigma = MAD_TO_SIGMA * float(np.median(np.abs(np.diff(values)))) / math.sqrt(2)
     if spreads is not None:
         finite = spreads[np.isfinite(spreads)]
         if len(finite):
@@ -98,8 +100,8 @@ def is_step(before: np.ndarray, after: np.ndarray, threshold: float,
     (``spreads``: the runs' own noise, both sides', NaN where unknown)."""
     b, a = float(np.median(before)), float(np.median(after))
     gap = abs(a - b)
-    error = MEDIAN_ERROR * _sigma(before, after, spreads) * math.sqrt(1 / len(before)
-                                                                      + 1 / len(after))
+    sigma = _sigma(np.concatenate([before, after]), spreads)
+    error = MEDIAN_ERROR * sigma * math.sqrt(1 / len(before) + 1 / len(after))
     return gap > threshold * abs(b) and gap > Z * error
 
 
