@@ -19,9 +19,8 @@ from typing import Any, Sequence
 
 from attnbench.errors import ReportError
 from attnbench.report.compare.comparison import load_compared
-from attnbench.report.read.data import Run
+from attnbench.report.read.data import Run, journal_of
 from attnbench.report.read.environment import representative
-from attnbench.results.store import RECORDS
 
 MAX_RUNS = 1_000
 """Runs one history reads: each is read whole (a few seconds for 10^5 records), so a folder of
@@ -60,7 +59,7 @@ def run_dirs(paths: Sequence[Path]) -> list[Path]:
                               "folder of them)")
         inside = _runs_inside(path)
         if not inside:
-            raise ReportError(f"{path}: no {RECORDS}, and no run directory inside it; RUN "
+            raise ReportError(f"{path}: no records.jsonl, and no run directory inside it; RUN "
                               "must be a run directory written by `attnbench run` or a folder "
                               "of them")
         found += inside
@@ -79,7 +78,11 @@ def run_dirs(paths: Sequence[Path]) -> list[Path]:
 
 
 def _is_run(path: Path) -> bool:
-    return path.is_dir() and (path / RECORDS).exists()
+    try:
+        journal_of(path)
+    except ReportError:
+        return False
+    return True
 
 
 def _runs_inside(folder: Path) -> list[Path]:
@@ -93,8 +96,8 @@ def _runs_inside(folder: Path) -> list[Path]:
     for name in names:
         child = folder / name
         try:
-            mode = os.lstat(child / RECORDS).st_mode
-        except OSError:
+            mode = os.lstat(journal_of(child, directory=False)).st_mode
+        except (OSError, ReportError):  # no journal (or it went away)
             continue
         if stat.S_ISREG(mode):
             out.append(child)
