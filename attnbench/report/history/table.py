@@ -21,6 +21,7 @@ from attnbench.report.history.series import METRICS, UNITS, CaseHistory, FoundSt
 MAX_STEPS_LISTED = 40  # steps printed per GPU kind; JSON and the page list all
 MAX_CASES_LISTED = 40  # cases in a GPU kind's table without --all
 COLUMN = 9  # characters of one run's value: "^12.35" and a gap
+LABEL = 26  # characters before the first value: the indent and the metric's name
 
 
 def when(moment: datetime | None) -> str:
@@ -93,7 +94,7 @@ def case_lines(case: CaseHistory) -> list[str]:
         if not any(math.isfinite(v) for v in values):
             continue
         marks = {s.run: "^" if s.rise else "v" for s in case.steps if s.metric == metric}
-        lines.append(f"      {UNITS[metric]:<20}"
+        lines.append(f"      {UNITS[metric]:<{LABEL - 6}}"
                      + "".join(_cell(v, marks.get(j, "")) for j, v in enumerate(values)))
     return lines
 
@@ -120,8 +121,8 @@ def history_text(histories: Sequence[GpuHistory], runs: Sequence[HistoryRun], or
                          "--out DIR lists all)")
         shown = h.cases if every_case else [c for c in h.cases if c.steps]
         if shown:
-            lines.append(f"  {'every case' if every_case else 'cases with a step'}:"
-                         f"{' ' * 20}" + "".join(n.rjust(COLUMN) for n in names))
+            title = "every case:" if every_case else "cases with a step:"
+            lines.append(f"  {title:<{LABEL - 2}}" + "".join(n.rjust(COLUMN) for n in names))
         limit = len(shown) if every_case else MAX_CASES_LISTED
         for case in shown[:limit]:
             lines += case_lines(case)
