@@ -43,7 +43,7 @@ def run_history(paths: Sequence[Path], *, threshold: float = 0.05, error_thresho
             raise ReportError(f"{exc.filename or out_dir}: cannot write the history: "
                               f"{refusal(exc)}") from None
     if fmt == "json":
-        history_json(histories, runs, order, stream)
+        history_json(histories, runs, order, stream, None if index is None else str(index))
     else:
         stream.write(history_text(histories, runs, order, every_case))
         if index is not None:

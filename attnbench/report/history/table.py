@@ -140,11 +140,12 @@ def _moment(moment: datetime | None) -> str | None:
 
 
 def history_json(histories: Sequence[GpuHistory], runs: Sequence[HistoryRun], order: str,
-                 stream: TextIO) -> None:
-    """Every run, every GPU kind's cases with their values per run and their steps."""
+                 stream: TextIO, page: str | None = None) -> None:
+    """Every run, every GPU kind's cases with their values per run and their steps; ``page``:
+    the HTML page written, if any."""
     index = {id(r): i for i, r in enumerate(runs)}
     out: dict[str, Any] = {
-        "order": order,
+        "order": order, "page": page,
         "runs": [{"run_id": r.run_id, "path": str(r.run.path), "commit": r.commit,
                   "commit_date": _moment(r.commit_date), "created": _moment(r.created),
                   "dirty": r.dirty} for r in runs],
