@@ -3,6 +3,7 @@ planted (and the backend's source changed), none elsewhere; runs ordered by comm
 else by start; one history per GPU kind; JSON and the page; bad input in one line, exit 2."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -122,7 +123,10 @@ def test_bad_input_is_one_line_and_exit_2(runs, tmp_path, capsys):
     junk = tmp_path / "junk"
     junk.mkdir()
     (junk / "records.jsonl").write_text('{"id": 3\n')
-    for args in ([str(tmp_path / "empty")], [str(tmp_path / "nowhere")], [str(junk)],
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "records.jsonl")  # a reader that opened it would wait for ever
+    for args in ([str(tmp_path / "empty")], [str(tmp_path / "nowhere")], [str(junk)], [str(fifo)],
                  [str(runs), "--threshold", "nan"], [str(runs), str(runs / "run-01")]):
         assert main(["history", *args]) == 2, args
         err = capsys.readouterr().err
