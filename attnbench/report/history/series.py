@@ -133,8 +133,9 @@ def _history(kind: str, runs: Sequence[HistoryRun], frames: list, threshold: flo
              for name in ("verdict", "label", "backend")}
     cases = []
     for i, key in enumerate(keys):
-        last = max(j for j in range(len(table)) if texts["label"][i, j])
-        case = CaseHistory(key=key, label=texts["label"][i, last],
+        # the latest run's label; a journal edited by hand may have none
+        last = max((j for j in range(len(table)) if texts["label"][i, j]), default=-1)
+        case = CaseHistory(key=key, label=texts["label"][i, last] or "(no label)",
                            backend=texts["backend"][i, last],
                            values={m: columns[m][i] for m in METRICS},
                            verdicts=list(texts["verdict"][i]))

@@ -98,3 +98,11 @@ def test_text_from_files_is_printable(tmp_path):
     text = history_text([history], runs, "commit date")
     assert "\x1b" not in text and "\x07" not in text and "\\x1b[31mred" in text
     assert all(line.isprintable() for line in text.splitlines())
+
+
+def test_a_journal_without_labels_still_has_a_history(tmp_path):
+    paths = _runs(tmp_path, 4, slowdown=lambda i: 1.0 if i < 2 else 1.5)
+    for path in paths:
+        _edit(path, lambda rec: rec.pop("label"))
+    runs, history = _history(paths)
+    assert history.steps and {c.label for c in history.cases} == {"(no label)"}
