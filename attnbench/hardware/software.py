@@ -61,14 +61,18 @@ def software_environment(*, nvml: Any = None) -> dict[str, Any]:
 
 
 def git_state(directory: Path = PACKAGE_DIR) -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the checkout ``directory`` is
-    tracked in; Nones for an installed copy (not a checkout), a missing git, or a timeout.
-    ``dirty`` counts tracked files only: untracked scratch files do not change a result."""
+    """``{"commit": sha or None, "commit_date": ISO 8601 or None, "dirty": bool or None}`` of
+    the checkout ``directory`` is tracked in; Nones for an installed copy (not a checkout), a
+    missing git, or a timeout. ``dirty`` counts tracked files only: untracked scratch files do
+    not change a result. ``commit_date`` is the committer date (``%cI``), by which
+    ``attnbench history`` orders runs of several commits."""
     if not _tracked(directory):
-        return {"commit": None, "dirty": None}
+        return {"commit": None, "commit_date": None, "dirty": None}
     commit = _git(directory, "rev-parse", "HEAD")
+    date = _git(directory, "show", "-s", "--format=%cI", "HEAD") if commit else None
     status = _git(directory, "status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
+    return {"commit": commit, "commit_date": date or None,
+            "dirty": None if status is None else bool(status)}
 
 
 def backend_fingerprint(backend: Any) -> dict[str, Any]:

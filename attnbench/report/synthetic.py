@@ -213,8 +213,11 @@ def _accuracy(c: Case, broken: dict[str, float]) -> tuple[dict, list]:
 
 def _record(c: Case, gpu: str, rng: random.Random, *, slowdown: float, extra_broken: bool,
             host: str, versions: dict[str, str], software: dict[str, Any],
-            accuracy_on: bool = True, noisy_backend: str | None = None) -> dict[str, Any]:
+            accuracy_on: bool = True, noisy_backend: str | None = None,
+            code: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     env = _env(gpu, host, versions, software)
+    if code and c.backend in code:  # env.backend, as attnbench.hardware.backend_fingerprint
+        env["backend"] = code[c.backend]
     common = dict(env=env, started="2026-11-29T15:02:03Z", duration_s=round(rng.uniform(0.2, 3), 3))
     if c.backend == "sdpa_flash" and (c.bias != "none" or c.softcap):
         return make_record(c, verdict="unsupported", reason="flash sub-backend has no "
@@ -306,14 +309,18 @@ def write_synthetic_run(out_dir: str | Path, *, gpus: Sequence[str] = ("H100",),
                         extra_broken: bool = False, torch_version: str = "2.5.1+cu124",
                         size: str = "full", accuracy: bool = True,
                         noisy_backend: str | None = None,
-                        software: dict[str, Any] | None = None) -> Path:
+                        software: dict[str, Any] | None = None,
+                        code: dict[str, dict[str, Any]] | None = None,
+                        created: str = "2026-11-29T15:00:00Z") -> Path:
     """Write ``records.jsonl`` and ``manifest.json`` of a made-up run; returns the directory.
 
     ``slowdown`` multiplies every ``triton`` time (a performance regression to find);
     ``extra_broken`` makes one more triton case fail (a verdict change to find);
     ``accuracy=False`` is a speed-only run (verdict ``timed`` where accuracy would judge);
     ``noisy_backend``'s timings never settle; ``software`` overrides the exact kinds'
-    software facts (``driver_version``, ``cuda_runtime``, ``commit``, ...).
+    software facts (``driver_version``, ``cuda_runtime``, ``commit``, ...); ``code``: backend
+    -> its ``env.backend`` (``module``, ``version``, ``source_sha256``); ``created``: the
+    manifest's start time.
     """
     rng = random.Random(seed)
     out_dir = Path(out_dir)
@@ -327,14 +334,14 @@ def write_synthetic_run(out_dir: str | Path, *, gpus: Sequence[str] = ("H100",),
     hosts = {gpu: f"node{g + 1:02d}" for g, gpu in enumerate(gpus)}
     records = [_record(case, case.gpu, rng, slowdown=slowdown, extra_broken=extra_broken,
                        host=hosts[case.gpu], versions=versions, software=software or {},
-                       accuracy_on=accuracy, noisy_backend=noisy_backend)
+                       accuracy_on=accuracy, noisy_backend=noisy_backend, code=code)
                for case in sweep.cases]
     _add_compile_sections(sweep.cases, records)
     with open(out_dir / "records.jsonl", "w") as fh:
         for rec in records:
             fh.write(json.dumps(rec) + "\n")
     manifest = {
-        "run_id": run_id, "created": "2026-11-29T15:00:00Z",
+        "run_id": run_id, "created": created,
         "command": ["attnbench", "run", sweep.path],
         "sweep": {"name": sweep.name, "path": sweep.path, "digest": sweep.digest,
                   "cases": len(records), "source": sweep.source},

@@ -65,7 +65,7 @@ _IDENTITY = {**{k: TEXT for k in ("name", "form_factor", "compute_capability", "
                                     "power_limit_enforced_w", "ecc_enabled", "index")}}
 _SOFTWARE = {**{k: TEXT for k in ("python", "torch", "triton", "cuda_runtime", "cudnn", "nccl",
                                   "driver_version", "cuda_driver_version", "commit",
-                                  "attnbench")}, "dirty": SCALAR}
+                                  "commit_date", "attnbench")}, "dirty": SCALAR}
 _COMPILE = {"mode": TEXT, "interpreted": FLAG, "variant": TEXT, "note": TEXT,
             **{k: NUMBER for k in ("seconds", "kernels", "autotune_s", "fp8_max_imprecise_acc")}}
 _TILE = {k: NUMBER for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}

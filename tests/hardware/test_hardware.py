@@ -2,8 +2,10 @@
 
 import json
 import re
+import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +13,8 @@ import pytest
 from attnbench.hardware import (CPU_KIND, KIND_PATTERN, KINDS, PEAKS, DeviceIdentity,
                                 backend_fingerprint, environment_differences, gpu_kind,
                                 kind_from_name, measure_matmul_peak, peak_bandwidth_gbs,
-                                peak_tflops, read_identities, read_identity, software_environment)
+                                peak_tflops, read_identities, read_identity, software_environment,
+                                git_state)
 from attnbench.hardware.nvml_replay import (NVML_ERROR_LIBRARY_NOT_FOUND, ReplayNvml,
                                             torch_properties)
 from helpers import DATA
@@ -240,6 +243,21 @@ def test_software_environment_on_this_machine():
     assert re.fullmatch(r"[0-9a-f]{40}", env["commit"])  # tests run in a checkout
     assert isinstance(env["dirty"], bool)
     json.dumps(env)
+
+
+def test_git_state_records_the_commit_date_history_orders_by():
+    """``commit_date`` is the committer date of HEAD (``attnbench history`` orders by it)."""
+    from datetime import datetime
+
+    from attnbench.hardware.software import PACKAGE_DIR
+
+    state = git_state()
+    expected = subprocess.run(["git", "-C", str(PACKAGE_DIR),
+                               "show", "-s", "--format=%cI", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+    assert state["commit_date"] == expected
+    assert datetime.fromisoformat(state["commit_date"]).tzinfo is not None
+    assert git_state(Path("/")) == {"commit": None, "commit_date": None, "dirty": None}
 
 
 def test_backend_fingerprint():

@@ -307,6 +307,7 @@ def check_run_directory(journal: bytes, manifest: bytes, report: bool,
         (run / "manifest.json").write_bytes(manifest)
         before = _snapshot(tmp)
         for args in (["show", "run", "--all"], ["compare", "good", "run", "--no-dashboard"],
+                     ["history", "good", "run"],
                      ["run", "fuzz.yaml", "--out", "run", "--no-report"]):
             rc, err = _cli(args)
             _check(rc, err, (0, 1, 2, 3))

@@ -197,6 +197,7 @@ def test_every_command_answers_a_bad_run_directory_in_one_line(tmp_path, capsys,
                 "report": ["report", str(run), "--dashboard", MINIMAL, "--out",
                            str(tmp_path / "dash")],
                 "compare": ["compare", str(good_run), str(run), "--no-dashboard"],
+                "history": ["history", str(good_run), str(run)],
                 "run": ["run", str(tmp_path / "crafted.yaml"), "--out", str(run), "--no-report"]}
     for command, args in commands.items():
         rc = cli.main(args)

@@ -427,7 +427,7 @@ def test_the_public_name_check_has_teeth():
 
 # -- report/: a room per command, pointing down -------------------------------------------------
 
-REPORT_ROOMS = ("read", "show", "export", "page", "compare", "")
+REPORT_ROOMS = ("read", "show", "export", "page", "compare", "history", "")
 """report's subpackages, lowest first; "" is report's own modules (``commands``, ``synthetic``,
 the face), above every room. A room imports only rooms before it: reading the journal knows
 no command, show and export know neither each other nor the page, and compare draws with the

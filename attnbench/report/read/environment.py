@@ -31,7 +31,7 @@ IDENTITY_KEYS = ("name", "form_factor", "memory_total_gib", "sm_count", "compute
                  "memory_clock_app_mhz", "power_limit_w", "power_limit_enforced_w", "ecc_enabled",
                  "driver_version", "cuda_driver_version")
 SOFTWARE_KEYS = ("python", "torch", "triton", "cuda_runtime", "cudnn", "nccl", "driver_version",
-                 "cuda_driver_version", "commit", "dirty")
+                 "cuda_driver_version", "commit", "commit_date", "dirty")
 # environment_differences labels that are settings of the card: they follow from the GPU kind,
 # so across two kinds they are no news (the kinds differ, and compare says so).
 CARD_SETTINGS = ("clocks", "power limit")
