@@ -2,8 +2,9 @@
 :mod:`~.lane_wire` and nothing else.
 
 Each connection must prove within :data:`HANDSHAKE_S` (its TLS handshake included) that it
-holds the key of a lane of this run that has not connected yet; then it may ask for a case and hand in the record of the one
-it holds, each request checked by its handler (:class:`~attnbench.dispatch.lanes.LaneRun`).
+holds the key of a lane of this run that has not connected yet; then it may ask for a case and
+hand in the record of the one it holds, each request checked by its handler
+(:class:`~attnbench.dispatch.lanes.LaneRun`).
 Anything else -- a stranger, a stale or forged key, a second connection on a live key, a
 frame too large, malformed, altered or replayed -- ends the connection with one log line (the
 first :data:`LOGGED_REFUSALS`, then a count) and a one-line refusal to the peer; nothing it
@@ -243,9 +244,10 @@ class LaneServer:
             if now - since < EVICT_AFTER_S:
                 return False
             del self.unproven[oldest]
+            oldest.refusal = "cut for room"  # its handler ends on the cut, refused once
             self._full(oldest, f"{BUSY}cut after {now - since:.1f} s in its handshake: the port "
                                f"was full ({cap} connections) and another came")
-            oldest.transport.abort()  # its handler ends on the cut
+            oldest.transport.abort()
         self.unproven[conn] = now
         return True
 
@@ -274,6 +276,8 @@ class LaneServer:
 
     async def _refused(self, conn: LaneConn, session: Optional[Session], reason: str) -> None:
         """Log it, tell the peer in one line (sealed once a session exists), hang up."""
+        if conn.refusal is not None:  # cut for room: refused, counted and logged then
+            return
         conn.refusal = reason
         self._refuse(conn, reason)
         message = {"refused": reason[:300]}

@@ -26,8 +26,8 @@ such deaths or refusals (Dask's setting, default 3) it is recorded ``lost``, as 
 be with KilledWorker. A lane that finds the driver's port full (strangers holding it) tries
 again, then ends as :class:`~.lane_wire.LaneBusy`: no failure of its worker, its cases stay
 queued and the driver says why (issue 41, item 3). A lane whose worker left is cancelled; one
-whose worker is gone but whose connection stays open is cut after ``worker_wait_s``. Ctrl-C: lanes are told to stop; the
-cases they hold stay pending.
+whose worker is gone but whose connection stays open is cut after ``worker_wait_s``. Ctrl-C:
+lanes are told to stop; the cases they hold stay pending.
 """
 
 from __future__ import annotations
@@ -486,7 +486,9 @@ class LaneRun(RunLoop):
                 self.failures[lane.worker] = 0
             return
         exc = future.exception()
-        if isinstance(exc, LaneBusy):  # strangers hold the port: not the worker's failure
+        if isinstance(exc, LaneBusy) and self.server is not None and self.server.busy:
+            # Strangers hold the port: not the worker's failure. (Believed only if the port
+            # was full: a TLS lane cut for another reason looks the same from its side.)
             self.busy_lanes += 1
             if self.busy_lanes == 1:  # the rest are counted in the note on the port
                 self.progress.note(f"{printable(exc, 400)}; its cases stay queued, another "

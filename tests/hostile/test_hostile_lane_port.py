@@ -189,3 +189,19 @@ def test_a_port_held_full_delays_the_cases_and_loses_none(run, monkeypatch, lane
     serves_a_genuine_lane(run)  # the strangers gone, lanes get in again
     journal = finish(run)
     assert [r["verdict"] for r in journal] == ["pass"]
+
+
+def test_a_lane_busy_without_a_full_port_is_a_failure_of_its_worker(run):
+    """A lane over TLS cut for another reason (a certificate its driver refuses) sees what a
+    full port looks like: believed only if the listener was in fact full, else it counts
+    against its worker as before (not an endless round of lanes that never get in)."""
+    from attnbench.dispatch.lane_wire import LaneBusy
+
+    address, group = run.workers[0].address, next(iter(run.queues))
+    lane = lane_id(run, 2)
+    run.lanes[lane] = _Lane(lane, group, address, 1)
+    busy = LaneBusy("the driver closed the connection in its TLS handshake")
+    assert run.server.busy == 0
+    run._lane_ended(SimpleNamespace(key=lane, status="error", exception=lambda: busy))
+    assert run.failures[address] == 1
+    finish(run)
