@@ -83,7 +83,7 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
             try:
                 source = f" (from {scheduler.source})" if scheduler.address else ""
                 print(f"attnbench: running on {conn.where}{source}; Dask dashboard "
-                      f"{conn.client.dashboard_link}")
+                      f"{conn.dashboard}")
                 check_workers_import(conn.client, (c.backend for c in pending))
                 status = local_run_status(store, conn.where)  # attnbench status / cancel
                 with saved_performance_report(run_dir, conn.client, " ".join(sys.argv)):

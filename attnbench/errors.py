@@ -93,6 +93,10 @@ def os_error_text(exc: OSError, what: str = "") -> str:
     where = exc.filename if exc.filename is not None else what
     name = errno.errorcode.get(exc.errno or 0)
     text = f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+    if exc.errno in (errno.EMFILE, errno.ENFILE):  # not the disk: read as one, it misled
+        where = exc.filename  # (issue 41, item 2: connections held on the driver's lane port)
+        text += (": the process is out of file descriptors, not disk space (files and "
+                 "connections count alike: `ulimit -n`, or connections held open to it)")
     return printable(f"{where}: {text}" if where else text, 2000)
 
 

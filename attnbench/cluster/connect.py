@@ -121,6 +121,17 @@ class Connection:
     """The embedded cluster's :class:`~attnbench.cluster.keeper.WorkerKeeper` (None elsewhere:
     other workers can run the cases, or come back)."""
 
+    @property
+    def dashboard(self) -> str:
+        """Where Dask's dashboard is, for the run's first line; a scheduler hardened with
+        ``--preload attnbench.cluster.closed_http`` serves none, and Dask's
+        ``client.dashboard_link`` raises ``KeyError: 'dashboard'`` for it (issue 41, item 4)."""
+        try:
+            link = self.client.dashboard_link
+        except KeyError:
+            link = None
+        return link or "none (the scheduler serves no HTTP port)"
+
     def workers(self) -> list[WorkerInfo]:
         info = self.client.scheduler_info(n_workers=-1)
         return [WorkerInfo(address, str(w.get("name", address)), dict(w.get("resources") or {}))

@@ -1,13 +1,22 @@
 """The driver's end of the lanes: a listener on a thread and event loop of its own, speaking
 :mod:`~.lane_wire` and nothing else.
 
-Each connection must prove within :data:`HANDSHAKE_S` that it holds the key of a lane of this
-run that has not connected yet; then it may ask for a case and hand in the record of the one
-it holds, each request checked by its handler (:class:`~attnbench.dispatch.lanes.LaneRun`).
+Each connection must prove within :data:`HANDSHAKE_S` (its TLS handshake included) that it
+holds the key of a lane of this run that has not connected yet; then it may ask for a case and
+hand in the record of the one it holds, each request checked by its handler
+(:class:`~attnbench.dispatch.lanes.LaneRun`).
 Anything else -- a stranger, a stale or forged key, a second connection on a live key, a
 frame too large, malformed, altered or replayed -- ends the connection with one log line (the
 first :data:`LOGGED_REFUSALS`, then a count) and a one-line refusal to the peer; nothing it
 sent is run or journaled.
+
+A connection counts against :func:`unproven_cap` from the moment it is accepted, TLS
+handshake included (asyncio's own TLS ran before any handler: 1,089 silent connections without
+a certificate were never counted and ran a submitted driver out of files, issue 41 item 2).
+When the port is full a newcomer cuts the oldest of them if it has been silent
+:data:`EVICT_AFTER_S`, else it is refused as ``busy``; a lane that meets a full port waits and
+tries again (:func:`~.lane_wire.LaneChannel.open` raises :class:`~.lane_wire.LaneBusy`), which
+is no failure of its worker (item 3).
 
 Its own loop, not the Dask client's: nothing here depends on Dask (the protocol is tested
 without a cluster), and a driver running inside a worker (``submit``) keeps lane traffic off
@@ -17,17 +26,19 @@ the worker's event loop and its heartbeats.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import secrets
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from attnbench.dispatch.lane_wire import (MAX_FRAME, MAX_HANDSHAKE_FRAME, NONCE_BYTES, PROTO,
-                                          VERSION, LaneProtocolError, Session, check_auth,
-                                          check_request, decode, driver_proof, encode, frame,
-                                          frame_length, lane_proof, proofs_match)
+from attnbench.dispatch.lane_wire import (BUSY, MAX_FRAME, MAX_HANDSHAKE_FRAME, NONCE_BYTES,
+                                          PROTO, VERSION, LaneProtocolError, Session,
+                                          check_auth, check_request, decode, driver_proof,
+                                          encode, frame, frame_length, lane_proof, proofs_match)
 
 log = logging.getLogger("attnbench")
 
@@ -36,9 +47,14 @@ HANDSHAKE_S = 30.0
 at load 13 on 2 cores (issue #25, item 13) and bounds how long a silent stranger holds a
 connection open."""
 MAX_UNPROVEN = 512
-"""Connections still in their handshake at once: twice the 256 devices whose lanes connect
-together at the scale target, half of the usual 1,024 open-file limit, so strangers cannot
-exhaust the driver's files; beyond it a connection is closed at once."""
+"""Connections still in their handshake (TLS included) at once: twice the 256 devices whose
+lanes connect together at the scale target, half of the usual 1,024 open-file limit, so
+strangers cannot exhaust the driver's files; beyond it a connection is closed at once."""
+EVICT_AFTER_S = 1.0
+"""On a full port, a newcomer cuts the oldest connection in its handshake once that one is this
+old: a genuine lane answers the hello in milliseconds, so under a flood a silent stranger holds
+a slot about a second (not :data:`HANDSHAKE_S`), and a lane trying again gets in unless the
+attacker opens the whole cap anew every second."""
 LOGGED_REFUSALS = 20
 """Refusals logged one line each; after that they are counted (a scanner must not fill the
 log), and the run's summary says how many there were."""
@@ -57,6 +73,8 @@ class LaneConn:
     lease: Optional[str] = None
     refusal: Optional[str] = None
     """Why the driver refused it, if it did: its case goes back as a refusal, not a death."""
+    streams: Optional[tuple] = None
+    """Its reader and writer, once its TLS handshake (if any) is done."""
 
 
 class LaneHandler(Protocol):
@@ -82,9 +100,13 @@ class LaneServer:
         self.server = None
         self.conns: set[LaneConn] = set()
         self.tasks: set[asyncio.Task] = set()
-        self.unproven = 0
+        self.unproven: collections.OrderedDict[LaneConn, float] = collections.OrderedDict()
+        """Connections in their handshake, oldest first, with when they were accepted."""
         self.refused = 0
+        self.busy = 0
+        """Of the refused, those turned away or cut because the port was full."""
         self.first_refusal = ""
+        self.first_busy = ""
 
     # -- from the driver's threads -----------------------------------------------------------
     def start(self) -> str:
@@ -126,9 +148,12 @@ class LaneServer:
 
     # -- on the listener's loop ----------------------------------------------------------------
     async def _listen(self):
-        return await asyncio.start_server(
-            self._serve, self.host, 0, ssl=self.ssl_context,
-            ssl_handshake_timeout=HANDSHAKE_S if self.ssl_context else None)
+        # No ssl= here: asyncio would run the TLS handshake before any handler, uncounted;
+        # _accepted counts the connection, then _serve starts TLS within the handshake's
+        # deadline. Not start_server either: its reader reads before TLS starts, and what it
+        # read (a ClientHello) is lost to the handshake, which then hangs.
+        return await asyncio.get_running_loop().create_server(lambda: _Accepted(self),
+                                                              self.host, 0)
 
     async def _close(self) -> None:
         self.server.close()
@@ -137,39 +162,70 @@ class LaneServer:
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=STOP_WAIT_S)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
+    def _accepted(self, transport) -> None:
+        """A new connection (reading paused): counted, or refused at once if the port is
+        full."""
+        peer = transport.get_extra_info("peername")
         conn = LaneConn(peer=f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer),
-                        transport=writer.transport)
-        if self.unproven >= MAX_UNPROVEN:
-            self._refuse(conn, f"over {MAX_UNPROVEN} connections in their handshake")
-            writer.transport.abort()
+                        transport=transport)
+        if not self._admit(conn):
+            self._full(conn, f"{BUSY}over {len(self.unproven)} connections in their handshake")
+            if self.ssl_context is None:  # in clear, the lane reads why; over TLS it sees the
+                transport.write(frame(encode({"refused": f"{BUSY}the lane port is full"})))
+                transport.close()         # (close after these ~50 bytes: abort drops them)
+            else:                         # connection close before the hello: the same to it
+                transport.abort()
             return
-        task = asyncio.current_task()
+        task = self.loop.create_task(self._serve(conn, transport))
         self.tasks.add(task)
         self.conns.add(conn)
+
+    async def _streams(self, conn: LaneConn, transport) -> tuple:
+        """The connection's reader and writer, over TLS when the cluster uses it."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        protocol = asyncio.StreamReaderProtocol(reader)
+        if self.ssl_context is not None:
+            try:
+                transport = await loop.start_tls(transport, protocol, self.ssl_context,
+                                                 server_side=True,
+                                                 ssl_handshake_timeout=HANDSHAKE_S)
+            except (ssl.SSLError, OSError) as exc:  # no certificate, not TLS at all, a cut
+                raise LaneProtocolError(f"TLS handshake failed ({type(exc).__name__}: "
+                                        f"{str(exc)[:160]})") from None
+            if transport is None:  # the peer left as the handshake ended (asyncio 3.11)
+                raise LaneProtocolError("TLS handshake failed (the peer left)")
+            conn.transport = transport
+        else:
+            transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        if self.ssl_context is None:
+            transport.resume_reading()
+        return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
+
+    async def _serve(self, conn: LaneConn, transport) -> None:
+        task = asyncio.current_task()
         session: Optional[Session] = None
         try:
-            self.unproven += 1
             try:
-                session = await asyncio.wait_for(self._handshake(conn, reader, writer),
-                                                 HANDSHAKE_S)
+                session = await asyncio.wait_for(self._handshake(conn, transport), HANDSHAKE_S)
             except asyncio.TimeoutError:
                 raise LaneProtocolError(f"no handshake within {HANDSHAKE_S:g} s") from None
             finally:
-                self.unproven -= 1
+                self.unproven.pop(conn, None)
+            reader, writer = conn.streams
             while True:
                 done = check_request(session.open(await _read(reader, MAX_FRAME)))
                 writer.write(frame(session.seal(self.handler.lane_request(conn, done))))
                 await writer.drain()
         except LaneProtocolError as exc:
-            await self._refused(conn, writer, session, str(exc))
+            await self._refused(conn, session, str(exc))
         except _Closed:
             pass  # the lane ended, its worker died, or the run stopped
         except (ConnectionError, OSError, asyncio.CancelledError):
             pass  # cut: aborted by the driver, or reset by the peer
         except Exception as exc:  # noqa: BLE001 -- a bug here must not leave a case in limbo
-            await self._refused(conn, writer, session,
+            await self._refused(conn, session,
                                 f"driver error {type(exc).__name__}: {str(exc)[:200]}")
         finally:
             self.conns.discard(conn)
@@ -177,9 +233,32 @@ class LaneServer:
             try:
                 self.handler.lane_closed(conn)
             finally:
-                writer.transport.abort()
+                conn.transport.abort()  # the TLS transport once there is one
 
-    async def _handshake(self, conn: LaneConn, reader, writer) -> Session:
+    def _admit(self, conn: LaneConn) -> bool:
+        """Count ``conn`` among those in their handshake, cutting the oldest if the port is
+        full and it has been there :data:`EVICT_AFTER_S`; False: the port is full."""
+        now, cap = time.monotonic(), unproven_cap()
+        while len(self.unproven) >= cap:
+            oldest, since = next(iter(self.unproven.items()))
+            if now - since < EVICT_AFTER_S:
+                return False
+            del self.unproven[oldest]
+            oldest.refusal = "cut for room"  # its handler ends on the cut, refused once
+            self._full(oldest, f"{BUSY}cut after {now - since:.1f} s in its handshake: the port "
+                               f"was full ({cap} connections) and another came")
+            oldest.transport.abort()
+        self.unproven[conn] = now
+        return True
+
+    def _full(self, conn: LaneConn, reason: str) -> None:
+        self.busy += 1
+        if self.busy == 1:
+            self.first_busy = f"{reason} (from {conn.peer})"
+        self._refuse(conn, reason)
+
+    async def _handshake(self, conn: LaneConn, transport) -> Session:
+        reader, writer = conn.streams = await self._streams(conn, transport)
         nd = secrets.token_hex(NONCE_BYTES)
         writer.write(frame(encode({"proto": PROTO, "v": VERSION, "run": self.run,
                                    "nonce": nd})))
@@ -189,17 +268,22 @@ class LaneServer:
         key = self.handler.lane_key(lane)
         if not proofs_match(lane_proof(key, self.run, lane, nd, nl), auth["proof"]):
             raise LaneProtocolError(f"a wrong proof for {lane} (a stale or forged key)")
+        self.unproven.pop(conn, None)  # proven: never cut for room, its key is spent now
         self.handler.lane_connected(conn, lane)
         writer.write(frame(encode({"proof": driver_proof(key, self.run, lane, nd, nl)})))
         await writer.drain()
         return Session(key, self.run, lane, nd, nl, side="driver")
 
-    async def _refused(self, conn: LaneConn, writer, session: Optional[Session],
-                       reason: str) -> None:
+    async def _refused(self, conn: LaneConn, session: Optional[Session], reason: str) -> None:
         """Log it, tell the peer in one line (sealed once a session exists), hang up."""
+        if conn.refusal is not None:  # cut for room: refused, counted and logged then
+            return
         conn.refusal = reason
         self._refuse(conn, reason)
         message = {"refused": reason[:300]}
+        writer = conn.streams[1] if conn.streams else None
+        if writer is None or conn.transport.is_closing():  # a failed TLS handshake: no
+            return                                         # channel to say it on
         try:
             writer.write(frame(session.seal(message) if session else encode(message)))
             await asyncio.wait_for(writer.drain(), 1.0)  # best effort: the peer may be gone
@@ -222,6 +306,31 @@ class LaneServer:
         exc = context.get("exception")
         log.warning("attnbench lanes: %s%s", context.get("message", "error"),
                     f" ({type(exc).__name__}: {str(exc)[:200]})" if exc else "")
+
+
+def unproven_cap() -> int:
+    """:data:`MAX_UNPROVEN`, or half this process's open-file limit where that is lower (a
+    submitted driver shares its worker's)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return MAX_UNPROVEN
+    return MAX_UNPROVEN if soft == resource.RLIM_INFINITY else max(2, min(MAX_UNPROVEN,
+                                                                          soft // 2))
+
+
+class _Accepted(asyncio.Protocol):
+    """A connection as accepted: reading paused (nothing read before TLS starts), handed to
+    :meth:`LaneServer._accepted`, which replaces this protocol."""
+
+    def __init__(self, server: LaneServer):
+        self.server = server
+
+    def connection_made(self, transport) -> None:
+        transport.pause_reading()
+        self.server._accepted(transport)
 
 
 class _Closed(Exception):

@@ -61,6 +61,13 @@ RUN_TAG = re.compile(r"[0-9a-f]{1,32}")
 _HEX = re.compile(r"[0-9a-f]+")
 LEASE_HEX = 16
 """A lease id: 64 random bits, so a connection cannot guess another's."""
+BUSY = "busy: "
+"""How the driver's refusal of a connection starts when its port is full (too many
+connections in their handshake): the lane tries again, its worker is not at fault."""
+_CUT = (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, ssl.SSLEOFError,
+        ssl.SSLZeroReturnError)
+"""What a lane sees when the driver accepts its connection and closes it before the
+handshake is done: a full port (over TLS it cannot say so) or the run stopping."""
 
 
 class LaneProtocolError(Exception):
@@ -69,6 +76,10 @@ class LaneProtocolError(Exception):
 
 class LaneRefused(LaneProtocolError):
     """The other end refused this connection (its reason in the message)."""
+
+
+class LaneBusy(LaneRefused):
+    """The driver's lane port was full: try again later (no fault of this lane or worker)."""
 
 
 # -- keys and proofs ------------------------------------------------------------------------------
@@ -259,7 +270,8 @@ class LaneChannel:
     def open(cls, address: str, run: str, lane: str, key: bytes,
              ssl_context: Optional[ssl.SSLContext], timeout_s: float) -> "LaneChannel":
         """Connect and authenticate both ways. Raises OSError (unreachable) or
-        :class:`LaneProtocolError` (refused, or not our driver)."""
+        :class:`LaneProtocolError` (refused, or not our driver); :class:`LaneBusy` when the
+        driver's port was full (it said so, or closed the connection before its hello)."""
         scheme, host, port = parse_address(address)
         sock = socket.create_connection((host, port), timeout=timeout_s)
         try:
@@ -267,15 +279,30 @@ class LaneChannel:
                 if ssl_context is None:
                     raise LaneProtocolError("the driver listens with TLS and this worker has "
                                             "no TLS certificate")
-                sock = ssl_context.wrap_socket(sock)
-            hello = check_hello(decode(_read_frame(sock, MAX_HANDSHAKE_FRAME)))
+                try:
+                    sock = ssl_context.wrap_socket(sock)
+                except _CUT as exc:
+                    raise LaneBusy(f"the driver closed the connection in its TLS handshake "
+                                   f"({type(exc).__name__}): its lane port is full") from None
+            try:
+                first = decode(_read_frame(sock, MAX_HANDSHAKE_FRAME))
+            except _CUT as exc:
+                raise LaneBusy(f"the driver closed the connection before its hello "
+                               f"({type(exc).__name__}): its lane port is full") from None
+            if set(first) == {"refused"} and str(first["refused"]).startswith(BUSY):
+                raise LaneBusy(f"refused by the driver: {_short(str(first['refused']), 300)}")
+            hello = check_hello(first)
             if hello["run"] != run:
                 raise LaneProtocolError(f"the driver at {address} runs {hello['run']}, not "
                                         f"{run}")
             nd, nl = hello["nonce"], secrets.token_hex(NONCE_BYTES)
             sock.sendall(frame(encode({"lane": lane, "nonce": nl,
                                        "proof": lane_proof(key, run, lane, nd, nl)})))
-            reply = decode(_read_frame(sock, MAX_HANDSHAKE_FRAME))
+            try:
+                reply = decode(_read_frame(sock, MAX_HANDSHAKE_FRAME))
+            except _CUT as exc:  # cut for room before its proof was checked: its key unspent
+                raise LaneBusy(f"the driver closed the connection in the handshake "
+                               f"({type(exc).__name__}): its lane port is full") from None
             if set(reply) == {"refused"}:
                 check_answer(reply)
             _fields("welcome", reply, {"proof"})

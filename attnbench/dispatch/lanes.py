@@ -23,9 +23,11 @@ the journal can hold it (:func:`_check_lane_record`); anything else is refused a
 connection. When a connection closes while holding a case (its worker was killed or left, or
 it was refused), the case goes back to the front of its queue, and after ``allowed-failures``
 such deaths or refusals (Dask's setting, default 3) it is recorded ``lost``, as a task would
-be with KilledWorker. A lane whose worker left is cancelled; one whose worker is gone but whose
-connection stays open is cut after ``worker_wait_s``. Ctrl-C: lanes are told to stop; the
-cases they hold stay pending.
+be with KilledWorker. A lane that finds the driver's port full (strangers holding it) tries
+again, then ends as :class:`~.lane_wire.LaneBusy`: no failure of its worker, its cases stay
+queued and the driver says why (issue 41, item 3). A lane whose worker left is cancelled; one
+whose worker is gone but whose connection stays open is cut after ``worker_wait_s``. Ctrl-C:
+lanes are told to stop; the cases they hold stay pending.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import itertools
 import json
 import logging
 import queue as queue_mod
+import random
 import secrets
 import threading
 import time
@@ -45,8 +48,8 @@ from typing import Optional
 from attnbench.cluster.connect import plan_case
 from attnbench.cluster.task import run_case_task_text
 from attnbench.dispatch.lane_server import LaneConn, LaneServer
-from attnbench.dispatch.lane_wire import (LEASE_HEX, MAX_RECORD, LaneChannel, LaneProtocolError,
-                                          lane_key, new_secret)
+from attnbench.dispatch.lane_wire import (LEASE_HEX, MAX_RECORD, LaneBusy, LaneChannel,
+                                          LaneProtocolError, lane_key, new_secret)
 from attnbench.dispatch.loop import Progress, RunLoop, _Flight, checked_record
 from attnbench.dispatch.run import SweepRun
 from attnbench.errors import ClusterError, printable
@@ -71,6 +74,12 @@ ANSWER_WAIT_S = 300.0
 """The driver answers a request at once (a queue pop under a lock); 300 s is far beyond a
 loaded driver's pauses, and frees the worker thread of a lane whose driver vanished without
 closing its connection (a partition)."""
+BUSY_WAIT_S = 300.0
+"""How long a lane keeps trying a driver whose port is full before it ends (as
+:class:`LaneBusy`, and the driver starts another): strangers holding the port delay the run,
+they do not fail its workers."""
+BUSY_PAUSE_S = (0.1, 5.0)
+"""A lane's first and longest pause between tries on a full port (doubling, jittered)."""
 KEYS_KEPT = 4096
 """Lane keys a worker keeps for lanes that have not started (one per device each hand-out; a
 lane cancelled before it ran leaves its key behind): the oldest go first."""
@@ -112,7 +121,10 @@ def lane_task(address: str, lane: str, options_dict: dict, devices: int, run: st
                               "no key for it (did the worker restart since?)")
     tls = worker.security.get_connection_args("worker").get("ssl_context")
     try:
-        channel = LaneChannel.open(address, run, lane, key, tls, CONNECT_WAIT_S)
+        channel = _open_when_room(address, run, lane, key, tls)
+    except LaneBusy as exc:
+        raise LaneBusy(f"lane on {worker.address}: the driver's lane port at {address} stayed "
+                       f"full for {BUSY_WAIT_S:g} s ({exc})") from None
     except (OSError, LaneProtocolError) as exc:
         raise ConnectionError(f"lane on {worker.address} cannot reach the driver at {address}: "
                               f"{exc}") from None
@@ -138,6 +150,21 @@ def lane_task(address: str, lane: str, options_dict: dict, devices: int, run: st
             ran += 1
     finally:
         channel.close()
+
+
+def _open_when_room(address: str, run: str, lane: str, key: bytes, tls) -> LaneChannel:
+    """:meth:`LaneChannel.open`, tried again while the driver's port is full (its key is not
+    spent until its proof is taken), for up to :data:`BUSY_WAIT_S`."""
+    deadline = time.monotonic() + BUSY_WAIT_S
+    pause, longest = BUSY_PAUSE_S
+    while True:
+        try:
+            return LaneChannel.open(address, run, lane, key, tls, CONNECT_WAIT_S)
+        except LaneBusy:
+            if time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause * random.uniform(0.5, 1.0))  # jittered: lanes do not come back as one
+        pause = min(2 * pause, longest)
 
 
 def _run_one(answer: dict, options_dict: dict, devices: int) -> str:
@@ -260,6 +287,8 @@ class LaneRun(RunLoop):
         self.secret = new_secret()  # this run's only: never written, never sent
         self.tag = secrets.token_hex(6)
         self.counter = itertools.count()
+        self.busy_noted, self.busy_noted_at = 0, float("-inf")  # full-port refusals told
+        self.busy_lanes = 0  # lanes that ended on a full port
         self.room_may_grow = True
         """Set by what can free a device or queue a case again (a lane ended or closed, a lane
         failed, a tick's look at the workers): :meth:`hand_out` plans only then. Planning
@@ -456,7 +485,16 @@ class LaneRun(RunLoop):
             if lane is not None and future.status == "finished":
                 self.failures[lane.worker] = 0
             return
-        self._lane_failed(lane.worker, future.exception())
+        exc = future.exception()
+        if isinstance(exc, LaneBusy) and self.server is not None and self.server.busy:
+            # Strangers hold the port: not the worker's failure. (Believed only if the port
+            # was full: a TLS lane cut for another reason looks the same from its side.)
+            self.busy_lanes += 1
+            if self.busy_lanes == 1:  # the rest are counted in the note on the port
+                self.progress.note(f"{printable(exc, 400)}; its cases stay queued, another "
+                                   "lane takes its place")
+            return
+        self._lane_failed(lane.worker, exc)
 
     def _lane_failed(self, worker: str, exc: BaseException) -> None:
         """A lane of ``worker`` failed (or could not be started); after :data:`LANE_FAILURES` in
@@ -478,7 +516,19 @@ class LaneRun(RunLoop):
             self.write(make_record(case, verdict="lost", attempt=self.attempt(case),
                                    reason=f"{type(exc).__name__}: {str(exc)[:300]}"))
 
+    def _note_busy(self) -> None:
+        """Say that the lane port was full (a denial of service, seen from here), at most once
+        a minute: the lanes try again and no case is lost for it."""
+        busy, now = (self.server.busy if self.server else 0), time.monotonic()
+        if busy > self.busy_noted and now - self.busy_noted_at >= 60:
+            self.progress.note(f"the lanes' port was full: {busy} connections turned away or "
+                               f"cut (first: {self.server.first_busy}), {self.busy_lanes} "
+                               "lanes gave up; something holds it in handshakes; lanes try "
+                               "again, their cases stay queued")
+            self.busy_noted, self.busy_noted_at = busy, now
+
     def look_at_workers(self) -> None:
+        self._note_busy()
         with self.lock:
             self.room_may_grow = True  # workers came or went; and a safety net, once a tick
         self.refresh_workers()

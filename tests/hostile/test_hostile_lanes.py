@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import pathlib
 import pickle
 import secrets
@@ -30,17 +29,15 @@ import pytest
 
 from attnbench.dispatch.lane_server import MAX_UNPROVEN
 from attnbench.dispatch.lane_wire import (MAX_FRAME, MAX_HANDSHAKE_FRAME, MAX_RECORD,
-                                          NONCE_BYTES, LaneChannel, LaneProtocolError,
-                                          LaneRefused, Session, decode, encode, frame, lane_key,
-                                          lane_proof)
-from attnbench.dispatch.lanes import LaneRun, _Lane
-from attnbench.dispatch.loop import Progress
+                                          LaneChannel, LaneProtocolError, LaneRefused, decode,
+                                          encode, frame)
+from attnbench.dispatch.lanes import _Lane
 from attnbench.results.records import make_record
 from attnbench.sweep.case import Case
-from cluster_rig import (FakeConnection, certificate, scripted_store, wait_for,  # noqa: F401
-                         worker_infos)
-
-SEEDS = 4
+from cluster_rig import certificate, wait_for  # noqa: F401
+from lane_rig import (SEEDS, authenticated, closed_by_driver, finish, genuine,  # noqa: F401
+                      key_of, lane_id, listening, raw, read_frame, run, serves_a_genuine_lane,
+                      wait_refused)
 
 
 class _Touch:
@@ -51,126 +48,6 @@ class _Touch:
 
     def __reduce__(self):
         return (pathlib.Path.touch, (self.path,))
-
-
-# -- a driver's lanes listening, on a scripted cluster -------------------------------------------
-
-def _listening(tmp_path: pathlib.Path, client_extra: dict | None = None) -> LaneRun:
-    tmp_path.mkdir(exist_ok=True)
-    store = scripted_store(tmp_path, ["A"], seeds=SEEDS)
-    conn = FakeConnection(None, [worker_infos(("A", 2))])
-    conn.client.scheduler = SimpleNamespace(address="tcp://127.0.0.1:8786")
-    for name, value in (client_extra or {}).items():
-        setattr(conn.client, name, value)
-    run = LaneRun(store, conn, Progress(0, 0, open(os.devnull, "w")))
-    run.plan()
-    run._queue_todo()
-    group = next(iter(run.queues))
-    for n in range(2):  # what hand_out would have started: two lanes, on w0 and w1
-        lane = _lane_id(run, n)
-        run.lanes[lane] = _Lane(lane, group, f"w{n}", 1)
-    run._listen()
-    return run
-
-
-@pytest.fixture
-def run(tmp_path):
-    run = _listening(tmp_path)
-    yield run
-    run.stop()
-    run.store.close()
-
-
-def _lane_id(run: LaneRun, n: int) -> str:
-    return f"lane-{run.tag}-{n}"
-
-
-def _key(run: LaneRun, n: int) -> bytes:
-    return lane_key(run.secret, run.tag, _lane_id(run, n))
-
-
-def _genuine(run: LaneRun, n: int) -> LaneChannel:
-    """Lane n as its worker would connect: with the key the driver handed it."""
-    return LaneChannel.open(run.address, run.tag, _lane_id(run, n), _key(run, n), None, 10)
-
-
-def _endpoint(run: LaneRun) -> tuple[str, int]:
-    host, port = run.address.split("://")[1].rsplit(":", 1)
-    return host, int(port)
-
-
-def _raw(run: LaneRun) -> socket.socket:
-    sock = socket.create_connection(_endpoint(run), timeout=10)
-    return sock
-
-
-def _read_frame(sock: socket.socket) -> bytes:
-    head = _recv(sock, 4)
-    return _recv(sock, int.from_bytes(head, "big"))
-
-
-def _recv(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise ConnectionResetError("closed")
-        data += chunk
-    return data
-
-
-def _closed_by_driver(sock: socket.socket) -> str:
-    """What the driver said before it hung up (its refusal), '' if nothing; fails if it
-    keeps the connection open."""
-    said = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except (ConnectionResetError, ConnectionAbortedError):
-            break
-        except socket.timeout:
-            raise AssertionError(f"the driver kept the connection open (it said {said!r})")
-        if not chunk:
-            break
-        said += chunk
-    sock.close()
-    return said.decode("utf-8", "replace")
-
-
-def _authenticated(run: LaneRun, n: int) -> tuple[socket.socket, Session]:
-    """Lane n's connection by hand, to send what no genuine lane would."""
-    sock = _raw(run)
-    hello = decode(_read_frame(sock))
-    nd, nl, lane = hello["nonce"], secrets.token_hex(NONCE_BYTES), _lane_id(run, n)
-    sock.sendall(frame(encode({"lane": lane, "nonce": nl,
-                               "proof": lane_proof(_key(run, n), run.tag, lane, nd, nl)})))
-    assert set(decode(_read_frame(sock))) == {"proof"}
-    return sock, Session(_key(run, n), run.tag, lane, nd, nl, side="lane")
-
-
-def _finish(run: LaneRun) -> list[dict]:
-    """Stop the run as its loop would; the journal it leaves."""
-    deadline = time.monotonic() + 5
-    while not run.done.empty() and time.monotonic() < deadline:
-        run.step(0)
-    run.stop()
-    run.store.close()
-    path = run.store.dir / "records.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _serves_a_genuine_lane(run: LaneRun, n: int = 1) -> None:
-    """After whatever came before, lane n still runs a case to the journal."""
-    channel = _genuine(run, n)
-    answer = channel.ask({"done": None}, 10)
-    record = make_record(Case.from_dict(answer["case"]), verdict="pass", reason="genuine")
-    assert channel.ask({"done": {"lease": answer["lease"], "record": json.dumps(record)}},
-                       10)["case"] is not None
-    channel.close()
-
-
-def _wait_refused(run: LaneRun, count: int) -> None:
-    wait_for(lambda: run.server.refused >= count, 10, f"{count} refusals")
 
 
 # -- item 1: nothing from the network is unpickled ------------------------------------------------
@@ -191,19 +68,19 @@ def test_a_stranger_sending_a_pickle_runs_nothing_and_journals_nothing(run, tmp_
 
     marker = tmp_path / "code-ran"
     evil = _Touch(marker)
-    sock = _raw(run)
+    sock = raw(run)
     if how == "dask comm":  # the attack that ran os.system in the driver
         sock.sendall(_dask_frames({"op": "lane", "lane": ToPickle(evil), "done": []}))
     elif how == "pickle frame":
         sock.sendall(frame(pickle.dumps(evil)))
     else:
-        _read_frame(sock)  # the hello
+        read_frame(sock)  # the hello
         sock.sendall(frame(pickle.dumps(evil)))
-    _closed_by_driver(sock)
-    _wait_refused(run, 1)
+    closed_by_driver(sock)
+    wait_refused(run, 1)
     assert not marker.exists()
-    _serves_a_genuine_lane(run)
-    journal = _finish(run)
+    serves_a_genuine_lane(run)
+    journal = finish(run)
     assert not marker.exists()
     assert [r["reason"] for r in journal] == ["genuine"]  # only the genuine lane's record
 
@@ -211,42 +88,42 @@ def test_a_stranger_sending_a_pickle_runs_nothing_and_journals_nothing(run, tmp_
 def test_a_stranger_and_a_stale_key_are_refused(tmp_path):
     """A stranger (a made-up key for a real lane), then the holder of a previous run's key:
     the lane it was given there, and the new run's lane ids with it."""
-    old = _listening(tmp_path / "old")
-    stale_channel = _genuine(old, 0)  # it was a genuine key, then
+    old = listening(tmp_path / "old")
+    stale_channel = genuine(old, 0)  # it was a genuine key, then
     stale_channel.ask({"done": None}, 10)
     stale_channel.close()
-    stale = (_lane_id(old, 0), _key(old, 0))
-    _finish(old)
+    stale = (lane_id(old, 0), key_of(old, 0))
+    finish(old)
 
-    new = _listening(tmp_path / "new")
+    new = listening(tmp_path / "new")
     try:
-        attempts = [(_lane_id(new, 0), secrets.token_bytes(32), "a wrong proof"),
+        attempts = [(lane_id(new, 0), secrets.token_bytes(32), "a wrong proof"),
                     (stale[0], stale[1], "is not a lane of this run"),
-                    (_lane_id(new, 0), stale[1], "a wrong proof")]
+                    (lane_id(new, 0), stale[1], "a wrong proof")]
         for lane, key, why in attempts:
             with pytest.raises(LaneRefused, match=why):
                 LaneChannel.open(new.address, new.tag, lane, key, None, 10)
-        _wait_refused(new, len(attempts))
+        wait_refused(new, len(attempts))
         assert new.queued() == SEEDS and not new.in_flight and new.done.empty()
-        _serves_a_genuine_lane(new, 0)  # lane 0 never connected: its key still works
+        serves_a_genuine_lane(new, 0)  # lane 0 never connected: its key still works
     finally:
-        journal = _finish(new)
+        journal = finish(new)
     assert [r["reason"] for r in journal] == ["genuine"]
 
 
 # -- item 2: a live key opens one connection and takes only its own case -----------------------
 
 def test_a_live_key_gets_one_connection_one_case_at_a_time(run):
-    lane0 = _genuine(run, 0)
+    lane0 = genuine(run, 0)
     first = lane0.ask({"done": None}, 10)
     # A second connection on the live key (it made `run` end with cases neither recorded nor
     # named): refused; the first keeps its case in flight.
     with pytest.raises(LaneRefused, match="has connected already"):
-        _genuine(run, 0)
+        genuine(run, 0)
     # Another lane's id with this lane's key.
     with pytest.raises(LaneRefused, match="a wrong proof"):
-        LaneChannel.open(run.address, run.tag, _lane_id(run, 1), _key(run, 0), None, 10)
-    assert run.in_flight[_lane_id(run, 0)].case.id == first["id"]
+        LaneChannel.open(run.address, run.tag, lane_id(run, 1), key_of(run, 0), None, 10)
+    assert run.in_flight[lane_id(run, 0)].case.id == first["id"]
     # Claiming a second case without handing in the first (one connection claimed every
     # queued case): refused, and the connection is cut.
     with pytest.raises(LaneRefused, match="asked for a case while holding lease"):
@@ -256,7 +133,7 @@ def test_a_live_key_gets_one_connection_one_case_at_a_time(run):
     assert run.queued() == SEEDS  # all back, the first at the front
     assert run.queues[next(iter(run.queues))][0].id == first["id"]
     assert run.refusals[first["id"]] == 1 and not run.deaths
-    assert _finish(run) == []
+    assert finish(run) == []
 
 
 def _forgeries(case: Case, other: Case) -> dict:
@@ -282,7 +159,7 @@ FORGERIES = ["another lane's case", "an unknown id", "a verdict the schema lacks
 
 @pytest.mark.parametrize("forgery", FORGERIES)
 def test_a_forged_record_is_refused_and_journals_nothing(run, forgery):
-    lane0 = _genuine(run, 0)
+    lane0 = genuine(run, 0)
     answer = lane0.ask({"done": None}, 10)
     case = Case.from_dict(answer["case"])
     other = next(c for c in run.queues[next(iter(run.queues))] if c.id != case.id)
@@ -292,17 +169,17 @@ def test_a_forged_record_is_refused_and_journals_nothing(run, forgery):
     lane0.close()
     wait_for(lambda: not run.in_flight, 10, "the case to go back")
     assert run.queued() == SEEDS and run.refusals[case.id] == 1
-    assert _finish(run) == []
+    assert finish(run) == []
 
 
 def test_a_record_for_a_lease_it_does_not_hold_is_refused(run):
-    lane0 = _genuine(run, 0)
+    lane0 = genuine(run, 0)
     answer = lane0.ask({"done": None}, 10)
     record = make_record(Case.from_dict(answer["case"]), verdict="pass", reason="forged")
     with pytest.raises(LaneRefused, match="a record for lease"):
         lane0.ask({"done": {"lease": "0" * 16, "record": json.dumps(record)}}, 10)
     lane0.close()
-    assert _finish(run) == []
+    assert finish(run) == []
 
 
 def test_a_case_refused_allowed_failures_times_is_lost_with_the_reason(run):
@@ -310,9 +187,9 @@ def test_a_case_refused_allowed_failures_times_is_lost_with_the_reason(run):
     the journal cannot hold does not loop forever."""
     first = None
     for n in range(run.allowed_failures):
-        lane = _lane_id(run, n)
+        lane = lane_id(run, n)
         run.lanes.setdefault(lane, _Lane(lane, next(iter(run.queues)), "w0", 1))
-        channel = _genuine(run, n)
+        channel = genuine(run, n)
         answer = channel.ask({"done": None}, 10)
         first = first or answer["id"]
         assert answer["id"] == first  # back at the front each time
@@ -320,7 +197,7 @@ def test_a_case_refused_allowed_failures_times_is_lost_with_the_reason(run):
             channel.ask({"done": {"lease": answer["lease"], "record": "[]"}}, 10)
         channel.close()
         wait_for(lambda: not run.in_flight, 10, "the case to go back")
-    journal = _finish(run)
+    journal = finish(run)
     assert [(r["id"], r["verdict"]) for r in journal] == [(first, "lost")]
     assert journal[0]["reason"].startswith("the driver refused what its lanes handed in 3 times")
 
@@ -328,7 +205,7 @@ def test_a_case_refused_allowed_failures_times_is_lost_with_the_reason(run):
 def test_the_largest_genuine_record_passes_with_room_to_spare(run):
     """The margin of MAX_FRAME: a record as large as the options allow (~0.5 MB: a 64 KiB
     stderr tail, a long traceback) is journaled whole, at under a quarter of MAX_RECORD."""
-    lane0 = _genuine(run, 0)
+    lane0 = genuine(run, 0)
     answer = lane0.ask({"done": None}, 10)
     record = make_record(Case.from_dict(answer["case"]), verdict="crash", reason="big",
                          crash={"stderr_tail": "e" * 64 * 1024, "traceback": "t" * 440_000,
@@ -337,7 +214,7 @@ def test_the_largest_genuine_record_passes_with_room_to_spare(run):
     assert 500_000 < len(text) < MAX_RECORD / 4
     assert lane0.ask({"done": {"lease": answer["lease"], "record": text}}, 10)["case"]
     lane0.close()
-    journal = _finish(run)
+    journal = finish(run)
     assert [len(r["crash"]["traceback"]) for r in journal] == [440_000]
 
 
@@ -370,14 +247,14 @@ def test_a_lane_the_driver_refuses_ends_with_one_line_not_a_failed_task(run, cap
                         lambda: SimpleNamespace(address="tcp://w0:1", security=Security()))
     monkeypatch.setattr(plugin, "worker_state", lambda: SimpleNamespace(closed=False))
     monkeypatch.setattr(lanes, "_run_one", lambda answer, *args: "[]")  # not a record
-    lanes._deposit_keys({_lane_id(run, 0): _key(run, 0).hex()})
-    assert lanes.lane_task(run.address, _lane_id(run, 0), {}, 1, run.tag) == 1  # it ran one
+    lanes._deposit_keys({lane_id(run, 0): key_of(run, 0).hex()})
+    assert lanes.lane_task(run.address, lane_id(run, 0), {}, 1, run.tag) == 1  # it ran one
     lines = [r.getMessage() for r in caplog.records if "attnbench lane " in r.getMessage()]
     assert len(lines) == 1 and "refused by the driver" in lines[0], lines
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
     wait_for(lambda: not run.in_flight, 10, "the case to go back")
     assert run.queued() == SEEDS and sum(run.refusals.values()) == 1
-    assert _finish(run) == []
+    assert finish(run) == []
 
 
 # -- oversized and malformed frames: refused, one log line each, no traceback -------------------
@@ -415,18 +292,18 @@ def _one_line_each(caplog, count: int) -> None:
 @pytest.mark.parametrize("kind", BEFORE_AUTH)
 def test_a_malformed_or_oversized_frame_before_the_handshake_is_one_line(run, caplog, kind):
     caplog.set_level(logging.DEBUG)
-    sock = _raw(run)
-    _read_frame(sock)  # the hello
+    sock = raw(run)
+    read_frame(sock)  # the hello
     sock.sendall(_before_auth(kind))
     if kind == "a frame cut short":
         sock.shutdown(socket.SHUT_WR)
     t0 = time.monotonic()
-    said = _closed_by_driver(sock)
+    said = closed_by_driver(sock)
     assert time.monotonic() - t0 < 5  # refused at once, not after the handshake's timeout
     assert '"refused"' in said
-    _wait_refused(run, 1)
+    wait_refused(run, 1)
     _one_line_each(caplog, 1)
-    _serves_a_genuine_lane(run)
+    serves_a_genuine_lane(run)
 
 
 @pytest.mark.parametrize("kind, why", [
@@ -437,7 +314,7 @@ def test_a_malformed_or_oversized_frame_before_the_handshake_is_one_line(run, ca
     ("unsealed JSON", "MAC does not match")])
 def test_a_malformed_or_tampered_frame_after_the_handshake_is_refused(run, caplog, kind, why):
     caplog.set_level(logging.DEBUG)
-    sock, session = _authenticated(run, 0)
+    sock, session = authenticated(run, 0)
     if kind == "over the frame limit":
         sock.sendall((MAX_FRAME + 1).to_bytes(4, "big"))
     elif kind == "an altered frame":  # the same request, one space more: valid JSON
@@ -446,18 +323,18 @@ def test_a_malformed_or_tampered_frame_after_the_handshake_is_refused(run, caplo
     elif kind == "a replayed frame":
         sealed = session.seal({"done": None})
         sock.sendall(frame(sealed))
-        decode(_read_frame(sock)[32:])  # a case, under a lease
+        decode(read_frame(sock)[32:])  # a case, under a lease
         sock.sendall(frame(sealed))
     elif kind == "a wrong shape":
         sock.sendall(frame(session.seal({"done": None, "lane": "lane-0-1"})))
     else:
         sock.sendall(frame(encode({"done": None})))
-    assert why in _closed_by_driver(sock)
-    _wait_refused(run, 1)
+    assert why in closed_by_driver(sock)
+    wait_refused(run, 1)
     _one_line_each(caplog, 1)
     wait_for(lambda: not run.in_flight, 10, "the case to go back")
     assert run.queued() == SEEDS
-    assert _finish(run) == []
+    assert finish(run) == []
 
 
 def test_silent_strangers_are_cut_and_counted(run, monkeypatch):
@@ -468,12 +345,12 @@ def test_silent_strangers_are_cut_and_counted(run, monkeypatch):
     monkeypatch.setattr(lane_server, "HANDSHAKE_S", 0.5)
     monkeypatch.setattr(lane_server, "MAX_UNPROVEN", 2)
     assert MAX_UNPROVEN >= 2 * 256  # the documented margin over lanes connecting at once
-    silent = [_raw(run) for _ in range(3)]
-    said = [_closed_by_driver(sock) for sock in silent]
+    silent = [raw(run) for _ in range(3)]
+    said = [closed_by_driver(sock) for sock in silent]
     assert ["no handshake within 0.5 s" in s for s in said] == [True, True, False]
-    _wait_refused(run, 3)
-    assert run.server.first_refusal.startswith("over 2 connections in their handshake")
-    _serves_a_genuine_lane(run)
+    wait_refused(run, 3)
+    assert run.server.first_refusal.startswith("busy: over 2 connections in their handshake")
+    serves_a_genuine_lane(run)
 
 
 # -- TLS (item 3): the listener has a certificate whichever role holds one -----------------------
@@ -489,29 +366,29 @@ def test_tls_lanes_refuse_strangers_and_serve_a_lane_with_a_certificate(tmp_path
     cert, key = (str(p) for p in certificate)
     security = Security(tls_ca_file=cert, require_encryption=True,
                         **{f"tls_{role}_cert": cert, f"tls_{role}_key": key})
-    run = _listening(tmp_path, {"security": security,
+    run = listening(tmp_path, {"security": security,
                                 "scheduler": SimpleNamespace(address="tls://127.0.0.1:8786")})
     try:
         assert run.address.startswith("tls://127.0.0.1:")
-        plain = _raw(run)  # no TLS at all
-        plain.sendall(frame(encode({"lane": _lane_id(run, 0)})))
-        _closed_by_driver(plain)
+        plain = raw(run)  # no TLS at all
+        plain.sendall(frame(encode({"lane": lane_id(run, 0)})))
+        closed_by_driver(plain)
         import ssl
 
         anonymous = ssl.create_default_context(cafile=cert)  # TLS without a certificate
         anonymous.check_hostname = False
         with pytest.raises((OSError, LaneProtocolError)):
-            channel = LaneChannel.open(run.address, run.tag, _lane_id(run, 0), _key(run, 0),
+            channel = LaneChannel.open(run.address, run.tag, lane_id(run, 0), key_of(run, 0),
                                        anonymous, 10)
             channel.ask({"done": None}, 10)
         worker = Security(tls_ca_file=cert, tls_worker_cert=cert, tls_worker_key=key)
         context = worker.get_connection_args("worker")["ssl_context"]
-        channel = LaneChannel.open(run.address, run.tag, _lane_id(run, 1), _key(run, 1),
+        channel = LaneChannel.open(run.address, run.tag, lane_id(run, 1), key_of(run, 1),
                                    context, 10)
         assert channel.ask({"done": None}, 10)["case"] is not None
         channel.close()
     finally:
-        _finish(run)
+        finish(run)
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
@@ -521,7 +398,7 @@ def test_tls_without_any_certificate_is_one_line(tmp_path):
     from attnbench.errors import ClusterError
 
     with pytest.raises(ClusterError, match="no certificate and CA for the lanes' listener"):
-        _listening(tmp_path, {"security": Security(require_encryption=True),
+        listening(tmp_path, {"security": Security(require_encryption=True),
                               "scheduler": SimpleNamespace(address="tls://127.0.0.1:8786")})
 
 
