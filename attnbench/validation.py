@@ -206,22 +206,48 @@ class Name:
 # -- files and formats ---------------------------------------------------------------------------
 
 
-def read_bounded(path: str | Path, limit: int) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes. Raises :class:`OSError`, and
-    :class:`ValueError` (its message says why) for what is not such a file: a directory, a FIFO
-    (opened without blocking, so it cannot hang), ``/dev/zero``, a file over ``limit`` (found
-    by reading ``limit + 1`` bytes at most, whatever its size claims)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+"""How every file of a run directory (or any input) is opened for reading: without blocking, so
+a FIFO planted at a name answers at once instead of waiting forever for a writer."""
+
+
+def open_regular(path: str | Path) -> int:
+    """A read-only descriptor of the regular file at ``path`` (:data:`READ_FLAGS`). Raises
+    :class:`OSError`, and :class:`ValueError` ("not a regular file") for a directory, a FIFO, a
+    socket or a device (``/dev/zero``), closed again."""
+    fd = os.open(path, READ_FLAGS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("not a regular file")
+    return fd
+
+
+def read_bounded(path: str | Path, limit: int, whole: bool = True) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (:func:`open_regular`: a FIFO
+    cannot hang it, ``/dev/zero`` is refused). Raises :class:`OSError`, and
+    :class:`ValueError` (its message says why) for what is not such a file or, when ``whole``,
+    a file over ``limit`` (found by reading ``limit + 1`` bytes at most, whatever its size
+    claims); not ``whole``: its first ``limit`` bytes."""
+    fd = open_regular(path)
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        if info.st_size > limit:
+        if whole and info.st_size > limit:
             raise ValueError(f"{info.st_size} bytes, more than the {limit} it may have")
-        data = fh.read(limit + 1)
+        data = fh.read(limit + 1 if whole else limit)
     if len(data) > limit:
         raise ValueError(f"more than the {limit} bytes it may have")
     return data
+
+
+def read_span(path: str | Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """At most ``limit`` bytes of the regular file at ``path`` from ``offset`` (from the end
+    when negative), and the file's size then: a log followed as it grows, read a bounded piece
+    at a time (:func:`open_regular`). An ``offset`` past the end reads nothing."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fd).st_size
+        fh.seek(max(0, size + offset) if offset < 0 else min(offset, size))
+        return fh.read(limit), size
 
 
 def read_input_file(path: str | Path, what: str, error: type[UserError] = SweepError) -> str:
