@@ -32,7 +32,7 @@ from attnbench.errors import (EXIT_CLUSTER, EXIT_OK, ClusterError, RunDirError, 
 from attnbench.resources import DISPATCHES
 from attnbench.results.journal import MAX_LINE_BYTES, journal_lines
 from attnbench.results.lock import RunLock, describe_holder
-from attnbench.results.store import load_manifest
+from attnbench.results.store import load_manifest, sweep_case_ids
 from attnbench.validation import positive_int_argument, read_span
 
 
@@ -125,8 +125,19 @@ def _wait_for_driver(future, run_dir: Path, submission: str, start_wait: float) 
             _print_follow_up(run_dir)
             return EXIT_OK
         if future.done():
-            result = future.result() if future.status == "finished" else None
-            message = (result or {}).get("message") or f"driver task {future.status}"
+            result = (future.result() if future.status == "finished" else None) or {}
+            message = result.get("message") or f"driver task {future.status}"
+            done = result.get("done")
+            if isinstance(done, int) and done > 0:  # it ran, then ended before driver.json
+                if result.get("state") == "finished":  # said so (a full disk refuses it)
+                    print(f"attnbench: submitted: driver {submission} finished, {done} cases "
+                          "recorded")
+                    _print_follow_up(run_dir)
+                    return EXIT_OK
+                print(f"attnbench: error: the driver {printable(result.get('state'), 20)} after "
+                      f"recording {done} cases: {printable(message, 2000)}; the same submit "
+                      "resumes", file=sys.stderr)
+                return EXIT_CLUSTER
             print(f"attnbench: error: the driver did not start: {printable(message, 2000)}",
                   file=sys.stderr)
             return EXIT_CLUSTER
@@ -198,15 +209,16 @@ def driver_line(run_dir: Path) -> tuple[str, Optional[dict], bool]:
     return "driver: none (not running)", state, False
 
 
-def journal_verdicts(run_dir: Path, first_bad: Optional[list[int]] = None
-                     ) -> tuple[collections.Counter, int]:
-    """Verdict of each case's last record, and lines that are not a record (the number of the
-    first such line appended to ``first_bad``, where given). A quick look for
+def journal_verdicts(run_dir: Path, notes: Optional[dict] = None,
+                     ids: Optional[frozenset[str]] = None) -> tuple[collections.Counter, int]:
+    """Verdict of each case's last record, and lines that are not a record. A quick look for
     ``status`` while a driver appends (1.3 s for 100,000 records here; ``show`` and ``report``
     check every field, ~60 s at that size). Streamed: memory is an id and a shared verdict
-    string per case (1M records: 25-40 s, 241 MiB peak RSS, on 2 loaded cores)."""
+    string per case (1M records: 25-40 s, 241 MiB peak RSS, on 2 loaded cores). ``ids``: the
+    sweep's cases, where known (others are not counted); ``notes`` gets ``first_bad`` (the
+    first line that is not a record) and ``foreign`` (cases recorded that are not ``ids``)."""
     last: dict[str, str] = {}
-    unreadable = 0
+    unreadable = first_bad = 0
     if not (run_dir / "records.jsonl").exists():
         return collections.Counter(), 0
     for line in journal_lines(run_dir / "records.jsonl"):  # a line at a time, each capped
@@ -221,24 +233,33 @@ def journal_verdicts(run_dir: Path, first_bad: Optional[list[int]] = None
             last[record["id"]] = sys.intern(record["verdict"])
         elif (line.oversize or line.data.strip()) and line.ended:  # not one being written
             unreadable += 1
-            if first_bad is not None and not first_bad:
-                first_bad.append(line.number)
+            first_bad = first_bad or line.number
+    foreign = 0
+    if ids is not None:
+        foreign = len(last)
+        last = {k: v for k, v in last.items() if k in ids}
+        foreign -= len(last)
+    if notes is not None:
+        notes.update(first_bad=first_bad, foreign=foreign)
     return collections.Counter(last.values()), unreadable
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     manifest = load_manifest(run_dir)
-    first_bad: list[int] = []
-    counts, unreadable = journal_verdicts(run_dir, first_bad)
+    notes: dict = {}
+    counts, unreadable = journal_verdicts(run_dir, notes, sweep_case_ids(manifest))
     sweep = manifest.get("sweep") or {}
     total = sweep.get("cases") or 0
     parts = ", ".join(f"{n} {printable(v, 20)}" for v, n in sorted(counts.items())) or "none yet"
     print(printable(f"run {manifest.get('run_id')}: sweep {sweep.get('name')!r}: "
                     f"{sum(counts.values())}/{total} cases recorded ({parts})", 2000))
+    if notes["foreign"]:
+        print(f"note: {notes['foreign']} more cases recorded are not cases of this sweep (an "
+              "earlier version of it, or added by hand); not counted")
     if unreadable:
         print(f"warning: {unreadable} lines of records.jsonl are not records (the first: "
-              f"{printable(str(run_dir / 'records.jsonl'), 1000)}:{first_bad[0]}); "
+              f"{printable(str(run_dir / 'records.jsonl'), 1000)}:{notes['first_bad']}); "
               f"attnbench show {printable(str(run_dir), 1000)} says why")
     line, state, alive = driver_line(run_dir)
     print(line)

@@ -23,5 +23,5 @@ __all__, __getattr__ = package_face(__name__, {
                 "VERDICTS", "handled_crash", "make_record"),
     "schema": ("check_record",),
     "store": ("MANIFEST", "RECORDS", "RunStore", "default_run_dir", "latest_run_dir",
-              "load_manifest", "load_records", "stream_records"),
+              "load_manifest", "load_records", "stream_records", "sweep_case_ids"),
 })

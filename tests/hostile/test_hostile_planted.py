@@ -260,3 +260,35 @@ def test_status_counts_a_deeply_nested_line_as_bad_and_names_it(tmp_path, capsys
     assert cli.main(["show", str(run)]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert f"records.jsonl:3: not a JSON record (nested too deeply)" in err
+
+
+# -- item 9: records of cases not in the sweep -------------------------------------------------
+def test_status_and_show_count_only_the_sweeps_own_cases(tmp_path, capsys):
+    """Two records appended for a case the sweep does not have (a fourth seed): the old status
+    and show said "5/3" (here "4/3"); now 3/3 and a note counting the one other case. Margin:
+    a run whose sweep is too large to expand cheaply keeps counting every record."""
+    import dataclasses
+
+    from attnbench.results import store as store_module
+
+    run = _run(tmp_path)
+    sweep = load_sweep(tmp_path / "run.yaml")
+    own = make_record(sweep.cases[2], verdict="pass", env={"host": "h", "device": "cpu"})
+    other = dataclasses.replace(sweep.cases[0], seed=7)
+    assert other.id not in {c.id for c in sweep.cases}
+    stray = make_record(other, verdict="fail", env={"host": "h", "device": "cpu"})
+    with open(run / "records.jsonl", "a") as fh:
+        for record in (own, stray, stray):
+            fh.write(json.dumps(record) + "\n")
+    assert cli.main(["status", str(run)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "3/3 cases recorded (1 fail, 2 pass)" in out and "note: 1 more cases" in out
+    assert cli.main(["show", str(run)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "3/3 cases recorded" in out and "note: 1 more cases" in out
+    store_module.MAX_IDS_EXPANDED, old = 2, store_module.MAX_IDS_EXPANDED
+    try:
+        assert cli.main(["status", str(run)]) == EXIT_OK
+        assert "4/3 cases recorded" in capsys.readouterr().out
+    finally:
+        store_module.MAX_IDS_EXPANDED = old
