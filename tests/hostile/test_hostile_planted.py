@@ -292,3 +292,20 @@ def test_status_and_show_count_only_the_sweeps_own_cases(tmp_path, capsys):
         assert "4/3 cases recorded" in capsys.readouterr().out
     finally:
         store_module.MAX_IDS_EXPANDED = old
+
+
+def test_a_fifo_at_a_file_appended_to_is_refused_not_waited_on(tmp_path):
+    """``driver.log`` (the driver appends its progress lines) and the journal are opened for
+    appending: a FIFO there blocked the old ``open()`` until a reader came. Margin: a regular
+    file is still appended to, and writes to it block as ever (no EAGAIN)."""
+    from attnbench.results.files import open_append
+
+    fifo = tmp_path / "driver.log"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        _within(lambda: open_append(fifo), fifo)
+    plain = tmp_path / "plain.log"
+    with open_append(plain) as fh:
+        assert os.get_blocking(fh.fileno())
+        fh.write(b"line\n")
+    assert plain.read_bytes() == b"line\n"
