@@ -153,7 +153,10 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
     if not args.no_report:  # the last line: the path a user opens
         from attnbench.report.page.command import write_report
 
-        print(f"attnbench: dashboard {write_report(run_dir)}")
+        try:
+            print(f"attnbench: dashboard {write_report(run_dir)}")
+        except UserError as exc:  # a planted RUN/dashboard link, a full disk: the run stands
+            print(f"attnbench: warning: no dashboard: {printable(exc, 2000)}", file=sys.stderr)
     return status
 
 

@@ -309,3 +309,21 @@ def test_a_fifo_at_a_file_appended_to_is_refused_not_waited_on(tmp_path):
         assert os.get_blocking(fh.fileno())
         fh.write(b"line\n")
     assert plain.read_bytes() == b"line\n"
+
+
+def test_a_resumed_run_keeps_its_journal_whatever_dashboard_is(tmp_path, capsys):
+    """The end of ``run`` draws the dashboard: with ``RUN/dashboard -> .`` and a marker listing
+    the run's files, the old resumed run printed "results in ..." and deleted its journal and
+    manifest. Now the run stands (its exit status is its cases'), the dashboard is refused in a
+    warning, and every file is there; the next run resumes (nothing left to run)."""
+    run = _run(tmp_path)
+    (run / "driver.json").unlink()  # a plain run's directory
+    os.symlink(".", run / "dashboard")
+    (run / ".attnbench-dashboard").write_text(json.dumps(["records.jsonl", "manifest.json"]))
+    argv = ["run", str(tmp_path / "run.yaml"), "--out", str(run)]
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code in (0, 1) and "warning: no dashboard" in err and "symbolic link" in err
+    assert (run / "records.jsonl").is_file() and (run / "manifest.json").is_file()
+    assert cli.main(argv + ["--no-report"]) in (0, 1)
+    assert "0 to run" in capsys.readouterr().out
