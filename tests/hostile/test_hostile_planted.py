@@ -327,3 +327,29 @@ def test_a_resumed_run_keeps_its_journal_whatever_dashboard_is(tmp_path, capsys)
     assert (run / "records.jsonl").is_file() and (run / "manifest.json").is_file()
     assert cli.main(argv + ["--no-report"]) in (0, 1)
     assert "0 to run" in capsys.readouterr().out
+
+
+def test_a_dashboard_directory_swapped_for_a_link_while_drawing_removes_nothing(tmp_path,
+                                                                                monkeypatch):
+    """The claim checks the directory once; a neighbour who swaps it for ``-> ..`` (the run)
+    while the figures are drawn must not turn the clean-up on the run: it is checked again
+    (device and inode, without following links) before anything is removed."""
+    from attnbench.report.page import html
+
+    run = _run(tmp_path)
+    assert cli.main(["report", str(run)]) == EXIT_OK
+    board = run / "dashboard"
+    marker = board / html.MARKER
+    marker.write_text(json.dumps(json.loads(marker.read_text()) + ["records.jsonl"]))
+    (run / "gone.png").write_bytes(b"the run's own figure")  # a name a dashboard could draw
+    marker.write_text(json.dumps(json.loads(marker.read_text()) + ["gone.png"]))
+    finish = html.finish_output_dir
+
+    def swapped(claim, written):
+        board.rename(tmp_path / "moved")
+        os.symlink("..", board)  # the name now leads to the run directory
+        finish(claim, written)
+
+    monkeypatch.setattr("attnbench.report.page.build.finish_output_dir", swapped)
+    assert cli.main(["report", str(run)]) == EXIT_BAD_INPUT
+    assert (run / "gone.png").exists() and (run / "records.jsonl").exists()

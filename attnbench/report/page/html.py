@@ -317,12 +317,10 @@ class OutputDir:
     ident: tuple[int, int] = (0, 0)
 
 
-def _listed(names: Any) -> tuple[str, ...]:
+def _listed(names: list[str]) -> tuple[str, ...]:
     """The names of a marker that a dashboard could have written: plain file names ending in
     :data:`DRAWN_SUFFIXES`, never a run's own files (a marker is a file a neighbour can plant)."""
-    if not isinstance(names, list):
-        return ()
-    return tuple(n for n in names if isinstance(n, str) and "/" not in n and "\0" not in n
+    return tuple(n for n in names if "/" not in n and "\0" not in n
                  and n.endswith(DRAWN_SUFFIXES) and n not in RUN_PAGES)
 
 
@@ -371,7 +369,7 @@ def claim_output_dir(out_dir: Path) -> OutputDir:
         listed = json.loads(read_bounded(out_dir / MARKER, MAX_MARKER_BYTES))  # not /dev/zero
     except (OSError, ValueError, RecursionError):
         listed = None
-    if isinstance(listed, list):
+    if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
         return OutputDir(out_dir, _listed(listed), made, ident)
     if not _legacy_dashboard(out_dir):
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
@@ -395,22 +393,24 @@ def finish_output_dir(claim: OutputDir, written: Iterable[Path]) -> None:
     in the claimed directory only (opened again without following links, and checked to be
     the one claimed), and only regular files (a link is never followed to what it names)."""
     names = sorted({Path(p).name for p in written} | {"index.html"})
-    gone = [n for n in claim.old if n not in names]
-    if gone:
+    try:
         fd = os.open(claim.path, _NOFOLLOW_DIR)
-        try:
-            info = os.fstat(fd)
-            if (info.st_dev, info.st_ino) != claim.ident:
-                raise ReportError(f"{claim.path}: replaced while the dashboard was drawn; "
-                                  "nothing removed")
-            for name in gone:
-                try:
-                    if stat.S_ISREG(os.lstat(name, dir_fd=fd).st_mode):
-                        os.unlink(name, dir_fd=fd)
-                except FileNotFoundError:
-                    pass
-        finally:
-            os.close(fd)
+    except OSError as exc:  # a link now, or gone
+        raise ReportError(f"{claim.path}: replaced while the dashboard was drawn "
+                          f"({exc.strerror or exc}); nothing removed") from None
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != claim.ident:
+            raise ReportError(f"{claim.path}: replaced while the dashboard was drawn; "
+                              "nothing removed")
+        for name in (n for n in claim.old if n not in names):
+            try:
+                if stat.S_ISREG(os.lstat(name, dir_fd=fd).st_mode):
+                    os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(fd)
     write_atomic(claim.path / MARKER, json.dumps(names))
 
 
