@@ -25,7 +25,7 @@ from attnbench.report.show.summary import RunSummary
 from attnbench.resources import DISPATCHES
 from attnbench.results.records import VERDICTS
 from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
-                                     stream_records)
+                                     stream_records, sweep_case_ids)
 from attnbench.sweep.load import load_sweep, single_case_sweep
 from attnbench.validation import positive_int_argument
 
@@ -56,6 +56,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         store.close()  # never raises; the lock goes whatever happened (a full disk included)
 
 
+WHERE_OPTIONS = ("scheduler", "scheduler_file", "cluster", "workers", "dispatch", "tls_ca_file",
+                 "tls_cert", "tls_key")
+"""The options of ``run`` that say where and how its cases run: a resume hint repeats those
+given (without ``--scheduler`` it would resume on an embedded cluster, not the one that ran)."""
+
+
+def resume_command(args: argparse.Namespace, sweep, run_dir: Path) -> str:
+    """The command that resumes this run where it ran: the sweep, its ``-s``, ``--out`` and
+    the :data:`WHERE_OPTIONS` given."""
+    sets = "".join(f" -s {shlex.quote(o)}" for o in sweep.overrides)
+    where = "".join(f" --{name.replace('_', '-')} {shlex.quote(str(value))}"
+                    for name in WHERE_OPTIONS
+                    if (value := getattr(args, name, None)) is not None
+                    and not (name == "dispatch" and value == "tasks"))
+    return f"attnbench run {sweep.path}{sets} --out {run_dir}{where}"
+
+
 def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, scheduler,
                security) -> int:
     from attnbench.cluster.connect import connect
@@ -74,8 +91,7 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
           f"{len(pending)} to run" + (" (again: " + ", ".join(
               f"{n} {v}" for v, n in sorted(again.items())) + ")" if again else ""))
     summary = None
-    sets = "".join(f" -s {shlex.quote(o)}" for o in sweep.overrides)
-    resume = f"attnbench run {sweep.path}{sets} --out {run_dir}"
+    resume = resume_command(args, sweep, run_dir)
     if pending:
         try:
             conn = connect(scheduler.address, args.workers, cluster=args.cluster,
@@ -137,7 +153,10 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
     if not args.no_report:  # the last line: the path a user opens
         from attnbench.report.page.command import write_report
 
-        print(f"attnbench: dashboard {write_report(run_dir)}")
+        try:
+            print(f"attnbench: dashboard {write_report(run_dir)}")
+        except UserError as exc:  # a planted RUN/dashboard link, a full disk: the run stands
+            print(f"attnbench: warning: no dashboard: {printable(exc, 2000)}", file=sys.stderr)
     return status
 
 
@@ -204,8 +223,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     manifest = load_manifest(run_dir)
     recorded = RunSummary()
+    ids, foreign = sweep_case_ids(manifest), set()  # the sweep's own cases, where cheap to know
     with SortedLines() as lines:  # --all: one line per case, sorted by label
         for record in stream_records(run_dir):  # one pass; no record is held
+            if ids is not None and record["id"] not in ids:
+                foreign.add(record["id"])
+                continue
             recorded.add(record)
             if args.all:
                 lines.add(*label_and_line(record))
@@ -213,6 +236,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(printable(f"run {manifest.get('run_id')}: sweep {short_repr(sweep.get('name'))} "
                         f"({sweep.get('path')}), {recorded.count}/{sweep.get('cases')} cases "
                         f"recorded, created {manifest.get('created')}", 2000))
+        if foreign:
+            print(f"note: {len(foreign)} more cases recorded are not cases of this sweep (an "
+                  "earlier version of it, or added by hand); not shown")
         devices = sorted({str(d.get("device_name") or "?") for d in manifest.get("devices") or []})
         print(printable(f"hosts: {', '.join(manifest.get('hosts') or []) or '-'}; devices: "
                         f"{', '.join(devices) or '-'}", 2000))

@@ -222,22 +222,48 @@ class Name:
 # -- files and formats ---------------------------------------------------------------------------
 
 
-def read_bounded(path: str | Path, limit: int) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes. Raises :class:`OSError`, and
-    :class:`ValueError` (its message says why) for what is not such a file: a directory, a FIFO
-    (opened without blocking, so it cannot hang), ``/dev/zero``, a file over ``limit`` (found
-    by reading ``limit + 1`` bytes at most, whatever its size claims)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+"""How every file of a run directory (or any input) is opened for reading: without blocking, so
+a FIFO planted at a name answers at once instead of waiting forever for a writer."""
+
+
+def open_regular(path: str | Path) -> int:
+    """A read-only descriptor of the regular file at ``path`` (:data:`READ_FLAGS`). Raises
+    :class:`OSError`, and :class:`ValueError` ("not a regular file") for a directory, a FIFO, a
+    socket or a device (``/dev/zero``), closed again."""
+    fd = os.open(path, READ_FLAGS)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("not a regular file")
+    return fd
+
+
+def read_bounded(path: str | Path, limit: int, whole: bool = True) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (:func:`open_regular`: a FIFO
+    cannot hang it, ``/dev/zero`` is refused). Raises :class:`OSError`, and
+    :class:`ValueError` (its message says why) for what is not such a file or, when ``whole``,
+    a file over ``limit`` (found by reading ``limit + 1`` bytes at most, whatever its size
+    claims); not ``whole``: its first ``limit`` bytes."""
+    fd = open_regular(path)
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        if info.st_size > limit:
+        if whole and info.st_size > limit:
             raise ValueError(f"{info.st_size} bytes, more than the {limit} it may have")
-        data = fh.read(limit + 1)
+        data = fh.read(limit + 1 if whole else limit)
     if len(data) > limit:
         raise ValueError(f"more than the {limit} bytes it may have")
     return data
+
+
+def read_span(path: str | Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """At most ``limit`` bytes of the regular file at ``path`` from ``offset`` (from the end
+    when negative), and the file's size then: a log followed as it grows, read a bounded piece
+    at a time (:func:`open_regular`). An ``offset`` past the end reads nothing."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fd).st_size
+        fh.seek(max(0, size + offset) if offset < 0 else min(offset, size))
+        return fh.read(limit), size
 
 
 def read_input_file(path: str | Path, what: str, error: type[UserError] = SweepError) -> str:
@@ -319,8 +345,73 @@ for _loader in (StrictYamlLoader, _FastStrictLoader):
     _loader.add_constructor("tag:yaml.org,2002:int", _loader.construct_yaml_int)
 
 
+MAX_YAML_NODES = 200_000
+"""Values (scalars, lists, mappings, aliases) one YAML document may hold, counted from the
+parser's events before anything is built: the shipped sweeps hold under 500, a 10,000-case
+include list about 120,000. Building is what costs (~5 us a value, and a value an axis turns
+into a case ~140 us: 500,000 zeros took 104 s, under load); counting, ~1 us a value, stops at
+the bound (0.2 s)."""
+MAX_YAML_ALIASES = 1_000
+"""Aliases (``*name``) one document may use: a sweep has none or a few; 250,000 took 36 s."""
+MAX_YAML_ITEMS = 10_000
+"""Items one YAML list may have: an axis listed value by value (a longer one is a range,
+``{range: [start, stop, step]}``, counted before it is expanded), a pack's lengths (at most
+4,096 sequences), an include list. 400,000 lengths took 17.4 s to refuse after being built."""
+_NODE_EVENTS = (yaml.ScalarEvent, yaml.AliasEvent, yaml.SequenceStartEvent,
+                yaml.MappingStartEvent)
+_START_EVENTS = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_END_EVENTS = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def yaml_too_big(text: str) -> str | None:
+    """Why ``text`` holds more than a sweep or dashboard can (:data:`MAX_YAML_NODES`,
+    :data:`MAX_YAML_ALIASES`, :data:`MAX_YAML_ITEMS`), with the place, or None: counted from
+    the parser's events (libyaml where PyYAML has it), stopping at the first bound passed,
+    before any value is built. Malformed YAML is None here (its parse says what is wrong)."""
+    nodes = aliases = 0
+    open_lists: list[list] = []  # [items so far, where it starts, is a list] of each open one
+    try:
+        for event in yaml.parse(text, Loader=_FastStrictLoader):  # noqa: S506 (events only)
+            if isinstance(event, _END_EVENTS):
+                open_lists.pop()
+                continue
+            if not isinstance(event, _NODE_EVENTS):
+                continue
+            nodes += 1
+            at = event.start_mark
+            if nodes > MAX_YAML_NODES:
+                return f"{_place(at)}: more than {MAX_YAML_NODES:,} values in one file (a " \
+                       "sweep holds a few hundred)"
+            if isinstance(event, yaml.AliasEvent):
+                aliases += 1
+                if aliases > MAX_YAML_ALIASES:
+                    return f"{_place(at)}: more than {MAX_YAML_ALIASES:,} aliases (*name) in " \
+                           "one file"
+            if open_lists and open_lists[-1][2]:
+                parent = open_lists[-1]
+                parent[0] += 1
+                if parent[0] > MAX_YAML_ITEMS:
+                    return f"{_place(parent[1])}: a list of more than {MAX_YAML_ITEMS:,} " \
+                           "items (an axis of more values is a range: {range: [start, stop, " \
+                           "step]})"
+            if isinstance(event, _START_EVENTS):
+                open_lists.append([0, at, isinstance(event, yaml.SequenceStartEvent)])
+    except (yaml.YAMLError, RecursionError, IndexError):
+        return None
+    return None
+
+
+def _place(mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+
+
 def load_yaml(text: str, filename: str, error: type[UserError] = SweepError) -> Any:
-    """``text`` parsed by :class:`StrictYamlLoader`; a mistake is one line naming the place."""
+    """``text`` parsed by :class:`StrictYamlLoader`; a mistake is one line naming the place.
+    Counted before it is built (:func:`yaml_too_big`): a file of too many values, aliases or
+    list items is refused in a fraction of a second, one line."""
+    too_big = yaml_too_big(text)
+    if too_big:
+        raise error(f"{filename}: {too_big}")
     try:
         return yaml.load(text, Loader=_FastStrictLoader)  # noqa: S506 (a SafeLoader)
     except (yaml.YAMLError, RecursionError):

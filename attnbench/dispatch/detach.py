@@ -27,13 +27,13 @@ from typing import Callable, Optional
 
 from attnbench.dispatch.driver_state import (FINAL, LOG, load_state, read_state,
                                              request_cancel, write_state)
-from attnbench.errors import (EXIT_CLUSTER, EXIT_OK, ClusterError, UsageError, UserError,
-                              printable)
+from attnbench.errors import (EXIT_CLUSTER, EXIT_OK, ClusterError, RunDirError, UsageError,
+                              UserError, printable)
 from attnbench.resources import DISPATCHES
 from attnbench.results.journal import MAX_LINE_BYTES, journal_lines
 from attnbench.results.lock import RunLock, describe_holder
-from attnbench.results.store import load_manifest
-from attnbench.validation import positive_int_argument
+from attnbench.results.store import load_manifest, sweep_case_ids
+from attnbench.validation import positive_int_argument, read_span
 
 
 # -- submit -------------------------------------------------------------------------------------
@@ -125,8 +125,19 @@ def _wait_for_driver(future, run_dir: Path, submission: str, start_wait: float) 
             _print_follow_up(run_dir)
             return EXIT_OK
         if future.done():
-            result = future.result() if future.status == "finished" else None
-            message = (result or {}).get("message") or f"driver task {future.status}"
+            result = (future.result() if future.status == "finished" else None) or {}
+            message = result.get("message") or f"driver task {future.status}"
+            done = result.get("done")
+            if isinstance(done, int) and done > 0:  # it ran, then ended before driver.json
+                if result.get("state") == "finished":  # said so (a full disk refuses it)
+                    print(f"attnbench: submitted: driver {submission} finished, {done} cases "
+                          "recorded")
+                    _print_follow_up(run_dir)
+                    return EXIT_OK
+                print(f"attnbench: error: the driver {printable(result.get('state'), 20)} after "
+                      f"recording {done} cases: {printable(message, 2000)}; the same submit "
+                      "resumes", file=sys.stderr)
+                return EXIT_CLUSTER
             print(f"attnbench: error: the driver did not start: {printable(message, 2000)}",
                   file=sys.stderr)
             return EXIT_CLUSTER
@@ -198,42 +209,58 @@ def driver_line(run_dir: Path) -> tuple[str, Optional[dict], bool]:
     return "driver: none (not running)", state, False
 
 
-def journal_verdicts(run_dir: Path) -> tuple[collections.Counter, int]:
+def journal_verdicts(run_dir: Path, notes: Optional[dict] = None,
+                     ids: Optional[frozenset[str]] = None) -> tuple[collections.Counter, int]:
     """Verdict of each case's last record, and lines that are not a record. A quick look for
     ``status`` while a driver appends (1.3 s for 100,000 records here; ``show`` and ``report``
     check every field, ~60 s at that size). Streamed: memory is an id and a shared verdict
-    string per case (1M records: 25-40 s, 241 MiB peak RSS, on 2 loaded cores)."""
+    string per case (1M records: 25-40 s, 241 MiB peak RSS, on 2 loaded cores). ``ids``: the
+    sweep's cases, where known (others are not counted); ``notes`` gets ``first_bad`` (the
+    first line that is not a record) and ``foreign`` (cases recorded that are not ``ids``)."""
     last: dict[str, str] = {}
-    unreadable = 0
+    unreadable = first_bad = 0
     if not (run_dir / "records.jsonl").exists():
         return collections.Counter(), 0
     for line in journal_lines(run_dir / "records.jsonl"):  # a line at a time, each capped
         try:
             record = None if line.oversize else json.loads(line.data)
-        except ValueError:
+        except (ValueError, RecursionError):  # 100,000 nested lists: too deep for json
             record = None
         if isinstance(record, dict) and isinstance(record.get("id"), str) \
                 and isinstance(record.get("verdict"), str):
             # One string per verdict, not per line: 1M records held 303 MiB, interned 241
             # (benchmarks/make_journal.py; NOTES-wt-scale.md).
             last[record["id"]] = sys.intern(record["verdict"])
-        elif line.oversize or line.data.strip():
-            unreadable += line.ended  # a line being written is not counted
+        elif (line.oversize or line.data.strip()) and line.ended:  # not one being written
+            unreadable += 1
+            first_bad = first_bad or line.number
+    foreign = 0
+    if ids is not None:
+        foreign = len(last)
+        last = {k: v for k, v in last.items() if k in ids}
+        foreign -= len(last)
+    if notes is not None:
+        notes.update(first_bad=first_bad, foreign=foreign)
     return collections.Counter(last.values()), unreadable
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     manifest = load_manifest(run_dir)
-    counts, unreadable = journal_verdicts(run_dir)
+    notes: dict = {}
+    counts, unreadable = journal_verdicts(run_dir, notes, sweep_case_ids(manifest))
     sweep = manifest.get("sweep") or {}
     total = sweep.get("cases") or 0
     parts = ", ".join(f"{n} {printable(v, 20)}" for v, n in sorted(counts.items())) or "none yet"
     print(printable(f"run {manifest.get('run_id')}: sweep {sweep.get('name')!r}: "
                     f"{sum(counts.values())}/{total} cases recorded ({parts})", 2000))
+    if notes["foreign"]:
+        print(f"note: {notes['foreign']} more cases recorded are not cases of this sweep (an "
+              "earlier version of it, or added by hand); not counted")
     if unreadable:
-        print(f"warning: {unreadable} lines of records.jsonl are not records; attnbench show "
-              f"{run_dir} names the first")
+        print(f"warning: {unreadable} lines of records.jsonl are not records (the first: "
+              f"{printable(str(run_dir / 'records.jsonl'), 1000)}:{notes['first_bad']}); "
+              f"attnbench show {printable(str(run_dir), 1000)} says why")
     line, state, alive = driver_line(run_dir)
     print(line)
     if not alive and state and state.get("state") == "finished":
@@ -261,25 +288,24 @@ def cmd_attach(args: argparse.Namespace) -> int:
     load_manifest(run_dir)  # a run directory, or one line and exit 2
     log = run_dir / LOG
     position = 0
-    if log.exists():  # the last lines, then what comes
-        with open(log, "rb") as fh:  # the last MiB only: a log of a long run may be large
-            position = fh.seek(0, 2)
-            fh.seek(max(0, position - MAX_LINE_BYTES))
-            text = fh.read()
-        for line in text.decode("utf-8", "replace").splitlines()[-args.lines:] if args.lines else []:
-            print(printable(line, 2000))
+    text, size = _read_log(log, -MAX_LINE_BYTES)  # the last lines (of the last MiB), then more
+    position = max(0, size - MAX_LINE_BYTES) + len(text)
+    for line in text.decode("utf-8", "replace").splitlines()[-args.lines:] if args.lines else []:
+        print(printable(line, 2000))
     line, state, alive = driver_line(run_dir)
     print(line, flush=True)
     try:
         while True:
-            if log.exists():
-                with open(log, "rb") as fh:
-                    fh.seek(position)
-                    chunk = fh.read()
-                cut = chunk.rfind(b"\n") + 1  # whole lines only
-                for text in chunk[:cut].decode("utf-8", "replace").splitlines():
-                    print(printable(text, 2000), flush=True)
-                position += cut
+            chunk, size = _read_log(log, position)
+            if size < position:  # a new log (truncated or replaced): from its start
+                position = 0
+                chunk, size = _read_log(log, position)
+            cut = chunk.rfind(b"\n") + 1  # whole lines only
+            if not cut and len(chunk) == MAX_LINE_BYTES:
+                cut = len(chunk)  # a line longer than a read: shown in pieces, not waited on
+            for text in chunk[:cut].decode("utf-8", "replace").splitlines():
+                print(printable(text, 2000), flush=True)
+            position += cut
             line, state, alive = driver_line(run_dir)
             if not alive and (state is None or state.get("state") in FINAL):
                 print(line)
@@ -290,6 +316,19 @@ def cmd_attach(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"\nattnbench: detached; the run goes on (attnbench status {run_dir})")
         return EXIT_OK
+
+
+def _read_log(log: Path, offset: int) -> tuple[bytes, int]:
+    """At most a MiB of ``driver.log`` from ``offset`` (from the end when negative) and the
+    log's size: never waiting on a FIFO, never reading ``/dev/zero`` whole
+    (:func:`~attnbench.validation.read_span`). What is not a regular file is one line, exit 2."""
+    try:
+        return read_span(log, offset, MAX_LINE_BYTES)
+    except FileNotFoundError:
+        return b"", 0  # none yet (a driver not started), or none at all (a plain run)
+    except (OSError, ValueError) as exc:
+        raise RunDirError(f"{log}: cannot read: {getattr(exc, 'strerror', None) or exc}; the "
+                          "driver's log must be a regular file") from None
 
 
 # -- cancel -------------------------------------------------------------------------------------

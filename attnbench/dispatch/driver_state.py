@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 
 from attnbench.errors import RunDirError, short_repr
 from attnbench.results.files import write_atomic
-from attnbench.validation import parse_json
+from attnbench.validation import parse_json, read_bounded
 
 STATE = "driver.json"
 LOG = "driver.log"
@@ -34,6 +34,8 @@ FINAL = ("finished", "cancelled", "failed")
 STATE_LIMIT = 8 << 20
 """Bytes of ``driver.json`` read at most: ``running`` lists at most 8 cases per worker (~100
 bytes each), so 10,000 workers fit; a planted giant file is refused, not read."""
+CANCEL_LIMIT = 1 << 20
+"""Bytes of ``.cancel`` read at most: 64 tokens of ~40 characters are ~3 KB."""
 CANCEL_KEEP = 64
 """Tokens ``.cancel`` keeps (the newest): every driver still queued or waiting for a run
 directory is one of a few submissions."""
@@ -81,15 +83,14 @@ def load_state(run_dir: Path) -> Optional[dict[str, Any]]:
     """The driver's last state, checked (:func:`check_state`); None when there is none. What
     cannot be read or is malformed is a :class:`RunDirError`, one line."""
     path = Path(run_dir) / STATE
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(STATE_LIMIT + 1)
+    try:  # bounded, and never waiting on a FIFO planted there
+        data = read_bounded(path, STATE_LIMIT)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise RunDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > STATE_LIMIT:
-        raise RunDirError(f"{path}: larger than {STATE_LIMIT >> 20} MiB; not a driver's state")
+    except ValueError as exc:
+        raise RunDirError(f"{path}: {exc}; not a driver's state") from None
     try:
         parsed = parse_json(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -113,11 +114,10 @@ def read_state(run_dir: Path) -> Optional[dict[str, Any]]:
 
 
 def _cancelled_tokens(run_dir: Path) -> list[str]:
-    try:
-        with open(Path(run_dir) / CANCEL, "rb") as fh:
-            data = json.loads(fh.read(1 << 20))
-    except (OSError, ValueError):
-        return []
+    try:  # a FIFO planted at .cancel must not wedge the driver's tick or `attnbench cancel`
+        data = json.loads(read_bounded(Path(run_dir) / CANCEL, CANCEL_LIMIT))
+    except (OSError, ValueError, RecursionError):
+        return []  # unreadable: no request (a cancel replaces the file whatever it is)
     stop = data.get("stop") if isinstance(data, dict) else None
     return [t for t in stop if isinstance(t, str)] if isinstance(stop, list) else []
 

@@ -22,6 +22,6 @@ __all__, __getattr__ = package_face(__name__, {
                 "NOT_JUDGED_VERDICTS", "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS",
                 "VERDICTS", "handled_crash", "make_record"),
     "schema": ("check_record",),
-    "store": ("RunStore", "default_run_dir", "latest_run_dir", "load_manifest", "load_records",
-              "stream_records"),
+    "store": ("MANIFEST", "RECORDS", "RunStore", "default_run_dir", "latest_run_dir",
+              "load_manifest", "load_records", "stream_records", "sweep_case_ids"),
 })

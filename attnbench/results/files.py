@@ -25,6 +25,7 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -104,9 +105,23 @@ def _link_new(tmp: Path, path: Path) -> None:
 
 
 def open_append(path: Path | str, mode: int = MODE) -> BinaryIO:
-    """``path`` opened for appending (created if absent), never through a link: a link there
-    raises :class:`OSError` (``ELOOP``), which :func:`refusal` words."""
-    return os.fdopen(os.open(path, APPEND_FLAGS, mode), "ab")
+    """``path`` opened for appending (created if absent), never through a link and never
+    waiting: a link there raises :class:`OSError` (``ELOOP``), a FIFO or device (which would
+    block the writer until a reader came) ``EINVAL``; :func:`refusal` words both."""
+    try:
+        fd = os.open(path, APPEND_FLAGS | getattr(os, "O_NONBLOCK", 0), mode)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # a FIFO without a reader, opened without waiting
+            raise
+        raise OSError(errno.EINVAL, NOT_REGULAR, str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, NOT_REGULAR, str(path))
+    os.set_blocking(fd, True)  # a regular file: writes as ever
+    return os.fdopen(fd, "ab")
+
+
+NOT_REGULAR = "is not a regular file (a FIFO or a device); attnbench appends only to files"
 
 
 def open_update(path: Path | str) -> BinaryIO:
@@ -119,4 +134,4 @@ def refusal(exc: OSError) -> str:
     """Why a write failed, in words: a link met where a file was expected is named as one."""
     if exc.errno == errno.ELOOP:
         return "is a symbolic link; attnbench does not write through links in a run directory"
-    return exc.strerror or str(exc)
+    return exc.strerror or str(exc)  # NOT_REGULAR for a FIFO or a device

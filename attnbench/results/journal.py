@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, NamedTuple
 
 from attnbench.errors import RunDirError, printable
 from attnbench.results.schema import check_record
-from attnbench.validation import parse_json
+from attnbench.validation import open_regular, parse_json
 
 MAX_LINE_BYTES = 1 << 20
 """The longest journal line read: 1 MiB. A record is about 4.5 KB (the largest of 318 mixed
@@ -78,14 +77,11 @@ def open_journal(path: Path) -> int:
     """A read-only descriptor of the journal at ``path``. Raises :class:`RunDirError` (one
     line) when it cannot be opened or is not a regular file (a FIFO is not waited on)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_CLOEXEC", 0))
+        return open_regular(path)
     except OSError as exc:
         raise RunDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise RunDirError(f"{path}: not a file; the journal must be one")
-    return fd
+    except ValueError:
+        raise RunDirError(f"{path}: not a file; the journal must be one") from None
 
 
 def journal_lines(path: Path | str, limit: int = MAX_LINE_BYTES) -> Iterator[JournalLine]:

@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from attnbench.errors import RunDirError, printable
 from attnbench.results.files import create_temp
+from attnbench.validation import read_bounded
 
 LOCK = ".lock"
 TAKEOVER = ".lock.takeover"
@@ -134,18 +135,15 @@ class RunLock:
     # -- reading ---------------------------------------------------------------------------
     def holder(self) -> Optional[dict]:
         """The current holder's note (``{}`` if unreadable), or None when nobody holds it."""
-        try:
-            with open(self.path, "rb") as fh:
-                data = fh.read(NOTE_LIMIT + 1)
+        try:  # bounded, and never waiting on a FIFO planted there
+            data = read_bounded(self.path, NOTE_LIMIT)
         except FileNotFoundError:
             return None
-        except OSError:
-            return {}
-        if len(data) > NOTE_LIMIT:
+        except (OSError, ValueError):  # a FIFO, a device, over the limit: not a holder's note
             return {}
         try:
             info = json.loads(data.decode("utf-8", "replace"))
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}
         return info if isinstance(info, dict) else {}
 

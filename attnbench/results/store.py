@@ -30,14 +30,15 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
-from attnbench.errors import DiskError, RunDirError, os_error_text, printable, short_repr
+from attnbench.errors import (DiskError, RunDirError, UserError, os_error_text, printable,
+                              short_repr)
 from attnbench.results.files import open_append, open_update, refusal, write_atomic
 from attnbench.results.journal import MAX_LINE_BYTES, fit_line, journal_records
 from attnbench.results.ledger import Entry, last_records, read_ledger
 from attnbench.results.lock import LOCK, RunLock, utc_now as _now
 from attnbench.results.schema import ENV_KEYS, check_manifest, check_record
 from attnbench.sweep.case import Case
-from attnbench.sweep.load import Sweep
+from attnbench.sweep.load import Sweep, parse_sweep
 from attnbench.sweep.options import check_options_dict
 from attnbench.validation import parse_json, read_bounded
 
@@ -500,6 +501,29 @@ def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             out.append(f"{prefix}{key} {a} -> {b}")
     return out
+
+
+MAX_IDS_EXPANDED = 10_000
+"""Cases of a sweep that ``status`` and ``show`` expand (from the manifest's copy of the sweep)
+to tell its own records from others (~140 us a case: 1.4 s at most); a larger sweep is
+counted by its records alone."""
+
+
+def sweep_case_ids(manifest: dict) -> Optional[frozenset[str]]:
+    """The case ids of the sweep a manifest names (its source and ``-s`` overrides, as run),
+    or None when they are not cheap or not certain (over :data:`MAX_IDS_EXPANDED` cases, a
+    source that no longer parses, or other cases than the manifest counts: ``--case``)."""
+    sweep = manifest.get("sweep") or {}
+    source, cases, overrides = sweep.get("source"), sweep.get("cases"), sweep.get("overrides")
+    if not isinstance(source, str) or not isinstance(cases, int) \
+            or not 0 < cases <= MAX_IDS_EXPANDED:
+        return None
+    try:
+        ids = frozenset(c.id for c in parse_sweep(source, str(sweep.get("path") or "sweep"),
+                                                  overrides=list(overrides or ())).cases)
+    except (UserError, ValueError, TypeError):  # a sweep attnbench no longer reads
+        return None
+    return ids if len(ids) == cases else None
 
 
 def load_manifest(run_dir: Path | str) -> dict:

@@ -248,3 +248,37 @@ def test_compare_of_unrelated_runs_exits_2(tmp_path, capsys, good_run):
                    "sweeps?)\n")
     related = _run(tmp_path, "related", seeds=(0, 7, 8))
     assert cli.main(["compare", str(good_run), str(related), "--no-dashboard"]) in (0, 1)
+
+
+# -- issue 41 item 8: control characters in an export ---------------------------------------
+TERMINAL = "\x1b]0;pwned\x07\x1b[2J\x1b[31mred\rover\u202eevil\nline"
+"""A title change, a screen clear, a colour, a carriage return, a bidi override, a newline."""
+
+
+@pytest.mark.parametrize("path", ["rows", "frames"])
+def test_export_csv_escapes_control_characters_as_show_does(tmp_path, capsysbinary,
+                                                            monkeypatch, path):
+    """The old CSV wrote a record's text raw: ``cat cases.csv`` ran the escape sequences. Both
+    ways CSV is written (from rows, and from frames where rows are irregular) escape them as
+    :func:`~attnbench.errors.printable` does; JSON escapes them itself."""
+    from attnbench.errors import printable
+    from attnbench.report.export import command
+
+    if path == "frames":
+        monkeypatch.setattr(command, "from_rows", lambda *a, **k: None)
+    sweep_file = tmp_path / "esc.yaml"
+    sweep_file.write_text(SWEEP)
+    run = tmp_path / "esc"
+    store = RunStore(run, load_sweep(sweep_file), command=["attnbench", "run"])
+    for case in store.sweep.cases:
+        record = make_record(case, verdict="fail", reason=TERMINAL + SCRIPT,
+                             env={"host": TERMINAL, "device": "cpu"})
+        store.append({**record, "label": TERMINAL})
+    store.close()
+    assert cli.main(["export", str(run), "--format", "csv"]) == 0
+    out = capsysbinary.readouterr().out
+    assert not [c for c in out.decode("utf-8") if not c.isprintable() and c != "\n"]
+    assert printable(TERMINAL + SCRIPT).encode("utf-8") in out
+    assert out.count(b"\n") == 4  # the header and three rows: no newline inside a cell
+    assert cli.main(["export", str(run), "--format", "json"]) == 0
+    assert b"\x1b" not in capsysbinary.readouterr().out

@@ -372,3 +372,22 @@ def test_embedded_cluster_and_its_dashboard_listen_on_loopback_only():
     finally:
         conn.close()
     assert listening and all(ip == "127.0.0.1" for _, ip in listening), listening
+
+
+def test_the_resume_hint_names_the_cluster_the_run_used(tmp_path):
+    """Issue 41 item 9: after a disk error on ``--scheduler tcp://...`` the hint said
+    ``attnbench run SWEEP --out RUN``, which resumes on an embedded cluster. Now it repeats
+    where and how the cases ran (quoted); a default it leaves out (margin: ``--dispatch
+    tasks`` and an absent option add nothing)."""
+    sweep_file = tmp_path / "tiny.yaml"
+    sweep_file.write_text(SWEEP)
+    parser = cli.build_parser()
+    args = parser.parse_args(["run", str(sweep_file), "--out", str(tmp_path / "r"),
+                              "--scheduler", "tcp://node 1:8786", "--dispatch", "lanes",
+                              "--tls-ca-file", "ca.pem"])
+    hint = cli.resume_command(args, load_sweep(sweep_file), tmp_path / "r")
+    assert hint == (f"attnbench run {sweep_file} --out {tmp_path / 'r'} --scheduler "
+                    "'tcp://node 1:8786' --dispatch lanes --tls-ca-file ca.pem")
+    plain = parser.parse_args(["run", str(sweep_file), "--out", str(tmp_path / "r")])
+    assert cli.resume_command(plain, load_sweep(sweep_file), tmp_path / "r") == \
+        f"attnbench run {sweep_file} --out {tmp_path / 'r'}"

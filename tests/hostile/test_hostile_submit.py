@@ -86,3 +86,24 @@ def test_submit_with_lanes_on_a_tls_cluster(tmp_path, certificate):
         procs.stop_all()
     assert counts_of(cases, out) == {"submitted": cases, "written": cases, "distinct": cases,
                                    "lost": 0, "duplicated": 0}
+
+
+def test_a_driver_that_ran_and_failed_before_its_state_was_seen_is_not_said_not_to_start(
+        tmp_path, capsys):
+    """Issue 41 item 9: a driver that recorded 9 cases, then met a full disk (so driver.json
+    was never written): the old submit said "the driver did not start". Now it says how far it
+    got and that the same submit resumes, exit 3; a driver whose result ran nothing still
+    "did not start" (margin: the message keys on cases recorded, not on any result)."""
+    from attnbench.dispatch.detach import _wait_for_driver
+
+    def ended(result):
+        return SimpleNamespace(done=lambda: True, status="finished", result=lambda: result)
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    full = {"state": "failed", "done": 9, "message": "the run directory: No space left on device"}
+    assert _wait_for_driver(ended(full), run_dir, "s1", 1.0) == 3
+    err = capsys.readouterr().err
+    assert "after recording 9 cases" in err and "did not start" not in err and "resumes" in err
+    assert _wait_for_driver(ended({"state": "failed", "message": "no"}), run_dir, "s1", 1.0) == 3
+    assert "the driver did not start: no" in capsys.readouterr().err

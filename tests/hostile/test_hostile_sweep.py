@@ -216,3 +216,45 @@ def test_validate_prints_one_line_per_mistake_and_exits_2(tmp_path, capsys):
                   ">= 0 (0 disables softcap)\n" \
                   f"attnbench: error: {bad}: axes.dropout[0]: got '\\x1b[31m', expected a " \
                   "number in [0, 1)\n"
+
+
+# -- issue 41 item 7: the work bounded, not only the bytes ------------------------------------
+def _list(count: int, item: str = "0") -> str:
+    return "[" + ",".join([item] * count) + "]"
+
+
+@pytest.mark.parametrize("text, expected", [
+    # 400,000 lengths: refused as a pack of more than 4,096 only after 17.4 s of building
+    ("axes: {seqlens_q: [" + _list(400_000, "1") + "]}", "line 3, column 20: a list of more "
+     "than 10,000 items"),
+    # 500,000 zeros: built into 500,000 cases (104 s), then accepted as one
+    ("axes: {seed: " + _list(500_000) + "}", "line 3, column 14: a list of more than 10,000"),
+    # 250,000 aliases of one value (36 s)
+    ("x: &a 0\naxes: {seed: [0]}\ny: [" + ", ".join(["*a"] * 250_000) + "]",
+     "more than 1,000 aliases (*name) in one file"),
+    # 21 lists of 9,999: no list too long, 209,999 values in all
+    ("axes: {seed: [0]}\nz: [" + ", ".join([_list(9_999)] * 21) + "]",
+     "more than 200,000 values in one file"),
+], ids=["lengths", "zeros", "aliases", "values"])
+def test_a_sweep_of_too_many_values_is_refused_before_it_is_built(text, expected):
+    """Each under the 1 MiB cap; each refused while the parser's events are counted, in well
+    under the 0.5 s of CPU allowed here (~0.02 s measured; building them took 2-100 s)."""
+    assert len(BASE + text) < 1 << 20
+    _refused(BASE + text + "\n", expected, limit_s=0.5)
+
+
+def test_the_yaml_bounds_are_where_they_say():
+    """Margins: a list of exactly 10,000 items and 200,000 values in all are read; one more item
+    or value is refused (the counting must not be off by one, nor count the document itself
+    as a value of a list)."""
+    from attnbench.validation import MAX_YAML_ITEMS, MAX_YAML_NODES, yaml_too_big
+
+    assert MAX_YAML_ITEMS == 10_000 and MAX_YAML_NODES == 200_000
+    assert yaml_too_big(_list(10_000)) is None
+    assert "more than 10,000 items" in yaml_too_big(_list(10_001))
+    # an outer list (1) of 20 lists (20) of 9,999 (199,980): 200,001 values; 9,998 each: 199,981
+    assert "more than 200,000 values" in yaml_too_big("[" + ", ".join([_list(9_999)] * 20) + "]")
+    assert yaml_too_big("[" + ", ".join([_list(9_998)] * 20) + "]") is None
+    assert yaml_too_big("[" + ", ".join(["*a"] * 1_000) + "]") is None  # malformed: said later
+    assert "more than 1,000 aliases" in yaml_too_big("- &a 0\n" + "- *a\n" * 1_001)
+    assert yaml_too_big("- &a 0\n" + "- *a\n" * 999) is None

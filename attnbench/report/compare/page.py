@@ -22,9 +22,9 @@ from attnbench.report.compare.comparison import (NOISY_WHY, Comparison, ambiguou
 from attnbench.report.read.data import DIRECTIONS
 from attnbench.report.page.figures import (DIRECTION_LABELS, TENSOR_LABELS, Context, FigureFile,
                                       new_figure, page_colors, positions, save_figure, setup_x)
-from attnbench.report.page.html import (claim_output_dir, class_badge, esc, filter_controls,
-                                   finish_output_dir, fmt, noisy_badge, page, repro_command,
-                                   sort_key, verdict_badge)
+from attnbench.report.page.html import (abandon_output_dir, claim_output_dir, class_badge, esc,
+                                        filter_controls, finish_output_dir, fmt, noisy_badge,
+                                        page, repro_command, sort_key, verdict_badge)
 from attnbench.report.page.style import CLASS_COLORS, RC, VERDICT_COLORS, verdict_label
 from attnbench.results.files import write_atomic
 from attnbench.results.records import TENSORS
@@ -35,21 +35,26 @@ MAX_CASES_LISTED = 5_000
 
 
 def build_compare(comps: Sequence[Comparison], out_dir: Path, command: Sequence[str]) -> Path:
-    old = claim_output_dir(out_dir)
+    claim = claim_output_dir(out_dir)
     written: list[Path] = []
-    ctx = Context(out_dir=out_dir, colors=page_colors([c.a.frame for c in comps] +
-                                                      [c.b.frame for c in comps]))
-    sections, nav = [], []
-    with matplotlib.rc_context(RC):
-        for i, comp in enumerate(comps):
-            anchor = f"pair{i + 1}"
-            nav.append((anchor, f"{comp.b.run_id} vs {comp.a.run_id}"))
-            sections.append(pair_section(i, comp, ctx, anchor, written))
-    header = compare_header(comps, command)
-    index = out_dir / "index.html"
-    write_atomic(index, page("attnbench compare · " + " vs ".join(
-        [comps[0].a.run_id] + [c.b.run_id for c in comps]), header, nav, "\n".join(sections)))
-    finish_output_dir(out_dir, written, old)
+    try:
+        ctx = Context(out_dir=out_dir, colors=page_colors([c.a.frame for c in comps] +
+                                                          [c.b.frame for c in comps]))
+        sections, nav = [], []
+        with matplotlib.rc_context(RC):
+            for i, comp in enumerate(comps):
+                anchor = f"pair{i + 1}"
+                nav.append((anchor, f"{comp.b.run_id} vs {comp.a.run_id}"))
+                sections.append(pair_section(i, comp, ctx, anchor, written))
+        header = compare_header(comps, command)
+        index = out_dir / "index.html"
+        write_atomic(index, page("attnbench compare · " + " vs ".join(
+            [comps[0].a.run_id] + [c.b.run_id for c in comps]), header, nav,
+            "\n".join(sections)))
+    except BaseException:
+        abandon_output_dir(claim)
+        raise
+    finish_output_dir(claim, written)
     return index
 
 

@@ -36,7 +36,7 @@ import attnbench.report.export.chunks as chunking
 from attnbench.errors import EXIT_OK, ReportError, UsageError
 from attnbench.report.export.chunks import spool_runs
 from attnbench.report.export.pool import pool_chunks
-from attnbench.report.export.rows import Irregular, row_spool
+from attnbench.report.export.rows import Irregular, printable_cells, row_spool
 from attnbench.report.export.rows import scalar as _scalar
 from attnbench.report.read.jobs import default_jobs, parse_jobs, worth_a_pool
 from attnbench.results.files import refusal, write_atomic
@@ -148,10 +148,22 @@ def _cells(df: pd.DataFrame, fn) -> pd.DataFrame:
 
 
 def csv_chunks(frames: Iterator[tuple[pd.DataFrame, int]]) -> Iterator[bytes]:
-    """The table as CSV, a chunk at a time (the header with the first)."""
+    """The table as CSV, a chunk at a time (the header with the first); control characters
+    of its text escaped (:func:`~attnbench.report.export.rows.printable_cells`)."""
     for i, (df, front) in enumerate(frames):
-        yield _cells(df, _scalar).iloc[front:].to_csv(
+        yield _printable(_cells(df, _scalar)).iloc[front:].to_csv(
             index=False, header=i == 0, lineterminator="\n").encode("utf-8")
+
+
+def _printable(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its text columns' cells as :func:`printable_cells` writes them."""
+    for col in df.columns:
+        if df[col].dtype == object or pd.api.types.is_string_dtype(df[col].dtype):
+            values = list(df[col])
+            cells = printable_cells(values)
+            if cells is not values:
+                df[col] = pd.Series(cells, index=df.index, dtype=object)
+    return df
 
 
 def json_chunks(frames: Iterator[tuple[pd.DataFrame, int]]) -> Iterator[bytes]:

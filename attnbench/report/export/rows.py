@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+from attnbench.errors import printable
 from attnbench.report.export.chunks import _float_kinds, _kind, _kind_rows
 
 EXACT_INT = 2 ** 53
@@ -46,6 +47,17 @@ LINE_END = "\n"
 _MENDS = {("N", "F"): "float", ("I", "F"): "float", ("N", "I"): "int"}
 """(format a chunk was written in, the table's) -> how its number cells are mended; any other
 change of a column holding numbers is :class:`Irregular`."""
+
+
+def printable_cells(col: Sequence[Any]) -> Sequence[Any]:
+    """A column's text cells as every other output prints them (:func:`~attnbench.errors.
+    printable`: ESC, CR, newline, bidirectional overrides as visible escapes), so a CSV shown
+    in a terminal cannot move its cursor or recolour it; ``col`` itself when none needs it
+    (checked in C: one join of its strings). JSON escapes them itself; Parquet keeps them."""
+    strs = [v for v in col if type(v) is str]
+    if not strs or "".join(strs).isprintable():
+        return col
+    return [printable(v) if type(v) is str else v for v in col]
 
 
 def scalar(value: Any) -> Any:
@@ -148,7 +160,7 @@ class RowSpool:
             if has_number:
                 numeric.add(j)
             self._used[j].add(fmt)
-        cols = out_cols
+        cols = out_cols if self._json else list(map(printable_cells, out_cols))
         if self._json:
             order = self._order
             data = ",\n".join([json.dumps(dict(zip(order, row)), allow_nan=False)

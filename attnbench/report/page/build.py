@@ -17,9 +17,10 @@ from attnbench.report.page.dashboard import Dashboard
 from attnbench.report.read.data import Run
 from attnbench.report.read.environment import hardware_text, software_text
 from attnbench.report.page.figures import Context, PanelOutput, page_colors
-from attnbench.report.page.html import (claim_output_dir, esc, filter_controls, finish_output_dir, fmt,
-                                   noisy_badge, page, panel_section, repro_command, sort_key,
-                                   totals_html, verdict_badge)
+from attnbench.report.page.html import (abandon_output_dir, claim_output_dir, esc,
+                                        filter_controls, finish_output_dir, fmt, noisy_badge,
+                                        page, panel_section, repro_command, sort_key,
+                                        totals_html, verdict_badge)
 from attnbench.report.page.interactive import KINDS as INTERACTIVE
 from attnbench.report.page.interactive import PAGE as INTERACTIVE_PAGE
 from attnbench.report.page.interactive import write_interactive
@@ -41,14 +42,18 @@ def build_report(run: Run, dashboard: Dashboard, out_dir: Path) -> Path:
     """Draw into ``out_dir`` (new, empty, or a dashboard attnbench wrote: see
     :func:`~attnbench.report.page.html.claim_output_dir`); figures of an earlier report there that
     this one does not draw are removed (the panel list may differ)."""
-    old = claim_output_dir(out_dir)
-    ctx = Context(out_dir=out_dir, colors=page_colors([run.frame]))
-    outputs = [draw_panel(p, run, ctx) for p in dashboard.panels]
-    interactive = write_interactive(run, dashboard, out_dir, ctx.colors)
-    index = out_dir / "index.html"
-    write_atomic(index, render(run, dashboard, outputs, interactive is not None))
-    finish_output_dir(out_dir, [p for o in outputs for f in o.figures for p in (f.png, f.svg)]
-                      + ([interactive] if interactive else []), old)
+    claim = claim_output_dir(out_dir)
+    try:
+        ctx = Context(out_dir=out_dir, colors=page_colors([run.frame]))
+        outputs = [draw_panel(p, run, ctx) for p in dashboard.panels]
+        interactive = write_interactive(run, dashboard, out_dir, ctx.colors)
+        index = out_dir / "index.html"
+        write_atomic(index, render(run, dashboard, outputs, interactive is not None))
+    except BaseException:
+        abandon_output_dir(claim)
+        raise
+    finish_output_dir(claim, [p for o in outputs for f in o.figures for p in (f.png, f.svg)]
+                      + ([interactive] if interactive else []))
     return index
 
 

@@ -7,11 +7,15 @@ the page.
 
 from __future__ import annotations
 
+import errno
 import html
 import json
 import math
+import os
 import shlex
+import stat
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -21,6 +25,7 @@ from attnbench.report.page.style import (CLASS_COLORS, NOISY_TITLE, VERDICT_COLO
                                     text_color_on, verdict_label)
 from attnbench.results.files import write_atomic
 from attnbench.results.records import SEVERITY
+from attnbench.results.store import MANIFEST, RECORDS
 from attnbench.validation import read_bounded
 
 
@@ -284,55 +289,136 @@ def filter_controls(table_id: str, columns: Sequence[tuple[str, str, list[Any]]]
 # -- the output directory ----------------------------------------------------------------------
 
 MARKER = ".attnbench-dashboard"
-MAX_MARKER_BYTES = 1 << 20
-"""The largest marker read (1 MiB): it lists a dashboard's file names, a few KB."""
 """Written into every directory attnbench draws a dashboard in: the files it wrote there (JSON
 list). Only those are replaced or removed by the next report into the same directory."""
+MAX_MARKER_BYTES = 1 << 20
+"""The largest marker read (1 MiB): it lists a dashboard's file names, a few KB."""
+DRAWN_SUFFIXES = (".html", ".png", ".svg")
+"""What a dashboard writes: pages and figures. A name the marker lists with another suffix was
+not written by attnbench (a planted marker naming ``records.jsonl``) and is never removed."""
+RUN_PAGES = ("dask-performance.html",)
+"""A run's own page (``run`` writes it beside the journal): never a dashboard's to remove. The
+run's other files (journal, manifest, driver state, lock) have no drawn suffix."""
+_NOFOLLOW_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) \
+    | getattr(os, "O_CLOEXEC", 0)
 
 
-def claim_output_dir(out_dir: Path) -> list[Path]:
-    """Make ``out_dir`` ready for a dashboard; the files an earlier dashboard wrote there (to
-    remove once the new one is written). Refused (:class:`ReportError`, exit 2) when it is a
-    file, or a non-empty directory attnbench did not make: a user's files are never
-    overwritten or deleted."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ReportError(f"{out_dir}: exists and is not a directory; --out names a directory")
-    marker = out_dir / MARKER
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        try:
-            listed = json.loads(read_bounded(marker, MAX_MARKER_BYTES))  # not /dev/zero
-        except (OSError, ValueError):
-            listed = None
-        if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
-            return [out_dir / n for n in listed if n and "/" not in n and n not in (".", "..")]
-        if not _legacy_dashboard(out_dir):
-            names = sorted(p.name for p in out_dir.iterdir())
-            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-            raise ReportError(f"{out_dir}: not empty and not a dashboard attnbench wrote "
-                              f"({shown}); choose a new or empty --out")
-        return []
+@dataclass(frozen=True)
+class OutputDir:
+    """A directory claimed for a dashboard (:func:`claim_output_dir`): ``old``, the names an
+    earlier dashboard wrote there (removed once the new one is written, if it does not write
+    them again); ``made``: created by this claim (removed again if drawing fails); ``ident``:
+    the directory's (device, inode), so a directory swapped for another (a link planted after
+    the claim) is not cleaned."""
+
+    path: Path
+    old: tuple[str, ...] = ()
+    made: bool = False
+    ident: tuple[int, int] = (0, 0)
+
+
+def _listed(names: list[str]) -> tuple[str, ...]:
+    """The names of a marker that a dashboard could have written: plain file names ending in
+    :data:`DRAWN_SUFFIXES`, never a run's own files (a marker is a file a neighbour can plant)."""
+    return tuple(n for n in names if "/" not in n and "\0" not in n
+                 and n.endswith(DRAWN_SUFFIXES) and n not in RUN_PAGES)
+
+
+def _identity(out_dir: Path) -> tuple[int, int]:
+    """``out_dir``'s (device, inode), opened without following a link: a link there (``ln -s .
+    RUN/dashboard``, ``-> ../outside``) is refused, one line, never drawn into or cleaned."""
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out_dir, _NOFOLLOW_DIR)
     except OSError as exc:
-        raise ReportError(f"{out_dir}: cannot create: {exc.strerror or exc}") from None
-    return []
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and out_dir.is_symlink():
+            raise ReportError(f"{out_dir}: is a symbolic link; attnbench draws only into a "
+                              "directory itself, never through a link") from None
+        if exc.errno == errno.ENOTDIR:
+            raise ReportError(f"{out_dir}: exists and is not a directory; --out names a "
+                              "directory") from None
+        raise ReportError(f"{out_dir}: cannot open: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return info.st_dev, info.st_ino
+
+
+def claim_output_dir(out_dir: Path) -> OutputDir:
+    """Make ``out_dir`` ready for a dashboard (:class:`OutputDir`). Refused
+    (:class:`ReportError`, exit 2) when it is a file, a link, a run directory, or a non-empty
+    directory attnbench did not make: a user's files are never overwritten or deleted."""
+    out_dir = Path(out_dir)
+    made = False
+    if not os.path.lexists(out_dir):
+        try:
+            out_dir.mkdir(parents=True)
+            made = True
+        except FileExistsError:
+            pass  # made meanwhile: judged below like any other
+        except OSError as exc:
+            raise ReportError(f"{out_dir}: cannot create: {exc.strerror or exc}") from None
+    ident = _identity(out_dir)
+    names = sorted(os.listdir(out_dir))
+    if not names:
+        return OutputDir(out_dir, (), made, ident)
+    if MANIFEST in names and RECORDS in names:
+        raise ReportError(f"{out_dir}: is a run directory; a dashboard goes in a directory of "
+                          "its own (by default RUN/dashboard/)")
+    try:
+        listed = json.loads(read_bounded(out_dir / MARKER, MAX_MARKER_BYTES))  # not /dev/zero
+    except (OSError, ValueError, RecursionError):
+        listed = None
+    if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
+        return OutputDir(out_dir, _listed(listed), made, ident)
+    if not _legacy_dashboard(out_dir):
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise ReportError(f"{out_dir}: not empty and not a dashboard attnbench wrote "
+                          f"({shown}); choose a new or empty --out")
+    return OutputDir(out_dir, (), made, ident)
 
 
 def _legacy_dashboard(out_dir: Path) -> bool:
     """A dashboard written before :data:`MARKER` existed: its index.html is attnbench's."""
     try:
-        with open(out_dir / "index.html", encoding="utf-8", errors="replace") as fh:
-            head = fh.read(4096)
-    except OSError:
+        head = read_bounded(out_dir / "index.html", 4096, whole=False)
+    except (OSError, ValueError):
         return False
+    head = head.decode("utf-8", "replace")
     return head.startswith("<!DOCTYPE html>") and "<title>attnbench" in head
 
 
-def finish_output_dir(out_dir: Path, written: Iterable[Path], old: Iterable[Path]) -> None:
-    """Record what this dashboard wrote; remove what the previous one wrote and this did not."""
+def finish_output_dir(claim: OutputDir, written: Iterable[Path]) -> None:
+    """Record what this dashboard wrote; remove what the previous one wrote and this did not,
+    in the claimed directory only (opened again without following links, and checked to be
+    the one claimed), and only regular files (a link is never followed to what it names)."""
     names = sorted({Path(p).name for p in written} | {"index.html"})
-    for path in old:
-        if path.name not in names and path.is_file():
-            path.unlink()
-    write_atomic(Path(out_dir) / MARKER, json.dumps(names))
+    try:
+        fd = os.open(claim.path, _NOFOLLOW_DIR)
+    except OSError as exc:  # a link now, or gone
+        raise ReportError(f"{claim.path}: replaced while the dashboard was drawn "
+                          f"({exc.strerror or exc}); nothing removed") from None
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != claim.ident:
+            raise ReportError(f"{claim.path}: replaced while the dashboard was drawn; "
+                              "nothing removed")
+        for name in (n for n in claim.old if n not in names):
+            try:
+                if stat.S_ISREG(os.lstat(name, dir_fd=fd).st_mode):
+                    os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+    finally:
+        os.close(fd)
+    write_atomic(claim.path / MARKER, json.dumps(names))
+
+
+def abandon_output_dir(claim: OutputDir) -> None:
+    """A drawing that failed leaves no empty directory behind: the one this claim made is
+    removed again when nothing was written into it."""
+    if claim.made:
+        try:
+            claim.path.rmdir()
+        except OSError:
+            pass  # not empty (a figure was written) or already gone
