@@ -23,7 +23,8 @@ from attnbench.errors import (EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED,
                               UserError, os_error_text, printable, quiet_broken_pipe, short_repr)
 from attnbench.report.show.summary import RunSummary
 from attnbench.resources import DISPATCHES
-from attnbench.results.records import VERDICTS
+from attnbench.results.outcome import nothing_ran
+from attnbench.results.records import NOT_RUN_VERDICTS, VERDICTS
 from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
                                      stream_records)
 from attnbench.sweep.load import load_sweep, single_case_sweep
@@ -108,9 +109,13 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
     ids = {c.id for c in sweep.cases}
     # The failing cases printed as they came are not listed again (dispatch.loop.SHOWN_LIVE)
     recorded, foreign = RunSummary(shown=summary.shown if summary is not None else ()), 0
+    verdicts, reasons = collections.Counter(), {}  # did anything run (results.outcome)
     for record in store.last_records():  # streamed: the run holds no record
         if record["id"] in ids:
             recorded.add(record)
+            verdicts[record["verdict"]] += 1
+            if record["verdict"] in NOT_RUN_VERDICTS:
+                reasons[record["verdict"]] = record.get("reason") or ""
         else:
             foreign += 1
     store.close()
@@ -133,6 +138,10 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
         print(f"attnbench: {summary.not_run} cases not run; resume with: {resume}",
               file=sys.stderr)
         return EXIT_CLUSTER
+    idle = nothing_ran(verdicts, reasons)
+    if idle is not None:  # a run that measured nothing is not a success (issue 40)
+        print(idle.line)
+        return idle.exit_status
     status = recorded.exit_status(recorded.findings_text())  # its findings printed
     if not args.no_report:  # the last line: the path a user opens
         from attnbench.report.page.command import write_report
