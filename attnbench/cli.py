@@ -78,6 +78,9 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
     sets = "".join(f" -s {shlex.quote(o)}" for o in sweep.overrides)
     resume = f"attnbench run {sweep.path}{sets} --out {run_dir}"
     if pending:
+        # Said now: a cluster takes seconds to come up (7.8 s under load), and a run must
+        # never be silent (issue 40).
+        print(f"attnbench: {_connecting_to(scheduler.address, args.cluster)} ...", flush=True)
         try:
             conn = connect(scheduler.address, args.workers, cluster=args.cluster,
                            security=security, worker_wait_s=args.worker_wait)
@@ -148,6 +151,14 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
 
         print(f"attnbench: dashboard {write_report(run_dir)}")
     return status
+
+
+def _connecting_to(address: Optional[str], cluster: Optional[str]) -> str:
+    if address:
+        return f"connecting to the Dask scheduler {address}"
+    if cluster == "slurm":
+        return "starting the SLURM jobs"
+    return "starting the embedded Dask cluster"
 
 
 def findings_text(records: Iterable[dict]) -> list[str]:

@@ -21,8 +21,8 @@ __all__, __getattr__ = package_face(__name__, {
     "plugin": ("CASE_RUNNER", "NAME", "WorkerState", "register", "worker_state"),
     "scheduler_address": ("check_choice", "choose_scheduler", "read_scheduler_file"),
     "simulation": ("lease_overlaps", "simulate_case", "simulated_seconds"),
-    "task": ("CASE_FUNC", "CPU_RANKS_PER_SLOT", "outcome_to_record", "run_case_task",
-             "run_case_task_text"),
+    "task": ("CASE_FUNC", "COMPILE_TOPIC", "CPU_RANKS_PER_SLOT", "compile_teller",
+             "outcome_to_record", "run_case_task", "run_case_task_text"),
     "worker": ("DetectionError", "DeviceLeases", "LeaseTimeout", "detect_gpus", "detect_node",
                "worker_main"),
 })

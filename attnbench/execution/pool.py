@@ -69,7 +69,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from attnbench.execution.call_clock import CallClock
 from attnbench.execution.child import write_frame, write_message
@@ -168,11 +168,13 @@ class RankPool:
             self._check_open()
             return self._ensure_started()[1]
 
-    def run(self, func_ref: str, payload: Any, timeout: Optional[float]) -> Outcome:
+    def run(self, func_ref: str, payload: Any, timeout: Optional[float],
+            on_compile: Optional[Callable[[bool], None]] = None) -> Outcome:
         """Call ``func_ref`` ("module:function") with ``payload`` on every rank; see the module
         docstring for the outcomes. ``timeout`` (seconds, None for no limit) covers the call,
-        not the start of fresh ranks. Raises only for the caller's own mistakes (closed pool,
-        unpicklable payload)."""
+        not the start of fresh ranks. ``on_compile(True | False)``: told when the call's
+        backend starts and ends compiling (:class:`CallClock`). Raises only for the caller's
+        own mistakes (closed pool, unpicklable payload)."""
         with self._lock:
             self._check_open()
             data = pickle.dumps({"type": "call", "id": self._call_id + 1, "func": func_ref,
@@ -187,7 +189,8 @@ class RankPool:
             pids = self.pids
             deadline = math.inf if timeout is None else time.monotonic() + timeout
             try:
-                outcome = self._send_all(data) or self._collect(self._call_id, deadline, timeout)
+                outcome = self._send_all(data) or self._collect(self._call_id, deadline, timeout,
+                                                                  on_compile)
             except BaseException:  # e.g. KeyboardInterrupt: the ranks are mid-call, drop them
                 self._stop()
                 raise
@@ -341,10 +344,11 @@ class RankPool:
                 return self._dead_outcome(rank, "")
         return None
 
-    def _collect(self, call_id: int, deadline: float, timeout: Optional[float]) -> Outcome:
+    def _collect(self, call_id: int, deadline: float, timeout: Optional[float],
+                 on_compile: Optional[Callable[[bool], None]] = None) -> Outcome:
         replies, failed = self._gather(
             lambda m: m["type"] == "undecodable" or (m["type"] == "reply" and m["id"] == call_id),
-            deadline, timeout, call_id)
+            deadline, timeout, call_id, on_compile)
         if failed is not None:
             return failed
         for rank, message in sorted(replies.items()):
@@ -384,12 +388,14 @@ class RankPool:
                        stderr_tail=self._ranks[rank].tail(), recycle=message.get("recycle", ""))
 
     def _gather(self, wanted, deadline: float, timeout: Optional[float] = None,
-                call_id: Optional[int] = None) -> tuple[dict[int, dict], Optional[Outcome]]:
+                call_id: Optional[int] = None,
+                on_compile: Optional[Callable[[bool], None]] = None,
+                ) -> tuple[dict[int, dict], Optional[Outcome]]:
         """Wait for one ``wanted`` message from every rank. Returns early when a rank sends a
         bad one (the caller finds it in the replies), dies without answering, or the deadline
         passes (then the failure outcome is returned). While a rank of call ``call_id`` says it
         compiles, the deadline stands still (:class:`CallClock`)."""
-        clock = CallClock(deadline)
+        clock = CallClock(deadline, on_compile)
         replies: dict[int, dict] = {}
         poller = select.poll()
         by_fd: dict[int, Rank] = {}
