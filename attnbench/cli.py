@@ -50,16 +50,34 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_dir = latest_run_dir(sweep) or default_run_dir(sweep)
     else:
         run_dir = default_run_dir(sweep)
-    store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or ())
+    early = None
+    if not run_dir.exists():  # every case of a fresh run is pending: start the cluster now
+        early = _start_cluster(args, scheduler, security)
     try:
-        return _run_store(args, sweep, store, run_dir, scheduler, security)
+        store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or ())
+        try:
+            return _run_store(args, sweep, store, run_dir, scheduler, security, early)
+        finally:
+            store.close()  # never raises; the lock goes whatever happened (a full disk included)
     finally:
-        store.close()  # never raises; the lock goes whatever happened (a full disk included)
+        if early is not None:
+            early.discard()  # taken (then closed already) or not needed: a no-op, or a close
+
+
+def _start_cluster(args: argparse.Namespace, scheduler, security):
+    """The cluster, started now in the background (:mod:`attnbench.cluster.early`), said at
+    once: it takes seconds (7.8 s under load), and a run must never be silent (issue 40)."""
+    from attnbench.cluster.connect import connect
+    from attnbench.cluster.early import EarlyConnection
+
+    print(f"attnbench: {_connecting_to(scheduler.address, args.cluster)} ...", flush=True)
+    return EarlyConnection(lambda: connect(scheduler.address, args.workers,
+                                           cluster=args.cluster, security=security,
+                                           worker_wait_s=args.worker_wait))
 
 
 def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, scheduler,
-               security) -> int:
-    from attnbench.cluster.connect import connect
+               security, early=None) -> int:
     from attnbench.dispatch.driver import local_run_status
     from attnbench.dispatch.lanes import run_class
     from attnbench.dispatch.preflight import check_workers_import
@@ -78,12 +96,8 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
     sets = "".join(f" -s {shlex.quote(o)}" for o in sweep.overrides)
     resume = f"attnbench run {sweep.path}{sets} --out {run_dir}"
     if pending:
-        # Said now: a cluster takes seconds to come up (7.8 s under load), and a run must
-        # never be silent (issue 40).
-        print(f"attnbench: {_connecting_to(scheduler.address, args.cluster)} ...", flush=True)
         try:
-            conn = connect(scheduler.address, args.workers, cluster=args.cluster,
-                           security=security, worker_wait_s=args.worker_wait)
+            conn = (early or _start_cluster(args, scheduler, security)).get()
             try:
                 source = f" (from {scheduler.source})" if scheduler.address else ""
                 print(f"attnbench: running on {conn.where}{source}; Dask dashboard "

@@ -16,6 +16,7 @@ __all__, __getattr__ = package_face(__name__, {
     "closed_http": ("ROUTES_ENV",),
     "connect": ("Connection", "WorkerInfo", "check_connection_arguments", "describe_workers",
                 "make_security", "plan_case"),
+    "early": ("EarlyConnection",),
     "keeper": ("RESTARTS", "START_S", "WorkerKeeper"),
     "performance_report": ("REPORT_NAME", "saved_performance_report"),
     "plugin": ("CASE_RUNNER", "NAME", "WorkerState", "register", "worker_state"),
