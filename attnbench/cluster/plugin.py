@@ -125,16 +125,15 @@ def start_early(worker) -> None:
 
 
 def prewarm(pools: PoolSet, leases: DeviceLeases) -> None:
-    """A one-rank pool per device (per slot on a CPU), started one after another: what the
-    first cases of a sweep lease (issue 40, item 9: the first record waited for a rank's start,
-    torch's import, 5 s under load). Multi-rank cases still start their own pools."""
-    for device in leases.ids:
-        env = [{"CUDA_VISIBLE_DEVICES": device}] if leases.gpu else None  # Lease.pool_env(1)
-        failed = pools.prewarm(1, env)
-        if failed is not None and not pools.closed:  # (the worker closing kills its start)
-            log.warning("could not pre-start a rank pool (%s); cases start their own",
-                        failed.summary or failed.kind)
-            return
+    """A one-rank pool per device (per slot on a CPU): what the first cases of a sweep lease
+    (issue 40, item 9: the first record waited for a rank's start, torch's import, 5 s under
+    load). Multi-rank cases still start their own pools."""
+    envs = [[{"CUDA_VISIBLE_DEVICES": d}] if leases.gpu else None  # as Lease.pool_env(1)
+            for d in leases.ids]
+    failed = pools.prewarm(envs)
+    if failed is not None and not pools.closed:  # (the worker closing kills its start)
+        log.warning("could not pre-start a rank pool (%s); cases start their own",
+                    failed.summary or failed.kind)
 
 
 def worker_state() -> WorkerState:

@@ -63,23 +63,31 @@ class PoolSet:
                 else:
                     self._free.setdefault(key, []).append(pool)
 
-    def prewarm(self, world_size: int = 1, env: EnvSpec = None) -> Optional[Outcome]:
-        """Start one more pool of this shape now, free for the next lease (the worker's first
-        case finds its ranks up). Free before it has started: a lease that takes it meanwhile
-        waits on the pool's own lock for the start, instead of starting another pool. None
-        when it started (or this set is closed), else the failure (a later lease retries)."""
-        key = (world_size, _freeze_env(env))
+    def prewarm(self, envs: Sequence[EnvSpec] = (None,),
+                world_size: int = 1) -> Optional[Outcome]:
+        """A pool of ``world_size`` per ``envs`` entry, all free for leases at once, then
+        started one after another (the worker's first cases find their ranks up). A lease that
+        takes one meanwhile starts it itself, or waits on the pool's own lock for the start
+        under way: never a second pool. None when they started (or this set is closed), else
+        the first failure (the rest are left to their leases, which retry)."""
+        pools = []
         with self._lock:
             if self._closed:
                 return None
-            pool = RankPool(world_size, env, self.threads_per_pool, preload=self.preload,
-                            start_timeout=self.start_timeout)
-            self._all.append(pool)
-            self._free.setdefault(key, []).append(pool)
-        try:
-            return pool.start()
-        except RuntimeError:  # closed under it (the worker closing): nothing to warm
-            return None
+            for env in envs:
+                pool = RankPool(world_size, env, self.threads_per_pool, preload=self.preload,
+                                start_timeout=self.start_timeout)
+                pools.append(pool)
+                self._all.append(pool)
+                self._free.setdefault((world_size, _freeze_env(env)), []).append(pool)
+        for pool in pools:
+            try:
+                failed = pool.start()
+            except RuntimeError:  # closed under it (the worker closing): nothing to warm
+                return None
+            if failed is not None:
+                return failed
+        return None
 
     def close_idle(self) -> int:
         """Close every pool that is not leased (frees their processes and GPU memory)."""

@@ -15,7 +15,7 @@ T = "attnbench.execution.testing:"
 def test_a_prewarmed_pool_is_the_next_lease_and_already_up():
     pools = PoolSet()
     try:
-        assert pools.prewarm(1) is None and len(pools) == 1
+        assert pools.prewarm() is None and len(pools) == 1
         with pools.lease(world_size=1) as pool:
             outcome = pool.run(T + "echo", 1, timeout=30)
         assert outcome.kind == "ok" and outcome.start_s == 0  # no rank started for the case
@@ -27,14 +27,16 @@ def test_a_prewarmed_pool_is_the_next_lease_and_already_up():
 def test_a_lease_during_the_start_waits_for_it_rather_than_starting_another():
     pools = PoolSet()
     try:
-        warming = threading.Thread(target=pools.prewarm, args=(1,))
+        warming = threading.Thread(target=pools.prewarm, args=([None, None],))
         warming.start()
-        while not len(pools):  # the pool is listed (and free) before it starts
+        while len(pools) < 2:  # both are listed (and free) before the first starts
             pass
-        with pools.lease(world_size=1) as pool:
-            outcome = pool.run(T + "echo", 2, timeout=60)
+        with pools.lease(world_size=1) as one, pools.lease(world_size=1) as two:
+            outcomes = [p.run(T + "echo", 2, timeout=60) for p in (one, two)]
         warming.join(timeout=60)
-        assert outcome.kind == "ok" and len(pools) == 1  # one pool: the prewarmed one
+        # Two pools, the prewarmed ones: one the thread started (or the lease, waiting for
+        # its lock), the other started by its lease or the thread, never a third.
+        assert [o.kind for o in outcomes] == ["ok", "ok"] and len(pools) == 2
     finally:
         pools.close()
-    assert pools.prewarm(1) is None and len(pools) == 0  # closed: nothing started
+    assert pools.prewarm() is None and len(pools) == 0  # closed: nothing started
