@@ -23,7 +23,8 @@ from attnbench.errors import (EXIT_BAD_INPUT, EXIT_CLUSTER, EXIT_INTERRUPTED,
                               UserError, os_error_text, printable, quiet_broken_pipe, short_repr)
 from attnbench.report.show.summary import RunSummary
 from attnbench.resources import DISPATCHES
-from attnbench.results.records import VERDICTS
+from attnbench.results.outcome import nothing_ran
+from attnbench.results.records import NOT_RUN_VERDICTS, VERDICTS
 from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
                                      stream_records, sweep_case_ids)
 from attnbench.sweep.load import load_sweep, single_case_sweep
@@ -49,11 +50,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_dir = latest_run_dir(sweep) or default_run_dir(sweep)
     else:
         run_dir = default_run_dir(sweep)
-    store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or ())
+    early = None
+    if not run_dir.exists():  # every case of a fresh run is pending: start the cluster now
+        early = _start_cluster(args, scheduler, security)
     try:
-        return _run_store(args, sweep, store, run_dir, scheduler, security)
+        store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or ())
+        try:
+            return _run_store(args, sweep, store, run_dir, scheduler, security, early)
+        finally:
+            store.close()  # never raises; the lock goes whatever happened (a full disk included)
     finally:
-        store.close()  # never raises; the lock goes whatever happened (a full disk included)
+        if early is not None:
+            early.discard()  # taken (then closed already) or not needed: a no-op, or a close
+
+
+def _start_cluster(args: argparse.Namespace, scheduler, security):
+    """The cluster, started now in the background (:mod:`attnbench.cluster.early`), said at
+    once: it takes seconds (7.8 s under load), and a run must never be silent (issue 40)."""
+    from attnbench.cluster.connect import connect
+    from attnbench.cluster.early import EarlyConnection
+
+    print(f"attnbench: {_connecting_to(scheduler.address, args.cluster)} ...", flush=True)
+    return EarlyConnection(lambda: connect(scheduler.address, args.workers,
+                                           cluster=args.cluster, security=security,
+                                           worker_wait_s=args.worker_wait))
 
 
 WHERE_OPTIONS = ("scheduler", "scheduler_file", "cluster", "workers", "dispatch", "tls_ca_file",
@@ -74,8 +94,7 @@ def resume_command(args: argparse.Namespace, sweep, run_dir: Path) -> str:
 
 
 def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, scheduler,
-               security) -> int:
-    from attnbench.cluster.connect import connect
+               security, early=None) -> int:
     from attnbench.dispatch.driver import local_run_status
     from attnbench.dispatch.lanes import run_class
     from attnbench.dispatch.preflight import check_workers_import
@@ -94,8 +113,7 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
     resume = resume_command(args, sweep, run_dir)
     if pending:
         try:
-            conn = connect(scheduler.address, args.workers, cluster=args.cluster,
-                           security=security, worker_wait_s=args.worker_wait)
+            conn = (early or _start_cluster(args, scheduler, security)).get()
             try:
                 source = f" (from {scheduler.source})" if scheduler.address else ""
                 print(f"attnbench: running on {conn.where}{source}; Dask dashboard "
@@ -124,9 +142,13 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
     ids = {c.id for c in sweep.cases}
     # The failing cases printed as they came are not listed again (dispatch.loop.SHOWN_LIVE)
     recorded, foreign = RunSummary(shown=summary.shown if summary is not None else ()), 0
+    verdicts, reasons = collections.Counter(), {}  # did anything run (results.outcome)
     for record in store.last_records():  # streamed: the run holds no record
         if record["id"] in ids:
             recorded.add(record)
+            verdicts[record["verdict"]] += 1
+            if record["verdict"] in NOT_RUN_VERDICTS:
+                reasons[record["verdict"]] = record.get("reason") or ""
         else:
             foreign += 1
     store.close()
@@ -149,6 +171,10 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
         print(f"attnbench: {summary.not_run} cases not run; resume with: {resume}",
               file=sys.stderr)
         return EXIT_CLUSTER
+    idle = nothing_ran(verdicts, reasons)
+    if idle is not None:  # a run that measured nothing is not a success (issue 40)
+        print(idle.line)
+        return idle.exit_status
     status = recorded.exit_status(recorded.findings_text())  # its findings printed
     if not args.no_report:  # the last line: the path a user opens
         from attnbench.report.page.command import write_report
@@ -158,6 +184,14 @@ def _run_store(args: argparse.Namespace, sweep, store: RunStore, run_dir: Path, 
         except UserError as exc:  # a planted RUN/dashboard link, a full disk: the run stands
             print(f"attnbench: warning: no dashboard: {printable(exc, 2000)}", file=sys.stderr)
     return status
+
+
+def _connecting_to(address: Optional[str], cluster: Optional[str]) -> str:
+    if address:
+        return f"connecting to the Dask scheduler {address}"
+    if cluster == "slurm":
+        return "starting the SLURM jobs"
+    return "starting the embedded Dask cluster"
 
 
 def findings_text(records: Iterable[dict]) -> list[str]:

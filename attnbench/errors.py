@@ -4,11 +4,13 @@ Exit status (every ``attnbench`` command):
 
 ==== =============================================================================================
 0    success
-1    a run finished with failing cases (fail, error, crash, timeout, oom, lost), a comparison
-     found a regression, or the selftest missed a bug / raised a false alarm
+1    a run finished with failing cases (fail, error, crash, timeout, oom, lost), or ran no case
+     because its backends refuse them all (every case unsupported), a comparison found a
+     regression, or the selftest missed a bug / raised a false alarm
 2    bad input: a sweep file, a run directory, a dashboard definition or an argument; or an
      output that cannot be written (a full or read-only disk, ``> /dev/full``): nothing ran
-3    the cluster failed (scheduler unreachable or lost, no workers, cases left pending), or the
+3    the cluster failed (scheduler unreachable or lost, no workers, cases left pending, no case
+     ran because no connected worker can run any: every case skipped or unsupported), or the
      disk under a run did (full, read-only, I/O error) while it ran: the journal keeps every
      record written before; rerun the same command to resume
 4    no case failed, but the accuracy trends across the sweep found a finding (an error that
@@ -38,12 +40,12 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a command whos
 
 EXIT_STATUS_HELP = """exit status:
   0    success
-  1    failing cases (fail, error, crash, timeout, oom, lost), a regression in compare, or a
-       selftest that missed a bug
+  1    failing cases (fail, error, crash, timeout, oom, lost) or every case unsupported
+       (nothing ran), a regression in compare, or a selftest that missed a bug
   2    bad input (sweep file, run directory, dashboard definition, argument), or an output
        that cannot be written (disk full or read-only)
-  3    the cluster failed (unreachable, no workers, cases left pending), or the disk did
-       during a run: resume later
+  3    the cluster failed (unreachable, no workers, cases left pending, no worker can run
+       any case: nothing ran), or the disk did during a run: resume later
   4    no case failed, but an accuracy finding was made (error growing with the sequence)
   130  interrupted (Ctrl-C, SIGTERM): the journal is valid, rerun to resume
   141  standard output closed early (piped into head): stopped quietly"""

@@ -38,6 +38,11 @@ ENV_FAMILY = "ATTNBENCH_FAMILY"
 """The family the worker also advertises (``H100`` for ``H100-SXM5-80GB``; empty if none)."""
 ENV_THREADS = "ATTNBENCH_THREADS"
 """torch threads per rank process."""
+ENV_PREWARM = "ATTNBENCH_PREWARM"
+"""Set (``1``) on the embedded cluster's worker: its plugin starts a one-rank pool per device as
+the worker starts, so the first case does not wait for a rank's start (torch's import: 5 s
+under load; :mod:`attnbench.cluster.plugin`). ``0`` in the client's environment turns it off
+(benchmarks/first_record.py compares)."""
 ENV_SIMULATE = "ATTNBENCH_SIMULATE_S"
 """Set by ``attnbench worker --simulate-gpus``: cases sleep this many seconds instead of running
 (:mod:`attnbench.cluster.simulation`)."""

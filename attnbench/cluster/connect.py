@@ -24,7 +24,7 @@ from typing import Iterable, Mapping, Optional
 
 from attnbench.cluster.task import CPU_RANKS_PER_SLOT
 from attnbench.errors import ClusterError, UsageError, short_repr
-from attnbench.resources import CPU_KIND, DEVICE, KIND_PREFIX, case_resources
+from attnbench.resources import CPU_KIND, DEVICE, ENV_PREWARM, KIND_PREFIX, case_resources
 from attnbench.sweep.case import Case
 
 log = logging.getLogger("attnbench")
@@ -287,11 +287,15 @@ def _connect_local(slots: Optional[int]) -> Connection:
     node = detect_node(slots=None if gpus else slots, gpus=gpus)
     # Everything on loopback: the scheduler, the worker and the Dask dashboard (":0" would
     # serve the dashboard on every interface while printing 127.0.0.1).
+    # The plugin preloaded: the worker sets it up as it starts, before it joins, and starts
+    # its rank pools then (ENV_PREWARM), while the client still waits for the cluster.
     with dask.config.set({"distributed.worker.daemon": True}):
         cluster = LocalCluster(n_workers=1, threads_per_worker=len(node.ids), processes=True,
                                host="127.0.0.1", dashboard_address="127.0.0.1:0",
                                silence_logs=logging.ERROR, resources=node.resources,
-                               env=node.environ())
+                               env={**node.environ(),
+                                    ENV_PREWARM: os.environ.get(ENV_PREWARM, "1")},
+                               preload=["attnbench.cluster.plugin"])
     client = Client(cluster)
     register(client)
     return Connection(client, cluster, len(node.ids),

@@ -4,7 +4,7 @@ warm rank pools.
 :class:`WorkerState` (plugin name ``attnbench``) is set up once per worker: the lease table
 from the worker's environment or Dask resources
 (:meth:`~attnbench.cluster.worker.DeviceLeases.from_environment`) and an empty
-:class:`~attnbench.execution.pool.PoolSet` whose ranks import the case runner as they start.
+:class:`~attnbench.execution.pool_set.PoolSet` whose ranks import the case runner as they start.
 Its teardown, when the worker closes, closes the pools (every rank's process group is killed)
 and the lease table (nothing more is leased; a case still waiting for devices gives up). The
 task (:func:`attnbench.cluster.task.run_case_task`), the lanes and simulated cases take both
@@ -42,8 +42,8 @@ from typing import Optional
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from attnbench.cluster.worker import DeviceLeases
-from attnbench.execution.pool import PoolSet
-from attnbench.resources import ENV_THREADS
+from attnbench.execution.pool_set import PoolSet
+from attnbench.resources import ENV_PREWARM, ENV_SIMULATE, ENV_THREADS
 
 log = logging.getLogger("attnbench.cluster.plugin")
 
@@ -76,9 +76,8 @@ class WorkerState(WorkerPlugin):
                                                          worker.state.total_resources)
         except ValueError as exc:  # no devices: its cases say so (no worker fails to start)
             self._leases_error = exc
-        self.pools = PoolSet(int(os.environ.get(ENV_THREADS, "0")) or None,
-                             preload=(CASE_RUNNER,))
-        atexit.register(self.pools.close)  # a worker process that ends without its teardown
+        # The pools this worker process started as it started (ENV_PREWARM), once.
+        self.pools = _early.pop("pools", None) or _pool_set()
 
     async def teardown(self, worker) -> None:
         self.closed = True
@@ -97,6 +96,44 @@ class WorkerState(WorkerPlugin):
         if self._leases is None:
             raise ValueError(str(self._leases_error or "the worker plugin was not set up"))
         return self._leases
+
+
+_early: dict[str, PoolSet] = {}
+"""The pools :func:`dask_setup` started before the worker joined, for its plugin to adopt (a
+worker process has one plugin state; the scheduler's copy of the plugin is set up at the join,
+after the pools began to start)."""
+
+
+def _pool_set() -> PoolSet:
+    pools = PoolSet(int(os.environ.get(ENV_THREADS, "0")) or None, preload=(CASE_RUNNER,))
+    atexit.register(pools.close)  # a worker process that ends without its teardown
+    return pools
+
+
+def start_early(worker) -> None:
+    """Start this worker's rank pools now, as the worker process starts (ENV_PREWARM: the
+    embedded cluster), so they are up by the first case; in a thread, the worker goes on."""
+    if os.environ.get(ENV_PREWARM) != "1" or os.environ.get(ENV_SIMULATE) or "pools" in _early:
+        return
+    try:
+        leases = DeviceLeases.from_environment(os.environ, worker.state.total_resources)
+    except ValueError:  # no devices: its cases say so
+        return
+    pools = _early["pools"] = _pool_set()
+    threading.Thread(target=prewarm, args=(pools, leases), name="attnbench-prewarm",
+                     daemon=True).start()
+
+
+def prewarm(pools: PoolSet, leases: DeviceLeases) -> None:
+    """A one-rank pool per device (per slot on a CPU): what the first cases of a sweep lease
+    (issue 40, item 9: the first record waited for a rank's start, torch's import, 5 s under
+    load). Multi-rank cases still start their own pools."""
+    envs = [[{"CUDA_VISIBLE_DEVICES": d}] if leases.gpu else None  # as Lease.pool_env(1)
+            for d in leases.ids]
+    failed = pools.prewarm(envs)
+    if failed is not None and not pools.closed:  # (the worker closing kills its start)
+        log.warning("could not pre-start a rank pool (%s); cases start their own",
+                    failed.summary or failed.kind)
 
 
 def worker_state() -> WorkerState:
@@ -152,5 +189,7 @@ async def dask_setup(worker) -> None:
     """``dask worker --preload attnbench.cluster.plugin`` (what ``attnbench worker`` runs):
     register the plugin with the scheduler before this worker joins it, so it gets it as it
     joins, once. If the scheduler cannot be reached yet, the client registers it on connect
-    (or the worker's first case does)."""
+    (or the worker's first case does). The embedded cluster preloads it too, for
+    :func:`start_early`."""
+    start_early(worker)
     await _register_with_scheduler(worker)

@@ -64,13 +64,28 @@ def run_case_task(case_dict: dict, options_dict: dict, attempt: int = 1,
     with leases.lease(devices or case.world_size, timeout=wait_s) as lease:
         with pools.lease(world_size=case.world_size, env=lease.pool_env(case.world_size)) as pool:
             outcome = pool.run(CASE_FUNC, {"case": case_dict, "options": options_dict},
-                               timeout=options.timeout_s)
+                               timeout=options.timeout_s,
+                               on_compile=compile_teller(get_worker(), case.id))
     wall = time.perf_counter() - t0
     record = outcome_to_record(case, outcome, wall, attempt, options.timeout_s)
     worker = get_worker()
     record["env"] = dict(record.get("env") or {}, lease=list(lease.ids), worker=str(worker.name),
                          worker_kind=leases.kind)
     return record
+
+
+COMPILE_TOPIC = "attnbench-compile"
+"""The Dask event topic of compile news: ``{"case": id, "start": bool}`` when a case's backend
+starts and ends compiling; the client's progress line says it
+(:meth:`attnbench.dispatch.loop.RunLoop.read_compile_news`)."""
+
+
+def compile_teller(worker, case_id: str):
+    """``on_compile`` of a pool call: a Dask event the client hears (Worker.log_event is safe
+    from a task's thread: it hands the message to the worker's loop)."""
+    def tell(start: bool) -> None:
+        worker.log_event(COMPILE_TOPIC, {"case": case_id, "start": bool(start)})
+    return tell
 
 
 def run_case_task_text(case_dict: dict, options_dict: dict, attempt: int = 1,

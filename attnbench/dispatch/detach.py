@@ -27,11 +27,13 @@ from typing import Callable, Optional
 
 from attnbench.dispatch.driver_state import (FINAL, LOG, load_state, read_state,
                                              request_cancel, write_state)
-from attnbench.errors import (EXIT_CLUSTER, EXIT_OK, ClusterError, RunDirError, UsageError,
-                              UserError, printable)
+from attnbench.errors import (EXIT_CLUSTER, EXIT_OK, MESSAGE_LIMIT, ClusterError, RunDirError,
+                              UsageError, UserError, printable)
 from attnbench.resources import DISPATCHES
 from attnbench.results.journal import MAX_LINE_BYTES, journal_lines
 from attnbench.results.lock import RunLock, describe_holder
+from attnbench.results.outcome import REASON_CHARS, nothing_ran, ran_count
+from attnbench.results.records import NOT_RUN_VERDICTS
 from attnbench.results.store import load_manifest, sweep_case_ids
 from attnbench.validation import positive_int_argument, read_span
 
@@ -63,16 +65,43 @@ def cmd_submit(args: argparse.Namespace) -> int:
         submission = uuid.uuid4().hex[:12]
         store = RunStore(run_dir, sweep, command=sys.argv, retry=args.retry or (),
                          submission=submission, claim=True)
-        pending, done = len(store.pending()), len(store.done)
-        store.close(discard_unused=not pending, keep_lock=bool(pending))
+        cases, done = store.pending(), len(store.done)
+        pending = len(cases)
+        # No connected worker can run any of them (a plain `dask worker`): the driver would
+        # record every case skipped and finish "successfully"; say so now, start nothing.
+        refused = pending and no_worker_runs_any(cases, conn.workers())
+        store.close(discard_unused=not pending or bool(refused),
+                    keep_lock=bool(pending) and not refused)
         print(f"attnbench: sweep {sweep.name!r}: {len(sweep.cases)} cases, {done} already in "
               f"{run_dir}, {pending} to run")
+        if refused:
+            print(f"attnbench: nothing ran: no connected worker can run any of the {pending} "
+                  f"cases ({printable(refused, REASON_CHARS)}); no driver was started")
+            return EXIT_CLUSTER
         if not pending:
             print(f"attnbench: nothing to run; see attnbench status {run_dir}")
-            return EXIT_OK
+            return _ran_anything(*journal_outcome(run_dir)[::2])
         return _hand_over(conn, sweep, run_dir, args, store.lock, submission)
     finally:
         conn.close()
+
+
+def no_worker_runs_any(cases, workers) -> str:
+    """Why no one of ``workers`` can run any of ``cases`` (the first case's reason), or "" when
+    one can run some. Asked once per (GPU kind, cp, tp): what placing a case depends on."""
+    from attnbench.cluster.connect import plan_case
+
+    workers, first, seen = list(workers), "", set()
+    for case in cases:
+        shape = (case.gpu, case.cp, case.tp)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        resources, reason = plan_case(case, workers)
+        if resources is not None:
+            return ""
+        first = first or reason
+    return first
 
 
 def _hand_over(conn, sweep, run_dir: Path, args: argparse.Namespace, claim: RunLock,
@@ -217,10 +246,23 @@ def journal_verdicts(run_dir: Path, notes: Optional[dict] = None,
     string per case (1M records: 25-40 s, 241 MiB peak RSS, on 2 loaded cores). ``ids``: the
     sweep's cases, where known (others are not counted); ``notes`` gets ``first_bad`` (the
     first line that is not a record) and ``foreign`` (cases recorded that are not ``ids``)."""
+    counts, unreadable, _ = journal_outcome(run_dir, notes, ids)
+    return counts, unreadable
+
+
+def journal_outcome(run_dir: Path, notes: Optional[dict] = None,
+                    ids: Optional[frozenset[str]] = None
+                    ) -> tuple[collections.Counter, int, dict[str, str]]:
+    """:func:`journal_verdicts`, and the last reason read of each verdict that means a case
+    never started (skipped, unsupported): what ``status`` quotes when nothing ran. One string
+    per such verdict, so memory stays as it was."""
     last: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     unreadable = first_bad = 0
+    if notes is not None:
+        notes.update(first_bad=0, foreign=0)
     if not (run_dir / "records.jsonl").exists():
-        return collections.Counter(), 0
+        return collections.Counter(), 0, reasons
     for line in journal_lines(run_dir / "records.jsonl"):  # a line at a time, each capped
         try:
             record = None if line.oversize else json.loads(line.data)
@@ -228,32 +270,34 @@ def journal_verdicts(run_dir: Path, notes: Optional[dict] = None,
             record = None
         if isinstance(record, dict) and isinstance(record.get("id"), str) \
                 and isinstance(record.get("verdict"), str):
+            if ids is not None and record["id"] not in ids:
+                last[record["id"]] = ""  # counted as foreign below, never as a verdict
+                continue
             # One string per verdict, not per line: 1M records held 303 MiB, interned 241
             # (benchmarks/make_journal.py; NOTES-wt-scale.md).
             last[record["id"]] = sys.intern(record["verdict"])
+            if record["verdict"] in NOT_RUN_VERDICTS and isinstance(record.get("reason"), str):
+                reasons[record["verdict"]] = record["reason"][:MESSAGE_LIMIT]
         elif (line.oversize or line.data.strip()) and line.ended:  # not one being written
             unreadable += 1
             first_bad = first_bad or line.number
-    foreign = 0
-    if ids is not None:
-        foreign = len(last)
-        last = {k: v for k, v in last.items() if k in ids}
-        foreign -= len(last)
+    foreign = sum(1 for v in last.values() if not v)
     if notes is not None:
         notes.update(first_bad=first_bad, foreign=foreign)
-    return collections.Counter(last.values()), unreadable
+    return collections.Counter(v for v in last.values() if v), unreadable, reasons
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     manifest = load_manifest(run_dir)
     notes: dict = {}
-    counts, unreadable = journal_verdicts(run_dir, notes, sweep_case_ids(manifest))
+    counts, unreadable, reasons = journal_outcome(run_dir, notes, sweep_case_ids(manifest))
     sweep = manifest.get("sweep") or {}
     total = sweep.get("cases") or 0
     parts = ", ".join(f"{n} {printable(v, 20)}" for v, n in sorted(counts.items())) or "none yet"
     print(printable(f"run {manifest.get('run_id')}: sweep {sweep.get('name')!r}: "
-                    f"{sum(counts.values())}/{total} cases recorded ({parts})", 2000))
+                    f"{sum(counts.values())}/{total} cases recorded ({parts}), "
+                    f"{ran_count(counts)} ran", 2000))
     if notes["foreign"]:
         print(f"note: {notes['foreign']} more cases recorded are not cases of this sweep (an "
               "earlier version of it, or added by hand); not counted")
@@ -279,7 +323,23 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"(scheduler {printable(state.get('scheduler'))})")
         for worker, cases in sorted((state.get("running") or {}).items())[:args.limit]:
             print(printable(f"  {worker}: {'; '.join(cases)}", 2000))
-    return EXIT_OK
+    return _ran_anything(counts, reasons) if _over(state, alive) else EXIT_OK
+
+
+def _over(state: Optional[dict], alive: bool) -> bool:
+    """The run ended by itself: its driver (or ``run``) finished. A cancelled or failed one
+    says so in its driver line and keeps its exit status."""
+    return not alive and (state or {}).get("state") == "finished"
+
+
+def _ran_anything(counts: collections.Counter, reasons: dict[str, str]) -> int:
+    """0, or the exit status of a run that ran no case, its one line said on standard output
+    (:mod:`attnbench.results.outcome`)."""
+    idle = nothing_ran(counts, reasons)
+    if idle is None:
+        return EXIT_OK
+    print(idle.line)
+    return idle.exit_status
 
 
 # -- attach -------------------------------------------------------------------------------------
@@ -310,6 +370,9 @@ def cmd_attach(args: argparse.Namespace) -> int:
             if not alive and (state is None or state.get("state") in FINAL):
                 print(line)
                 if (state or {}).get("state") == "finished":
+                    counts, _, reasons = journal_outcome(run_dir)
+                    if nothing_ran(counts, reasons) is not None:  # nothing to draw
+                        return _ran_anything(counts, reasons)
                     _draw_dashboard(getattr(args, "draw", None), run_dir)
                 return EXIT_OK if (state or {}).get("state") != "failed" else EXIT_CLUSTER
             time.sleep(args.poll)

@@ -60,10 +60,9 @@ class StatusWriter:
             progress = run.progress
             elapsed = time.perf_counter() - progress.start
             rate = progress.done / elapsed if elapsed > 0 else 0.0
-            left = progress.total - progress.done
             out.update(total=progress.total + progress.already, already=progress.already,
                        done=progress.done, counts=dict(progress.counts), rate=rate,
-                       eta_s=left / rate if rate else None, in_flight=len(run.in_flight),
+                       eta_s=progress.eta_s(), in_flight=len(run.in_flight),
                        queued=run.queued(), workers=len(run.workers),
                        devices=sum(w.devices for w in run.workers),
                        running={} if state in FINAL else self.running)

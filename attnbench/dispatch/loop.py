@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, TextIO
 
 from attnbench.cluster.connect import Connection, WorkerInfo, plan_case
+from attnbench.cluster.task import COMPILE_TOPIC
+from attnbench.dispatch.eta import CaseTimes
 from attnbench.errors import ClusterError, printable
 from attnbench.results.records import BAD_VERDICTS, make_record
 from attnbench.results.schema import check_record
@@ -46,6 +48,11 @@ log = logging.getLogger("attnbench")
 
 TICK_S = 1.0
 """How often the client looks at the workers (joins, departures, stuck cases)."""
+
+HEARTBEAT_S = 10.0
+"""Without a new record, the progress line is printed again this often (a log, driver.log)."""
+HEARTBEAT_TTY_S = 1.0
+"""... and redrawn this often on a terminal (its elapsed seconds tick)."""
 
 SHOWN_LIVE = 10
 """Failing cases printed as they arrive; the rest are counted at the end of the loop. A broken
@@ -103,10 +110,19 @@ class Progress:
         """Ids of the failing cases printed (at most SHOWN_LIVE)."""
         self.unshown = 0
         """Failing cases not printed: counted by :meth:`finish`."""
+        self.times = CaseTimes()
+        """Measured case seconds per (backend, GPU kind): the ETA (:mod:`~.eta`)."""
+        self.slots = 1
+        """Devices over the workers (cases that run at once), set as the workers are seen."""
+
+    def eta_s(self) -> Optional[float]:
+        """Seconds left from measured case times (None: no case measured yet)."""
+        return self.times.eta_s(self.slots)
 
     def update(self, record: dict) -> None:
         self.done += 1
         self.counts[record["verdict"]] += 1
+        self.times.finished(record)
         if record["verdict"] in BAD_VERDICTS and not self.quiet:
             if len(self.shown) < SHOWN_LIVE:
                 self.shown.add(record["id"])
@@ -134,17 +150,28 @@ class Progress:
         self._clear()
         print(f"attnbench: {printable(text, 2000)}", file=self.stream, flush=True)
 
+    def heartbeat(self, running: str = "") -> None:
+        """Once a tick: the line again when nothing was printed for a while, so a run whose
+        first cases compile for minutes is never silent (a FlexAttention sweep printed nothing
+        for 134 s). ``running``: what is in flight, said after the line."""
+        now = time.perf_counter()
+        if self.done < self.total and now - self.last_print >= (
+                HEARTBEAT_TTY_S if self.tty else HEARTBEAT_S):
+            self.last_print = now
+            self._line(running)
+
     def _clear(self) -> None:
         if self.tty:
             self.stream.write("\r\033[K")
 
-    def _line(self) -> None:
+    def _line(self, running: str = "") -> None:
         elapsed = time.perf_counter() - self.start
-        rate = self.done / elapsed if elapsed > 0 else 0
-        eta = (self.total - self.done) / rate if rate else 0
+        eta = self.eta_s()
         parts = " ".join(f"{v} {n}" for v, n in sorted((self.before + self.counts).items()))
-        text = (f"[{self.done + self.already}/{self.total + self.already}] {parts}  "
-                f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s")
+        text = (f"[{self.done + self.already}/{self.total + self.already}] "
+                f"{parts + '  ' if parts else ''}{elapsed:.0f}s elapsed, ETA "
+                f"{'?' if eta is None else f'{eta:.0f}s'}"
+                + (f"; {printable(running, 300)}" if running else ""))
         if self.tty:
             self.stream.write("\r\033[K" + text)
             if self.done == self.total:
@@ -206,6 +233,10 @@ class _Flight:
     future: object
     stuck_since: Optional[float] = None
     cancelled: bool = False
+    since: float = field(default_factory=time.monotonic)
+    """When it was handed out (a task: submitted; a lane: sent to its device)."""
+    compiling: Optional[float] = None
+    """Since when its worker says it compiles (None: not compiling)."""
 
 
 def _interleave_by_kind(cases: list[Case]) -> list[Case]:
@@ -279,6 +310,10 @@ class RunLoop:
         self.workers: list[WorkerInfo] = conn.workers()
         self.seen: dict[str, WorkerInfo] = {w.address: w for w in self.workers}
         self.on_tick: Optional[Callable[["RunLoop"], None]] = None
+        progress.times.plan(self.cases)
+        progress.slots = max(1, sum(w.devices for w in self.workers))
+        self.compile_news: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
+        """What workers said of compiles (Dask events on :data:`COMPILE_TOPIC`)."""
 
     # -- the skeleton ----------------------------------------------------------------------------
     def run(self) -> RunSummary:
@@ -286,12 +321,17 @@ class RunLoop:
         next_look = time.monotonic() + TICK_S
         with self.interrupts.installed():
             try:
+                self.listen_for_compiles()
                 self.plan()
                 self.start()
+                if self.work_left():
+                    self.progress.heartbeat(self.running_text())  # the first line, at once
                 while self.work_left():
                     self.step(max(0.0, next_look - time.monotonic()))
                     if time.monotonic() >= next_look:
                         self.look_at_workers()
+                        self.read_compile_news()
+                        self.progress.heartbeat(self.running_text())
                         if self.on_tick is not None:
                             self.on_tick(self)
                         next_look = time.monotonic() + TICK_S
@@ -305,6 +345,7 @@ class RunLoop:
             finally:
                 self.stop()
                 self.store.flush()
+                self.stop_listening()
         return self.finish(t0)
 
     # -- what a dispatch fills in ------------------------------------------------------------
@@ -335,6 +376,63 @@ class RunLoop:
     def queued(self) -> int:
         """Cases not yet handed to a worker."""
         raise NotImplementedError
+
+    # -- what is running: compiles and the progress line ---------------------------------------
+    def listen_for_compiles(self) -> None:
+        """Subscribe to the workers' compile news (a client without events: none come)."""
+        subscribe = getattr(self.conn.client, "subscribe_topic", None)
+        if subscribe is None:
+            return
+        try:
+            subscribe(COMPILE_TOPIC, lambda event: self.compile_news.put(event))
+        except Exception:  # noqa: BLE001 -- a nicety: the run goes on without it
+            log.debug("no compile news from the workers", exc_info=True)
+
+    def stop_listening(self) -> None:
+        unsubscribe = getattr(self.conn.client, "unsubscribe_topic", None)
+        if unsubscribe is not None and getattr(self.conn.client, "status", "") == "running":
+            with contextlib.suppress(Exception):  # a closing client: nothing left to hear
+                unsubscribe(COMPILE_TOPIC)
+
+    def read_compile_news(self) -> None:
+        """Say when a case starts compiling (once per case). Events come from any client of a
+        shared scheduler: only a case of this run in flight is believed, and only its id and a
+        flag are read."""
+        news = []
+        while True:
+            try:
+                news.append(self.compile_news.get_nowait())
+            except queue_mod.Empty:
+                break
+        if not news:
+            return
+        flights = {f.case.id: f for f in list(self.in_flight.values())}
+        for event in news:
+            msg = event[1] if isinstance(event, tuple) and len(event) == 2 else event
+            if not isinstance(msg, dict) or not isinstance(msg.get("case"), str):
+                continue
+            flight = flights.get(msg["case"])
+            if flight is None:
+                continue
+            if msg.get("start") is True and flight.compiling is None:
+                flight.compiling = time.monotonic()
+                self.progress.note(f"compiling {flight.case.id[:10]} {flight.case.label} "
+                                   f"({flight.case.backend}: its first call compiles; the "
+                                   "case's timeout waits for it)")
+            elif msg.get("start") is False:
+                flight.compiling = None
+
+    def running_text(self) -> str:
+        """What the progress line says of the cases in flight: how many, and the longest."""
+        flights = list(self.in_flight.values())
+        if not flights:
+            return ""
+        oldest = min(flights, key=lambda f: f.since)
+        now = time.monotonic()
+        what = (f"compiling for {now - oldest.compiling:.0f} s" if oldest.compiling is not None
+                else f"for {now - oldest.since:.0f} s")
+        return (f"{len(flights)} running, the longest {oldest.case.id[:10]} "
+                f"{oldest.case.label} {what}")
 
     # -- the journal side (both dispatches) ------------------------------------------------------
     def finish(self, t0: float) -> RunSummary:
@@ -412,3 +510,4 @@ class RunLoop:
                 return  # its cases wait for the new one, not for the worker that left
         self.workers = workers
         self.seen.update((w.address, w) for w in self.workers)
+        self.progress.slots = max(1, sum(w.devices for w in self.workers))

@@ -44,8 +44,8 @@ unpickled with torch and triton refused, so a function must return plain data (`
 lines as written; the child runs unbuffered); ``Outcome.stderr_tail`` is the last lines written
 during the call.
 
-:class:`PoolSet` hands warm pools to concurrent Dask worker threads. A Dask worker's PoolSet is
-held by its worker plugin (:mod:`attnbench.cluster.plugin`), which closes it when the worker
+:class:`~attnbench.execution.pool_set.PoolSet` (its own module) hands warm pools to concurrent
+Dask worker threads. A Dask worker's PoolSet is held by its worker plugin (:mod:`attnbench.cluster.plugin`), which closes it when the worker
 closes; :func:`get_default_poolset` is a per-process one for code outside a Dask worker, closed
 at interpreter exit. A rank also exits by itself when its parent dies: its request pipe hangs
 up and a watchdog thread kills the rank's process group.
@@ -53,7 +53,6 @@ up and a watchdog thread kills the rank's process group.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -69,8 +68,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+from attnbench import package_face
 from attnbench.execution.call_clock import CallClock
 from attnbench.execution.child import write_frame, write_message
 from attnbench.execution.ranks import OUTCOME_KINDS, Outcome, Rank, signal_name
@@ -78,7 +78,7 @@ from attnbench.resources import ENV_POOL_DIR, ENV_POOL_START
 
 log = logging.getLogger("attnbench.execution")
 
-__all__ = ["Outcome", "RankPool", "PoolSet", "get_default_poolset", "OUTCOME_KINDS"]
+__all__ = ["Outcome", "RankPool", "OUTCOME_KINDS"]
 
 _DUMP_WAIT_S = 0.3
 """After SIGUSR1, time for faulthandler to write the stacks of a hung rank (it is a few kB)."""
@@ -101,14 +101,6 @@ _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
 def _is_bad(message: dict) -> bool:
     return message["type"] in ("failed", "undecodable") or (
         message["type"] == "reply" and message["kind"] != "ok")
-
-
-def _freeze_env(env: EnvSpec) -> Any:
-    if env is None:
-        return None
-    if isinstance(env, Mapping):
-        return tuple(sorted((str(k), str(v)) for k, v in env.items()))
-    return tuple(_freeze_env(e) for e in env)
 
 
 class RankPool:
@@ -168,11 +160,13 @@ class RankPool:
             self._check_open()
             return self._ensure_started()[1]
 
-    def run(self, func_ref: str, payload: Any, timeout: Optional[float]) -> Outcome:
+    def run(self, func_ref: str, payload: Any, timeout: Optional[float],
+            on_compile: Optional[Callable[[bool], None]] = None) -> Outcome:
         """Call ``func_ref`` ("module:function") with ``payload`` on every rank; see the module
         docstring for the outcomes. ``timeout`` (seconds, None for no limit) covers the call,
-        not the start of fresh ranks. Raises only for the caller's own mistakes (closed pool,
-        unpicklable payload)."""
+        not the start of fresh ranks. ``on_compile(True | False)``: told when the call's
+        backend starts and ends compiling (:class:`CallClock`). Raises only for the caller's
+        own mistakes (closed pool, unpicklable payload)."""
         with self._lock:
             self._check_open()
             data = pickle.dumps({"type": "call", "id": self._call_id + 1, "func": func_ref,
@@ -187,7 +181,8 @@ class RankPool:
             pids = self.pids
             deadline = math.inf if timeout is None else time.monotonic() + timeout
             try:
-                outcome = self._send_all(data) or self._collect(self._call_id, deadline, timeout)
+                outcome = self._send_all(data) or self._collect(self._call_id, deadline, timeout,
+                                                                  on_compile)
             except BaseException:  # e.g. KeyboardInterrupt: the ranks are mid-call, drop them
                 self._stop()
                 raise
@@ -341,10 +336,11 @@ class RankPool:
                 return self._dead_outcome(rank, "")
         return None
 
-    def _collect(self, call_id: int, deadline: float, timeout: Optional[float]) -> Outcome:
+    def _collect(self, call_id: int, deadline: float, timeout: Optional[float],
+                 on_compile: Optional[Callable[[bool], None]] = None) -> Outcome:
         replies, failed = self._gather(
             lambda m: m["type"] == "undecodable" or (m["type"] == "reply" and m["id"] == call_id),
-            deadline, timeout, call_id)
+            deadline, timeout, call_id, on_compile)
         if failed is not None:
             return failed
         for rank, message in sorted(replies.items()):
@@ -384,12 +380,14 @@ class RankPool:
                        stderr_tail=self._ranks[rank].tail(), recycle=message.get("recycle", ""))
 
     def _gather(self, wanted, deadline: float, timeout: Optional[float] = None,
-                call_id: Optional[int] = None) -> tuple[dict[int, dict], Optional[Outcome]]:
+                call_id: Optional[int] = None,
+                on_compile: Optional[Callable[[bool], None]] = None,
+                ) -> tuple[dict[int, dict], Optional[Outcome]]:
         """Wait for one ``wanted`` message from every rank. Returns early when a rank sends a
         bad one (the caller finds it in the replies), dies without answering, or the deadline
         passes (then the failure outcome is returned). While a rank of call ``call_id`` says it
         compiles, the deadline stands still (:class:`CallClock`)."""
-        clock = CallClock(deadline)
+        clock = CallClock(deadline, on_compile)
         replies: dict[int, dict] = {}
         poller = select.poll()
         by_fd: dict[int, Rank] = {}
@@ -514,81 +512,8 @@ class RankPool:
             time.sleep(0.005)
 
 
-class PoolSet:
-    """Warm pools shared by the threads of one process (a Dask worker's task threads).
-
-    ``lease`` hands out a free pool of the wanted shape, creating one when none is free, and
-    takes it back afterwards. Pools are keyed by ``world_size`` and ``env`` (a pool whose ranks
-    are bound to some GPUs through ``CUDA_VISIBLE_DEVICES`` serves only leases of those GPUs).
-    """
-
-    def __init__(self, threads_per_pool: Optional[int] = None, *, preload: Sequence[str] = (),
-                 start_timeout: float = 120.0):
-        self.threads_per_pool = threads_per_pool
-        self.preload = tuple(preload)
-        self.start_timeout = start_timeout
-        self._lock = threading.Lock()
-        self._free: dict[Any, list[RankPool]] = {}
-        self._all: list[RankPool] = []
-        self._closed = False
-
-    @contextlib.contextmanager
-    def lease(self, world_size: int = 1, env: EnvSpec = None) -> Iterator[RankPool]:
-        key = (world_size, _freeze_env(env))
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("this PoolSet is closed")
-            free = self._free.get(key)
-            pool = free.pop() if free else None
-            if pool is None:
-                pool = RankPool(world_size, env, self.threads_per_pool, preload=self.preload,
-                                start_timeout=self.start_timeout)
-                self._all.append(pool)
-        try:
-            yield pool
-        finally:
-            with self._lock:
-                if self._closed or pool._closed:
-                    pool.close()
-                    if pool in self._all:
-                        self._all.remove(pool)
-                else:
-                    self._free.setdefault(key, []).append(pool)
-
-    def close_idle(self) -> int:
-        """Close every pool that is not leased (frees their processes and GPU memory)."""
-        with self._lock:
-            idle = [p for pools in self._free.values() for p in pools]
-            self._free.clear()
-            self._all = [p for p in self._all if p not in idle]
-        for pool in idle:
-            pool.close()
-        return len(idle)
-
-    def close(self) -> None:
-        """Close every pool, leased ones included (their calls end as crashes)."""
-        with self._lock:
-            self._closed = True
-            pools, self._all = self._all, []
-            self._free.clear()
-        for pool in pools:
-            pool.close()
-
-    def __len__(self) -> int:
-        return len(self._all)
-
-
-_default: Optional[PoolSet] = None
-_default_lock = threading.Lock()
-
-
-def get_default_poolset() -> PoolSet:
-    """This process's PoolSet, created on first use and closed at interpreter exit (outside a
-    Dask worker: a worker's pools are its plugin's). Set its ``threads_per_pool`` before the
-    first lease to give ranks a torch thread count."""
-    global _default
-    with _default_lock:
-        if _default is None or _default._closed:
-            _default = PoolSet()
-            atexit.register(_default.close)
-        return _default
+# PoolSet and get_default_poolset moved to attnbench.execution.pool_set (this module had
+# reached its size limit); the old names still import, with a DeprecationWarning.
+__getattr__ = package_face(__name__, {}, moved={
+    "PoolSet": "attnbench.execution.pool_set",
+    "get_default_poolset": "attnbench.execution.pool_set"})[1]

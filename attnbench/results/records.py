@@ -102,6 +102,9 @@ NOT_JUDGED_VERDICTS = tuple(v for v in RAN_VERDICTS if v not in JUDGED_VERDICTS)
 """Ran to the end without an accuracy verdict (``accuracy: false``)."""
 DIED_VERDICTS = tuple(v for v in BAD_VERDICTS if v not in RAN_VERDICTS)
 """error, crash, timeout, oom, lost: the case did not run to the end, so it has no result."""
+NOT_RUN_VERDICTS = tuple(v for v in VERDICTS if v not in RAN_VERDICTS + DIED_VERDICTS)
+"""unsupported, skipped: the case never started (its backend refused it; no connected worker
+could run it). A run whose every case is one of these ran nothing (:mod:`~.outcome`)."""
 TENSORS = ("out", "dq", "dk", "dv")
 CHECKS = ("reference", "baseline_ratio", "identity", "nonfinite", "determinism", "parity",
           "dropout", "dropout_independence", "ranks_mask_replay", "lse")

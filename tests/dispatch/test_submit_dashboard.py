@@ -5,6 +5,7 @@ report package) cannot draw it, so ``attach`` draws it when it sees the driver f
 from attnbench import cli
 from attnbench.dispatch.driver_state import write_state
 from attnbench.report.commands import write_report
+from attnbench.results.records import make_record
 from attnbench.results.store import RunStore
 from attnbench.sweep.load import parse_sweep
 
@@ -12,8 +13,13 @@ SWEEP = "name: done\naxes: {backend: [naive]}\n"
 
 
 def _run(tmp_path, state: str):
+    """A run whose one case passed (a finished run with no record ran nothing: exit 3,
+    tests/end_to_end/test_nothing_ran.py)."""
     run = tmp_path / "run"
-    RunStore(run, parse_sweep(SWEEP, "done.yaml"), command=["test"]).close()
+    sweep = parse_sweep(SWEEP, "done.yaml")
+    store = RunStore(run, sweep, command=["test"])
+    store.append(make_record(sweep.cases[0], verdict="pass"))
+    store.close()
     write_state(run, {"state": state, "submission": "s1", "written": 1})
     return run
 
@@ -53,3 +59,16 @@ def test_status_of_a_finished_run_with_its_dashboard_names_the_page(tmp_path, ca
     assert cli.main(["status", str(run)]) == 0
     out = capsys.readouterr().out
     assert f"dashboard: {run}/dashboard/index.html" in out and "attnbench attach" not in out
+
+
+def test_attach_of_a_finished_run_that_ran_nothing_draws_nothing_and_exits_3(tmp_path, capsys):
+    run, drawn = tmp_path / "run", []
+    sweep = parse_sweep(SWEEP, "done.yaml")
+    store = RunStore(run, sweep, command=["test"])
+    store.append(make_record(sweep.cases[0], verdict="skipped", reason="no workers connected"))
+    store.close()
+    write_state(run, {"state": "finished", "submission": "s1", "written": 1})
+    assert _attach(run, drawn) == 3 and drawn == []
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        "attnbench: nothing ran: 1 case skipped, no connected worker can run it (no workers "
+        "connected)")

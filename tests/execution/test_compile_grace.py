@@ -37,3 +37,14 @@ def test_a_compile_that_never_ends_still_times_out(pool, monkeypatch):
     outcome = pool.run(FN, {"compile_s": 30.0}, timeout=60.0)
     assert outcome.kind == "timeout" and outcome.summary.startswith("still compiling after 1 s")
     assert outcome.wall_s < 15.0, outcome  # not the 30 s sleep, nor the 60 s timeout
+
+
+def test_the_caller_hears_when_the_compile_starts_and_ends(pool):
+    """What the worker passes on to the client's progress line ("compiling <case>")."""
+    heard = []
+    outcome = pool.run(FN, {"compile_s": 0.3, "work_s": 0.1}, timeout=10.0,
+                       on_compile=heard.append)
+    assert outcome.kind == "ok" and heard == [True, False]
+    # A listener that raises never stops the case.
+    outcome = pool.run(FN, {"compile_s": 0.1}, timeout=10.0, on_compile=lambda start: 1 / 0)
+    assert outcome.kind == "ok", outcome

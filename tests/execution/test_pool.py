@@ -18,7 +18,8 @@ import pytest
 
 from attnbench.errors import is_oom
 from attnbench.execution.child import write_message
-from attnbench.execution.pool import PoolSet, RankPool
+from attnbench.execution.pool import RankPool
+from attnbench.execution.pool_set import PoolSet
 from attnbench.execution.ranks import FrameReader
 
 from helpers import alive

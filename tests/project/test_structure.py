@@ -78,7 +78,8 @@ CLIENT_MAY_REACH = {
     "attnbench.backends", "attnbench.backends.base", "attnbench.backends.capabilities",
     "attnbench.backends.importable",  # can a worker import a module:object backend (no import)
     "attnbench.backends.source_names",  # the names its source binds, read (never run)
-    "attnbench.execution", "attnbench.execution.pool", "attnbench.execution.ranks",
+    "attnbench.execution", "attnbench.execution.pool", "attnbench.execution.pool_set",
+    "attnbench.execution.ranks",
     "attnbench.execution.child",  # a worker's rank pools (the ranks are other processes)
     "attnbench.execution.call_clock",  # the pool's deadline, stopped while a rank compiles
 }

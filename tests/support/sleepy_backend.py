@@ -6,7 +6,8 @@ Named in sweeps as ``sleepy_backend:Sleepy`` (or ``sleepy_backend:make``, the sa
 instantiates nothing else; importing this module imports no torch: only creating a
 :class:`Sleepy` does, in a rank process.
 ``SLEEPY_S`` sets the sleep (default 0.3 s); ``SLEEPY_LOG``, when set, names a file that gets one
-line ``<pid> <time>`` at the start of every forward (to see which rank process runs a case).
+line ``<pid> <time>`` at the start of every forward (to see which rank process runs a case);
+``SLEEPY_COMPILE_S`` adds that many seconds inside ``compiling()`` to every forward.
 """
 
 import os
@@ -35,6 +36,12 @@ class Sleepy:
         if path:
             with open(path, "a") as fh:
                 fh.write(f"{os.getpid()} {time.time():.3f}\n")
+        compile_s = float(os.environ.get("SLEEPY_COMPILE_S", "0"))
+        if compile_s:  # as a torch.compile'd backend's first call: the worker tells the client
+            from attnbench.backends.base import compiling
+
+            with compiling():
+                time.sleep(compile_s)
         time.sleep(float(os.environ.get("SLEEPY_S", "0.3")))
         return self._naive.forward(q, k, v, spec)
 
