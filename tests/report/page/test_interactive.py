@@ -34,7 +34,7 @@ def test_the_report_writes_and_links_an_interactive_page(base, tiny):
     assert {p["y_label"] for p in plots} >= {"relative L2 error vs fp64"}
     timed = [p for p in plots if p["y_zero"]]
     assert timed, "no throughput plot"
-    points = timed[0]["series"][0]["points"]
+    points = timed[0]["series"][0]["parts"][0]["points"]
     assert {"label", "id", "verdict", "x", "y", "ms"} <= set(points)
     assert len(points["label"]) == len(points["y"]) > 0
 
