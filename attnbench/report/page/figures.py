@@ -112,6 +112,18 @@ def mpl_text(value: Any) -> str:
     return str(value).replace("$", r"\$")
 
 
+CHAR_WIDTH_EM = 0.6
+"""The width of an average character of the report's sans-serif font, in ems (DejaVu Sans:
+0.55-0.63 for lower-case and digits); wrapping at it keeps a line inside its width."""
+
+
+def wrap_text(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` broken at words into lines that fit ``width_in`` inches at ``fontsize`` points,
+    never cut: a title longer than its figure lost its end (issue 40)."""
+    chars = max(12, int(width_in * 72 / (fontsize * CHAR_WIDTH_EM)))
+    return "\n".join(textwrap.wrap(text, chars, break_on_hyphens=False)) or text
+
+
 def save_figure(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFile:
     # Titles and legends may carry backend names or case strings from records: escape "$"
     # everywhere (tick labels set from data are escaped where they are set).
@@ -120,6 +132,12 @@ def save_figure(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFil
         if "$" in raw and "\\$" not in raw and not raw.startswith("$\\mathdefault"):
             text.set_text(mpl_text(raw))
     plain_log_ticks(fig)
+    # A figure's title wrapped to its width (every figure: panels, the compare page): a long
+    # facet or run name ran past both edges and lost its ends (issue 40).
+    title = fig._suptitle
+    if title is not None and title.get_text():
+        title.set_text(wrap_text(title.get_text(), fig.get_figwidth() - 0.2,
+                                 title.get_fontsize()))
     # Lay the figure out once, at the PNG's dpi, and keep that layout for both files: savefig
     # with any layout engine (even the placeholder left by set_layout_engine("none")) draws the
     # whole figure an extra time per format before drawing it for real.
@@ -178,9 +196,10 @@ class PlainLogFormatter(LogFormatter):
 def plain_log_ticks(fig: Figure) -> None:
     """Swap the default mathtext formatters of every log axis (colorbars too) for plain text,
     and thin its minor ticks: none on an axis spanning 100x or more (a label at every power of
-    ten is enough), at 2, 3, 4, 6 otherwise (those the formatter labels when a narrow axis
-    shows few powers of ten). Each tick is several artists, laid out twice and drawn once per
-    format: the 8 default minor ticks per decade dominate a small figure."""
+    ten is enough), at 2 and 4 on one spanning 10x or more (evenly spaced in log), at 2, 3, 4,
+    6 on a narrower one (those the formatter labels when a narrow axis shows few powers of
+    ten). Each tick is several artists, laid out twice and drawn once per format: the 8
+    default minor ticks per decade dominate a small figure."""
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             if axis.get_scale() != "log" or type(axis.get_minor_locator()) is not LogLocator:
@@ -189,7 +208,9 @@ def plain_log_ticks(fig: Figure) -> None:
             if lo > 0 and hi / lo >= 100:
                 axis.set_minor_locator(NullLocator())
             elif axis.get_transform().base == 10:
-                axis.set_minor_locator(LogLocator(10, subs=(2.0, 3.0, 4.0, 6.0)))
+                # past 10x, 2, 3, 4, 6 put eight labels in 1.8 decades, 0.03 on 0.04 (issue 40)
+                subs = (2.0, 4.0) if lo > 0 and hi / lo >= 10 else (2.0, 3.0, 4.0, 6.0)
+                axis.set_minor_locator(LogLocator(10, subs=subs))
             for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
                              (axis.get_minor_formatter, axis.set_minor_formatter)):
                 f = get()
@@ -310,23 +331,11 @@ def legend_below(fig: Figure, handles: list, labels: list[str], title: str | Non
                    frameon=False, title=title)
 
 
-CHAR_WIDTH_EM = 0.6
-"""The width of an average character of the report's sans-serif font, in ems (DejaVu Sans:
-0.55-0.63 for lower-case and digits); wrapping at it keeps a line inside its width."""
-
-
-def wrap_text(text: str, width_in: float, fontsize: float) -> str:
-    """``text`` broken at words into lines that fit ``width_in`` inches at ``fontsize`` points,
-    never cut: a title longer than its figure lost its end (issue 40)."""
-    chars = max(12, int(width_in * 72 / (fontsize * CHAR_WIDTH_EM)))
-    return "\n".join(textwrap.wrap(text, chars, break_on_hyphens=False)) or text
-
-
 def finish_figure(fig: Figure, ctx: Context, stem: str, caption: str, *, title: str,
                   legend: dict[str, Any]) -> FigureFile:
-    """Title the figure (wrapped to its width), put ``legend`` (label -> handle) below it, and
-    save it."""
-    fig.suptitle(wrap_text(title, fig.get_figwidth() - 0.2, 10), fontsize=10, fontweight="bold")
+    """Title the figure (:func:`save_figure` wraps it to its width), put ``legend`` (label ->
+    handle) below it, and save it."""
+    fig.suptitle(title, fontsize=10, fontweight="bold")
     legend_below(fig, list(legend.values()), list(legend))
     return save_figure(fig, ctx, stem, caption)
 
@@ -340,10 +349,14 @@ def cap_note(panel: Panel, hidden: int, what: str, needed: int | None = None, *,
     cap = panel["max_figures"]
     return (f"{hidden} more {what} not drawn" + (f" ({named})" if named else "") +
             f": this panel draws at most max_figures={cap}. To draw them all, set "
-            f"max_figures: {needed or cap + hidden} in this panel of a dashboard file (a copy of "
-            "dashboards/default.yaml) and pass it with attnbench report RUN --dashboard FILE; "
-            "or keep the ones you want with this panel's filter: / exclude:"
+            f"max_figures: {needed or cap + hidden} {IN_A_DASHBOARD}; or keep the ones you want "
+            "with this panel's filter: / exclude:"
             + (f" (for example {example})" if example else "") + ".")
+
+
+IN_A_DASHBOARD = ("in this panel of a dashboard file (a copy of dashboards/default.yaml) and "
+                  "pass it with attnbench report RUN --dashboard FILE")
+"""Where a panel option is set, as a note says it."""
 
 
 OTHER_LENGTH = {"seqlen_q": "seqlen_kv", "seqlen_kv": "seqlen_q"}

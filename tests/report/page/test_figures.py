@@ -69,3 +69,21 @@ def test_the_cap_note_names_the_option_its_value_and_the_flag():
     assert note.startswith("5 more facets not drawn: this panel draws at most max_figures=3.")
     assert "set max_figures: 8 in this panel" in note
     assert "attnbench report RUN --dashboard FILE" in note and "filter:" in note
+
+
+def test_log_tick_labels_are_spread_on_an_axis_under_two_decades(tmp_path):
+    """An error axis from 0.0015 to 0.09 (the smoke run's bf16 errors) was labelled 0.002,
+    0.003, 0.004, 0.006, 0.01, 0.02, 0.03, 0.04, 0.06: 0.03 on 0.04 (fails on the old code,
+    a ratio of 1.33 between labels); now each label is at least twice the one before."""
+    fig = new_figure(3.0, 3.0)
+    ax = fig.add_subplot()
+    ax.set_yscale("log")
+    ax.plot([0, 1], [0.0015, 0.09])
+    ax.set_ylim(0.0015, 0.09)
+    finish_figure(fig, Context(out_dir=tmp_path), "ticks", "", title="", legend={})
+    renderer = fig.canvas.get_renderer()
+    shown = sorted(t.get_loc() for t in ax.yaxis.get_major_ticks() + ax.yaxis.get_minor_ticks()
+                   if t.label1.get_visible() and t.label1.get_text()
+                   and 0.0015 <= t.get_loc() <= 0.09 and t.label1.get_window_extent(renderer).width)
+    assert len(shown) >= 4, shown
+    assert all(b / a >= 1.99 for a, b in zip(shown, shown[1:])), shown

@@ -89,7 +89,8 @@ def test_lines_join_only_cases_of_one_length_shape():
     from attnbench.report.page.interactive import _median_lines
 
     rows = pd.DataFrame({"backend": ["a"] * 5, "features": ["MHA"] * 5,
-                         "seqlen_q": [96, 128, 256, 96, 192], "seqlen_kv": [256, 128, 256, 512, 512],
+                         "seqlen_q": [96, 128, 256, 96, 192],
+                         "seqlen_kv": [256, 128, 256, 512, 512],
                          "tflops": [1.0, 2.0, 3.0, 4.0, 5.0]})
     lines = _median_lines(rows, ["backend", "features"], "seqlen_q", "tflops", 1.0)
     assert sorted((line["x"], line["y"]) for line in lines[("a", "MHA")]) == [

@@ -13,7 +13,7 @@ import math
 
 from attnbench.report.page.dashboard import Panel
 from attnbench.report.read.data import Run
-from attnbench.report.page.figures import (TENSOR_LABELS, Context, PanelOutput, cap_note,
+from attnbench.report.page.figures import (IN_A_DASHBOARD, TENSOR_LABELS, Context, PanelOutput,
                                            finish_figure, fmt_len, new_figure, plain_log_ticks,
                                            wrap_text)
 from attnbench.report.page.style import VERDICT_COLORS
@@ -69,9 +69,12 @@ def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                      "baseline's error).")
     shown = fitted[:panel["max_figures"] * COLUMNS]
     if len(fitted) > len(shown):
-        out.notes.append(cap_note(panel, len(fitted) - len(shown),
-                                  f"flatter series (max_figures counts rows of {COLUMNS})",
-                                  math.ceil(len(fitted) / COLUMNS)))
+        # not cap_note: this panel reads the run's series, not its filter:, and a figure of
+        # every series of a big run would be hundreds of subplots
+        out.notes.append(f"{len(fitted) - len(shown)} flatter series not drawn: this panel "
+                         f"draws at most max_figures={panel['max_figures']} rows of {COLUMNS} "
+                         "series, findings first. To draw more, raise max_figures "
+                         f"{IN_A_DASHBOARD}; attnbench show RUN lists every finding.")
     # the same series on two GPU kinds would have two subplots of one title
     gpus = {_gpu(t) for t in shown}
     rows = math.ceil(len(shown) / COLUMNS)
