@@ -242,6 +242,19 @@ HIDE_FIRST_SERIES = """(function () { const p = window.attnbenchPlots[0];
     const hidden = shown();
     for (const r of legend.items[0].renderers) r.visible = true;
     return [before, hidden, shown(), p.spec.series[0].parts.length]; })()"""
+# ... and on the first plot with a features legend, a click on the first feature combination:
+# its points go in every series.
+HIDE_FIRST_FEATURE = """(function () {
+    const p = window.attnbenchPlots.find(p => p.spec.features.length);
+    const legend = p.view.model.below.find(r => r.type === 'Legend');
+    const shown = () => p.view.model.renderers.filter(r => r.data_source.data.label
+        && r.visible).length;
+    const before = shown();
+    for (const r of legend.items[0].renderers) r.visible = false;
+    const hidden = shown();
+    for (const r of legend.items[0].renderers) r.visible = true;
+    const parts = p.spec.series.map(s => s.parts.filter(q => q.feature === 0).length);
+    return [before, hidden, shown(), parts.reduce((a, b) => a + b, 0)]; })()"""
 # The major ticks the last plot's (an error plot's) log y axis puts on 0.0015 .. 0.09, and
 # whether its grid uses that ticker.
 LOG_TICKS = """(function () { const m = window.attnbenchPlots.at(-1).view.model;
@@ -303,6 +316,8 @@ def test_interactive_page_hover_shows_a_case_and_its_numbers(browser, reports):
     assert {side for side, _ in legends} <= {"right", "below"}, legends
     before, hidden, shown, parts = browser.js(HIDE_FIRST_SERIES)
     assert hidden == before - parts and shown == before, (before, hidden, shown, parts)
+    before, hidden, shown, parts = browser.js(HIDE_FIRST_FEATURE)
+    assert parts and hidden == before - parts and shown == before, (before, hidden, shown, parts)
     browser.screenshot(runs.artifacts_dir() / "interactive-hover.png")
     _, error_text = _hover(browser, plots - 1)  # an error plot: the case's bound in the hover
     assert "rel. L2 error" in error_text and "bound" in error_text
