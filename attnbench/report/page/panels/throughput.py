@@ -141,16 +141,30 @@ def _memory_notes(df: pd.DataFrame, series_col: str, dirs: list[str]) -> list[st
 
 def _spread(curves: list, cap: int) -> list[int]:
     """Indices of at most ``cap`` facets, taken in turn from each value of the leading facets
-    (GPU kind x dtype), so that a capped page still shows every GPU kind and dtype."""
+    (GPU kind x dtype), so that a capped page still shows every GPU kind and dtype; within one,
+    in turn from each attention kind (the first word of a feature combination: MHA, GQA, MQA),
+    so that the MQA plots, last by name, are not the ones always left out (issue 40)."""
     groups: dict[tuple, list[int]] = {}
     for i, (key, _) in enumerate(curves):
         groups.setdefault(facet_key(key[:-1]), []).append(i)
-    order, queues = [], list(groups.values())
+    order, queues = [], [_by_attention_kind(q, curves) for q in groups.values()]
     while len(order) < cap and any(queues):
         for q in queues:
             if q and len(order) < cap:
                 order.append(q.pop(0))
     return sorted(order)
+
+
+def _by_attention_kind(indices: list[int], curves: list) -> list[int]:
+    """``indices`` interleaved by the first word of their last facet: MHA causal, MQA causal,
+    MHA none, MQA none (not MHA causal, MHA none, MQA causal, ...)."""
+    seen: dict[str, int] = {}
+    rank = {}
+    for i in indices:
+        word = (facet_key(curves[i][0][-1:]) or ("",))[0].split(" ")[0]
+        rank[i] = seen.get(word, 0)
+        seen[word] = rank[i] + 1
+    return sorted(indices, key=lambda i: (rank[i], i))
 
 
 def _filter_example(panel: Panel, key: tuple, facets: list[str]) -> str:

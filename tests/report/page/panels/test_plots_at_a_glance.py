@@ -144,3 +144,15 @@ def test_a_capped_panel_says_how_to_draw_the_rest(synthetic, tmp_path):
     note = next(n for n in out.notes if "not drawn" in n)
     assert "max_figures=1" in note and "max_figures: 2" in note, note
     assert "--dashboard" in note and "dashboards/default.yaml" in note and "filter:" in note
+
+
+def test_a_capped_throughput_panel_takes_each_attention_kind_in_turn(synthetic, tmp_path,
+                                                                     drawn):
+    """Four line plots of eight (MHA/MQA x causal/none x two GPU kinds): the old spread took
+    the first two by name of each GPU kind, MHA causal and MHA none, and never an MQA plot
+    (fails on the old code)."""
+    out, _ = _draw(synthetic["mixed"], tmp_path, {
+        "kind": "throughput", "max_figures": 4, "filter": {"world_size": [1]}})
+    lines = sorted(stem.split("-", 2)[-1] for stem in drawn if "-bars-" not in stem)
+    assert lines == ["a100-bf16-mha-causal", "a100-bf16-mqa-causal", "h100-bf16-mha-causal",
+                     "h100-bf16-mqa-causal"], lines
