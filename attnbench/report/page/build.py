@@ -63,7 +63,9 @@ def render(run: Run, dashboard: Dashboard, outputs: list[PanelOutput],
     nav += [(o.panel.slug, o.panel.title.split(":")[0]) for o in outputs]
     nav += [("failures", "Failures"), ("all-records", "All records")]
     body = [summary_section(run, dashboard)]
-    body += [_with_link(panel_section(o), o) if interactive and o.panel.kind in INTERACTIVE
+    # a panel with nothing drawn has no section on the interactive page to link to
+    body += [_with_link(panel_section(o), o)
+             if interactive and o.panel.kind in INTERACTIVE and o.figures
              else panel_section(o) for o in outputs]
     body.append(failures_section(run))
     body.append(records_section(run, dashboard))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -27,7 +28,8 @@ from matplotlib.ticker import (FuncFormatter, LogFormatter, LogFormatterSciNotat
                                NullLocator)
 
 from attnbench.report.page.dashboard import Panel
-from attnbench.report.page.style import BACKEND_PALETTE, backend_colors
+from attnbench.report.page.style import (BACKEND_PALETTE, SERIES_LINESTYLES, SERIES_MARKERS,
+                                         backend_colors)
 from attnbench.results.files import write_atomic
 
 TENSOR_LABELS = {"out": "out", "dq": "dQ", "dk": "dK", "dv": "dV",
@@ -83,6 +85,15 @@ class Context:
             self.colors[key] = free[0] if free else BACKEND_PALETTE[n]
         return self.colors[key]
 
+    def style(self, value: Any) -> dict[str, Any]:
+        """``color``, ``marker`` and ``ls`` (keywords of ``ax.plot``) of a series: colours of a
+        page look alike past five or six lines (olive and gold, navy and blue), so each series
+        has its own marker too, and a line style of its own past the palette's ten colours."""
+        color = self.color(value)
+        i = list(self.colors).index(str(value))
+        return {"color": color, "marker": SERIES_MARKERS[i % len(SERIES_MARKERS)][0],
+                "ls": SERIES_LINESTYLES[(i // len(BACKEND_PALETTE)) % len(SERIES_LINESTYLES)]}
+
 
 # ------------------------------------------------------------------------------------------
 # figures: create, save, log ticks
@@ -101,6 +112,18 @@ def mpl_text(value: Any) -> str:
     return str(value).replace("$", r"\$")
 
 
+CHAR_WIDTH_EM = 0.6
+"""The width of an average character of the report's sans-serif font, in ems (DejaVu Sans:
+0.55-0.63 for lower-case and digits); wrapping at it keeps a line inside its width."""
+
+
+def wrap_text(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` broken at words into lines that fit ``width_in`` inches at ``fontsize`` points,
+    never cut: a title longer than its figure lost its end (issue 40)."""
+    chars = max(12, int(width_in * 72 / (fontsize * CHAR_WIDTH_EM)))
+    return "\n".join(textwrap.wrap(text, chars, break_on_hyphens=False)) or text
+
+
 def save_figure(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFile:
     # Titles and legends may carry backend names or case strings from records: escape "$"
     # everywhere (tick labels set from data are escaped where they are set).
@@ -109,6 +132,12 @@ def save_figure(fig: Figure, ctx: Context, stem: str, caption: str) -> FigureFil
         if "$" in raw and "\\$" not in raw and not raw.startswith("$\\mathdefault"):
             text.set_text(mpl_text(raw))
     plain_log_ticks(fig)
+    # A figure's title wrapped to its width (every figure: panels, the compare page): a long
+    # facet or run name ran past both edges and lost its ends (issue 40).
+    title = fig._suptitle
+    if title is not None and title.get_text():
+        title.set_text(wrap_text(title.get_text(), fig.get_figwidth() - 0.2,
+                                 title.get_fontsize()))
     # Lay the figure out once, at the PNG's dpi, and keep that layout for both files: savefig
     # with any layout engine (even the placeholder left by set_layout_engine("none")) draws the
     # whole figure an extra time per format before drawing it for real.
@@ -167,9 +196,10 @@ class PlainLogFormatter(LogFormatter):
 def plain_log_ticks(fig: Figure) -> None:
     """Swap the default mathtext formatters of every log axis (colorbars too) for plain text,
     and thin its minor ticks: none on an axis spanning 100x or more (a label at every power of
-    ten is enough), at 2, 3, 4, 6 otherwise (those the formatter labels when a narrow axis
-    shows few powers of ten). Each tick is several artists, laid out twice and drawn once per
-    format: the 8 default minor ticks per decade dominate a small figure."""
+    ten is enough), at 2 and 4 on one spanning 10x or more (evenly spaced in log), at 2, 3, 4,
+    6 on a narrower one (those the formatter labels when a narrow axis shows few powers of
+    ten). Each tick is several artists, laid out twice and drawn once per format: the 8
+    default minor ticks per decade dominate a small figure."""
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             if axis.get_scale() != "log" or type(axis.get_minor_locator()) is not LogLocator:
@@ -178,7 +208,9 @@ def plain_log_ticks(fig: Figure) -> None:
             if lo > 0 and hi / lo >= 100:
                 axis.set_minor_locator(NullLocator())
             elif axis.get_transform().base == 10:
-                axis.set_minor_locator(LogLocator(10, subs=(2.0, 3.0, 4.0, 6.0)))
+                # past 10x, 2, 3, 4, 6 put eight labels in 1.8 decades, 0.03 on 0.04 (issue 40)
+                subs = (2.0, 4.0) if lo > 0 and hi / lo >= 10 else (2.0, 3.0, 4.0, 6.0)
+                axis.set_minor_locator(LogLocator(10, subs=subs))
             for get, put in ((axis.get_major_formatter, axis.set_major_formatter),
                              (axis.get_minor_formatter, axis.set_minor_formatter)):
                 f = get()
@@ -281,19 +313,85 @@ def slug(text: str) -> str:
     return keep.strip("-")[:60] or "all"
 
 
+LEGEND_COLUMNS = 6  # entries in one row of a legend under the axes, at most
+
+
+def legend_columns(n: int) -> int:
+    """Columns for ``n`` legend entries: at most LEGEND_COLUMNS, rows filled evenly (7 entries
+    are 4 + 3, not 6 + a lone last entry that reads as a caption)."""
+    rows = math.ceil(n / LEGEND_COLUMNS)
+    return max(1, math.ceil(n / rows)) if n else 1
+
+
 def legend_below(fig: Figure, handles: list, labels: list[str], title: str | None = None) -> None:
-    """One legend under the axes, up to six columns wide; none without handles."""
+    """One legend under the axes (outside them: it never covers data), its rows filled evenly;
+    none without handles."""
     if handles:
-        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), 6),
+        fig.legend(handles, labels, loc="outside lower center", ncols=legend_columns(len(handles)),
                    frameon=False, title=title)
 
 
 def finish_figure(fig: Figure, ctx: Context, stem: str, caption: str, *, title: str,
                   legend: dict[str, Any]) -> FigureFile:
-    """Title the figure, put ``legend`` (label -> handle) below it, and save it."""
+    """Title the figure (:func:`save_figure` wraps it to its width), put ``legend`` (label ->
+    handle) below it, and save it."""
     fig.suptitle(title, fontsize=10, fontweight="bold")
     legend_below(fig, list(legend.values()), list(legend))
     return save_figure(fig, ctx, stem, caption)
+
+
+def cap_note(panel: Panel, hidden: int, what: str, needed: int | None = None, *,
+             named: str = "", example: str = "") -> str:
+    """The note for ``hidden`` ``what`` a panel did not draw past its ``max_figures``: which
+    option, and how to raise it or pick the ones wanted (issue 40: "a note says so, not how to
+    get them"). ``needed``: the ``max_figures`` that draws them all; ``named``: which ones;
+    ``example``: a ``filter:`` line that brings one back."""
+    cap = panel["max_figures"]
+    return (f"{hidden} more {what} not drawn" + (f" ({named})" if named else "") +
+            f": this panel draws at most max_figures={cap}. To draw them all, set "
+            f"max_figures: {needed or cap + hidden} {IN_A_DASHBOARD}; or keep the ones you want "
+            "with this panel's filter: / exclude:"
+            + (f" (for example {example})" if example else "") + ".")
+
+
+IN_A_DASHBOARD = ("in this panel of a dashboard file (a copy of dashboards/default.yaml) and "
+                  "pass it with attnbench report RUN --dashboard FILE")
+"""Where a panel option is set, as a note says it."""
+
+
+OTHER_LENGTH = {"seqlen_q": "seqlen_kv", "seqlen_kv": "seqlen_q"}
+"""The length that is not on a length axis: a case whose other length differs (Sq != Sk) is
+not a point of the Sq = Sk line."""
+_SHORT_LENGTH = {"seqlen_q": "Sq", "seqlen_kv": "Sk"}
+
+
+def length_lines(df: pd.DataFrame, x: str):
+    """(label, rows) per line a length axis ``x`` may join: the cases with seqlen_q ==
+    seqlen_kv (label ""), then those with Sq != Sk, one line per value of the other length
+    (label "Sk=4k"). A 96 x 256 case joined to the 128 x 128 line read as "slower at
+    96" (issue 40). Other axes: one line of all rows."""
+    other = OTHER_LENGTH.get(x)
+    if other is None or other not in df or x not in df:
+        yield "", df
+        return
+    square = (df[other] == df[x]).to_numpy() | df[other].isna().to_numpy()
+    if square.any():
+        yield "", df[square]
+    rest = df[~square]
+    for value, rows in rest.groupby(other, sort=True):
+        yield f"{_SHORT_LENGTH[other]}={fmt_len(value)}", rows
+
+
+def mark_other_lengths(ax, lines: dict[str, tuple[list, list]]) -> None:
+    """Write each Sq != Sk line's label beside its last point (the highest where several
+    series end there), once per label: the legend says only that dashed lines are Sq != Sk."""
+    for label, (xs, ys) in lines.items():
+        if xs:
+            ax.annotate(label, (xs[-1], ys[-1]), xytext=(4, 3), textcoords="offset points",
+                        fontsize=7, color="#444444")
+
+
+OTHER_LENGTH_LEGEND = "dashed or lone: Sq ≠ Sk (labelled)"
 
 
 def natural_key(s: str) -> list[int | str]:

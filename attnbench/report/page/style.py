@@ -49,6 +49,12 @@ CLASS_COLORS: dict[str, str] = {
 # never read as a verdict.
 BACKEND_PALETTE = ("#1f77b4", "#e377c2", "#17becf", "#9a9b1c", "#393b79", "#c9a227",
                    "#8c8cd9", "#2a6f97", "#b5679e", "#5c6b2f")
+# ... and a marker each (matplotlib's name, bokeh's), since some of those colours look alike on
+# a thin line (olive and gold, navy and blue); 7 markers against 10 colours: the first 70
+# series of a page differ in the pair.
+SERIES_MARKERS = (("o", "circle"), ("s", "square"), ("^", "triangle"), ("D", "diamond"),
+                  ("v", "inverted_triangle"), ("h", "hex"), ("*", "star"))
+SERIES_LINESTYLES = ("-", "-.", ":")  # a series past the palette's ten colours: the next style
 
 RC = {
     "font.size": 9,

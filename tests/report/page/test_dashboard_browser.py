@@ -231,6 +231,39 @@ DEEP_IMAGES = """(function count(node) { let n = node.querySelectorAll('img[src=
     return n; })(document)"""
 
 
+# What a click on the first series' legend entry does (click_policy "hide": each renderer of
+# the entry made invisible): the points of that series go, the others stay; then undone.
+HIDE_FIRST_SERIES = """(function () { const p = window.attnbenchPlots[0];
+    const legend = p.view.model.right.find(r => r.type === 'Legend');
+    const shown = () => p.view.model.renderers.filter(r => r.data_source.data.label
+        && r.visible).length;
+    const before = shown();
+    for (const r of legend.items[0].renderers) r.visible = false;
+    const hidden = shown();
+    for (const r of legend.items[0].renderers) r.visible = true;
+    return [before, hidden, shown(), p.spec.series[0].parts.length]; })()"""
+# ... and on the first plot with a features legend, a click on the first feature combination:
+# its points go in every series.
+HIDE_FIRST_FEATURE = """(function () {
+    const p = window.attnbenchPlots.find(p => p.spec.features.length);
+    const legend = p.view.model.below.find(r => r.type === 'Legend');
+    const shown = () => p.view.model.renderers.filter(r => r.data_source.data.label
+        && r.visible).length;
+    const before = shown();
+    for (const r of legend.items[0].renderers) r.visible = false;
+    const hidden = shown();
+    for (const r of legend.items[0].renderers) r.visible = true;
+    const parts = p.spec.series.map(s => s.parts.filter(q => q.feature === 0).length);
+    return [before, hidden, shown(), parts.reduce((a, b) => a + b, 0)]; })()"""
+# The major ticks the last plot's (an error plot's) log y axis puts on 0.0015 .. 0.09, and
+# whether its grid uses that ticker.
+LOG_TICKS = """(function () { const m = window.attnbenchPlots.at(-1).view.model;
+    const ticker = m.left[0].ticker;
+    const grid = m.center.find(r => r.type === 'Grid' && r.dimension === 1);
+    return [ticker.get_ticks_no_defaults(0.0015, 0.09, null, 6).major,
+            grid.ticker === ticker]; })()"""
+
+
 def _open_interactive(browser: Browser, page: Path) -> int:
     """Open an interactive page, wait for every plot to be drawn; the number of plots."""
     html = page.read_text()
@@ -274,12 +307,25 @@ def test_interactive_page_hover_shows_a_case_and_its_numbers(browser, reports):
     assert "% of peak" in text and "median ms" in text
     tools = browser.js("window.attnbenchPlots[0].view.model.toolbar.tools.map(t => t.type)")
     assert {"WheelZoomTool", "BoxZoomTool", "PanTool", "HoverTool"} <= set(tools)
-    policies = browser.js("""window.attnbenchPlots.map(p => p.view.model.center
-        .filter(r => r.type === 'Legend').map(l => l.click_policy)).flat()""")
-    assert policies and set(policies) == {"hide"}  # a click on a legend entry hides it
+    legends = browser.js("""window.attnbenchPlots.map(p => ['center', 'right', 'below'].map(
+        side => p.view.model[side].filter(r => r.type === 'Legend')
+            .map(l => [side, l.click_policy])).flat()).flat()""")
+    assert legends and {policy for _, policy in legends} == {"hide"}  # a click hides an entry
+    # beside and under the plot, never over its points (issue 40: the legend covered the
+    # top-left points; it was in 'center', the data area, and this fails on it)
+    assert {side for side, _ in legends} <= {"right", "below"}, legends
+    before, hidden, shown, parts = browser.js(HIDE_FIRST_SERIES)
+    assert hidden == before - parts and shown == before, (before, hidden, shown, parts)
+    before, hidden, shown, parts = browser.js(HIDE_FIRST_FEATURE)
+    assert parts and hidden == before - parts and shown == before, (before, hidden, shown, parts)
     browser.screenshot(runs.artifacts_dir() / "interactive-hover.png")
     _, error_text = _hover(browser, plots - 1)  # an error plot: the case's bound in the hover
     assert "rel. L2 error" in error_text and "bound" in error_text
+    ticks, same_grid = browser.js(LOG_TICKS)
+    # a log axis spanning under two decades: 1-2-5 steps, not bokeh's linear 0.02, 0.03, ...
+    # 0.09 piled up at the top of the dQ and dK plots (issue 40; ratios of 1.1 there)
+    assert 3 <= len(ticks) <= 6 and all(b / a >= 2 for a, b in zip(ticks, ticks[1:])), ticks
+    assert same_grid  # grid lines at the ticks, not at the ticker the plot was made with
     assert browser.console_errors() == []
 
 

@@ -16,8 +16,9 @@ from matplotlib.lines import Line2D
 from attnbench.report.page.dashboard import Panel
 from attnbench.report.read.data import Run, apply_filter
 from attnbench.report.read.reader import MATCH_KEY
-from attnbench.report.page.figures import (DIRECTION_LABELS, Context, PanelOutput, finish_figure,
-                                      new_figure, positions, setup_x, slug)
+from attnbench.report.page.figures import (DIRECTION_LABELS, OTHER_LENGTH, OTHER_LENGTH_LEGEND,
+                                           Context, PanelOutput, finish_figure, length_lines,
+                                           new_figure, positions, setup_x, slug, wrap_text)
 from attnbench.report.page.style import verdict_label
 
 
@@ -29,6 +30,7 @@ def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     x, series, dirs = panel["x"], panel["series"], panel["directions"]
     df = apply_filter(run.frame, panel.include, panel.exclude, columns=[
         "gpu_kind", MATCH_KEY, "verdict", x, series,
+        *([OTHER_LENGTH[x]] if x in OTHER_LENGTH else []),
         *(f"{d}_{s}" for d in dirs for s in ("median_ms", "tflops", "pct_peak"))])
     kinds = sorted(k for k in df.gpu_kind.dropna().unique())
     if len(kinds) < 2:
@@ -62,10 +64,17 @@ def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                 break
             changed.append(f"{label}: {verdict_label(was)} on {baseline}, "
                            f"{verdict_label(now)} on {kind}")
-        fig = new_figure(4.2 * len(dirs) + 0.6, 3.5)
-        axes = fig.subplots(1, len(dirs), squeeze=False)[0]
+        # directions this pair timed (a forward-only run drew an empty backward panel)
+        timed = [d for d in dirs if (other[f"{d}_median_ms"].notna().to_numpy()
+                                     & b[f"{d}_median_ms"].notna().to_numpy()).any()]
+        if not timed:
+            out.notes.append(f"{kind}: no case timed on both {kind} and {baseline}.")
+            continue
+        fig = new_figure(4.2 * len(timed) + 0.6, 3.5)
+        # one y axis shared, labelled once: the right panel's label ran into the left panel
+        axes = fig.subplots(1, len(timed), squeeze=False, sharey=True)[0]
         handles: dict[str, Any] = {}
-        for ax, d in zip(axes, dirs):
+        for ax, d in zip(axes, timed):
             ratio = b[f"{d}_median_ms"].to_numpy() / other[f"{d}_median_ms"].to_numpy()
             s_all = other.assign(ratio=ratio)
             s_all = s_all[np.isfinite(s_all.ratio)]
@@ -77,15 +86,23 @@ def draw_architecture(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                 handles.setdefault("ratio of peaks",
                                    Line2D([], [], color="#888888", lw=1, ls="--"))
             for name, s in s_all.groupby(series, sort=True):
-                color = ctx.color(name)
-                ax.scatter(positions(pos, s[x]), s.ratio, s=9, color=color, alpha=0.35, lw=0)
-                med = s.groupby(x).ratio.median()
-                (line,) = ax.plot([pos(v) for v in med.index], med.values, marker="o", ms=3.5,
-                                  lw=1.5, color=color)
-                handles.setdefault(str(name), line)
+                style = ctx.style(name)
+                ax.scatter(positions(pos, s[x]), s.ratio, s=9, color=style["color"], alpha=0.35,
+                           lw=0)
+                for other_length, rows in length_lines(s, x):  # Sq != Sk: lines of their own
+                    med = rows.groupby(x).ratio.median()
+                    ax.plot([pos(v) for v in med.index], med.values, ms=3.5, lw=1.5,
+                            **{**style, "ls": "--"} if other_length else style)
+                    if other_length:
+                        handles.setdefault(OTHER_LENGTH_LEGEND,
+                                           Line2D([], [], ls="--", color="#444444", lw=1.5))
+                        ax.annotate(other_length, (pos(med.index[-1]), med.values[-1]),
+                                    xytext=(4, 3), textcoords="offset points", fontsize=7,
+                                    color="#444444")
+                handles.setdefault(str(name), Line2D([], [], ms=3.5, lw=1.5, **style))
             ax.set_title(DIRECTION_LABELS[d])
-            ax.set_ylabel(f"throughput {kind} / {baseline}")
             ax.set_ylim(bottom=0)
+        axes[0].set_ylabel(wrap_text(f"throughput ratio {kind} / {baseline}", 2.6, 9))
         out.figures.append(finish_figure(
             fig, ctx, f"{panel.slug}-{slug(kind)}-vs-{slug(baseline)}",
             f"{len(other)} cases run on both {kind} and {baseline}; above 1: {kind} is faster. "

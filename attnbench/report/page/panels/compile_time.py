@@ -18,8 +18,9 @@ import pandas as pd
 
 from attnbench.report.page.dashboard import Panel
 from attnbench.report.read.data import Run, apply_filter
-from attnbench.report.page.figures import (Context, FigureFile, PanelOutput, facet_groups, facet_title,
-                                      finish_figure, mpl_text, new_figure, slug)
+from attnbench.report.page.figures import (Context, FigureFile, PanelOutput, cap_note,
+                                           facet_groups, facet_title, finish_figure, mpl_text,
+                                           new_figure, slug)
 
 
 COMPILE_COLOR = "0.45"
@@ -56,8 +57,8 @@ def draw_compile(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         out.notes.append("Some records have no compile seconds: their Triton has no JIT "
                          "compile hooks (3.4+).")
     if len(groups) > panel["max_figures"]:
-        out.notes.append(f"{len(groups) - panel['max_figures']} more facets not drawn: this "
-                         f"panel draws at most max_figures={panel['max_figures']} (use filter:).")
+        out.notes.append(cap_note(panel, len(groups) - panel["max_figures"], "facets",
+                                  len(groups)))
     return out
 
 

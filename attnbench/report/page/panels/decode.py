@@ -16,8 +16,9 @@ import pandas as pd
 
 from attnbench.report.page.dashboard import Panel
 from attnbench.report.read.data import Run, apply_filter
-from attnbench.report.page.figures import (Context, FigureFile, PanelOutput, facet_groups, facet_title,
-                                      finish_figure, new_figure, setup_x, slug)
+from attnbench.report.page.figures import (Context, FigureFile, PanelOutput, cap_note,
+                                           facet_groups, facet_title, finish_figure, new_figure,
+                                           setup_x, slug)
 from attnbench.results.records import RAN_VERDICTS
 
 LINE_STYLES = ("-", "--", ":", "-.")
@@ -41,8 +42,8 @@ def draw_decode(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     for key, sub in groups[: panel["max_figures"]]:
         out.figures.append(_figure(panel, key, sub, ctx))
     if len(groups) > panel["max_figures"]:
-        out.notes.append(f"{len(groups) - panel['max_figures']} more facets not drawn: this "
-                         f"panel draws at most max_figures={panel['max_figures']} (use filter:).")
+        out.notes.append(cap_note(panel, len(groups) - panel["max_figures"], "facets",
+                                  len(groups)))
     if df.fwd_pct_peak_bandwidth.isna().all():
         out.notes.append("No percent-of-bandwidth axis: the device has no datasheet bandwidth "
                          "in the peak table (as on CPU, where GB/s measure the interpreter).")

@@ -13,8 +13,9 @@ import math
 
 from attnbench.report.page.dashboard import Panel
 from attnbench.report.read.data import Run
-from attnbench.report.page.figures import (TENSOR_LABELS, Context, PanelOutput, finish_figure, fmt_len,
-                                      new_figure, plain_log_ticks)
+from attnbench.report.page.figures import (IN_A_DASHBOARD, TENSOR_LABELS, Context, PanelOutput,
+                                           finish_figure, fmt_len, new_figure, plain_log_ticks,
+                                           wrap_text)
 from attnbench.report.page.style import VERDICT_COLORS
 from attnbench.report.read.trends import GROWTH_BOUND, LEVEL_BOUND, MIN_LENGTHS, SLOPE_BOUND
 from attnbench.report.read.trends import fitted as fitted_trends
@@ -28,6 +29,11 @@ SHORT_LISTED = 10  # level findings of short series listed in words
 def _finding(trend) -> bool:
     """A finding the panel shows: not one on a series that already fails that tensor."""
     return trend.finding and not trend.series.failing
+
+
+def _gpu(trend) -> str:
+    """The GPU of a series (a case field of its key; "" for records without one)."""
+    return str(dict(trend.series.key).get("gpu") or "")
 
 
 def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
@@ -63,7 +69,14 @@ def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                      "baseline's error).")
     shown = fitted[:panel["max_figures"] * COLUMNS]
     if len(fitted) > len(shown):
-        out.notes.append(f"{len(fitted) - len(shown)} flatter series not drawn.")
+        # not cap_note: this panel reads the run's series, not its filter:, and a figure of
+        # every series of a big run would be hundreds of subplots
+        out.notes.append(f"{len(fitted) - len(shown)} flatter series not drawn: this panel "
+                         f"draws at most max_figures={panel['max_figures']} rows of {COLUMNS} "
+                         "series, findings first. To draw more, raise max_figures "
+                         f"{IN_A_DASHBOARD}; attnbench show RUN lists every finding.")
+    # the same series on two GPU kinds would have two subplots of one title
+    gpus = {_gpu(t) for t in shown}
     rows = math.ceil(len(shown) / COLUMNS)
     columns = min(COLUMNS, len(shown))
     fig = new_figure(4.2 * columns, 3.0 * rows + 0.6)
@@ -72,8 +85,8 @@ def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
     for ax, trend in zip(axes.flat, shown):
         points = trend.series.by_length()
         keys = [n for n, _, _ in points]
-        color = ctx.color(trend.series.backend)
-        (own,) = ax.plot(keys, [e for _, e, _ in points], marker="o", ms=3, lw=1.5, color=color,
+        style = ctx.style(trend.series.backend)
+        (own,) = ax.plot(keys, [e for _, e, _ in points], ms=3, lw=1.5, **style,
                          label=f"{trend.series.backend}: slope {trend.backend_slope:+.2f}")
         (base,) = ax.plot(keys, [b for _, _, b in points], marker="s", ms=3, lw=1.2, ls="--",
                           color=BASELINE_COLOR,
@@ -89,9 +102,10 @@ def draw_error_trend(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         ax.set_ylim(middle / half, middle * half)
         ax.set_xlabel("keys")
         ax.set_ylabel(f"{TENSOR_LABELS[trend.series.tensor]} rel. L2 vs fp64")
-        ax.legend(handles=[own, base], fontsize=7, loc="upper left")
-        title = f"{TENSOR_LABELS[trend.series.tensor]}: {trend.series.label}"
-        ax.set_title(title if len(title) < 60 else title[:57] + "...", fontsize=8,
+        ax.legend(handles=[own, base], fontsize=7, loc="best")  # where it covers least
+        title = f"{TENSOR_LABELS[trend.series.tensor]}: {trend.series.label}" + (
+            f" · {_gpu(trend)}" if len(gpus) > 1 else "")
+        ax.set_title(wrap_text(title, 4.0, 8), fontsize=8,  # wrapped, never cut
                      color=VERDICT_COLORS["fail"] if _finding(trend) else "black")
         handles.setdefault(trend.series.backend, own)
     handles["fused baseline"] = base

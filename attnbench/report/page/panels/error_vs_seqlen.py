@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from matplotlib.lines import Line2D
+
 from attnbench.report.page.dashboard import Panel
 from attnbench.report.read.data import Run, apply_filter
-from attnbench.report.page.figures import (TENSOR_LABELS, Context, PanelOutput, facet_groups,
-                                      facet_title, finish_figure, new_figure, positions, setup_x,
-                                      slug)
+from attnbench.report.page.figures import (OTHER_LENGTH_LEGEND, TENSOR_LABELS, Context,
+                                           PanelOutput, cap_note, facet_groups, facet_title,
+                                           finish_figure, length_lines, mark_other_lengths,
+                                           new_figure, positions, setup_x, slug)
 from attnbench.report.page.style import VERDICT_COLORS
 from attnbench.results.records import RAN_VERDICTS, TENSORS
 
@@ -30,14 +33,15 @@ def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         return out
     groups = list(facet_groups(df, facets))
     if len(groups) > panel["max_figures"]:
-        out.notes.append(f"{len(groups) - panel['max_figures']} more combinations of "
-                         f"{', '.join(facets)} not drawn.")
+        out.notes.append(cap_note(panel, len(groups) - panel["max_figures"],
+                                  f"combinations of {', '.join(facets)}", len(groups)))
     for key, sub in groups[:panel["max_figures"]]:
         title = facet_title(facets, key)
         fig = new_figure(2.9 * len(tensors) + 0.4, 3.4)
         axes = fig.subplots(1, len(tensors), squeeze=False, sharey=True)[0]
         handles: dict[str, Any] = {}
         extra: dict[str, Any] = {}  # after the series in the legend
+        other_lengths = False
         for ax, t in zip(axes, tensors):
             pos = setup_x(ax, sub[x].tolist(), x)
             ax.set_yscale("log")
@@ -50,11 +54,13 @@ def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                                 color="#444444", zorder=1, ms=14,
                                 marker="_" if len(bound) == 1 else "")
                 extra.setdefault("bound (median)", bl)
+            ends: dict[str, tuple[list, list]] = {}  # Sq != Sk line -> where its label goes
             for name, s in sub.groupby(series, sort=True):
                 s = s[s[col].notna() & (s[col] > 0)]
                 if s.empty:
                     continue
-                color = ctx.color(name)
+                style = ctx.style(name)
+                color = style["color"]
                 ax.scatter(positions(pos, s[x]), s[col], s=9, color=color, alpha=0.35, lw=0)
                 failed = s[s[f"{t}_over"] > 1]
                 if len(failed):
@@ -62,16 +68,27 @@ def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
                                     facecolors="none", edgecolors=VERDICT_COLORS["fail"], lw=1.1,
                                     zorder=4)
                     extra.setdefault("over its bound", fl)
-                med = s.groupby(x)[col].median()
-                (line,) = ax.plot([pos(v) for v in med.index], med.values, marker="o", ms=3,
-                                  lw=1.5, color=color, zorder=3)
-                handles.setdefault(str(name), line)
+                for other, rows in length_lines(s, x):
+                    med = rows.groupby(x)[col].median()
+                    xs = [pos(v) for v in med.index]
+                    ax.plot(xs, med.values, ms=3, lw=1.5, zorder=3,
+                            **{**style, "ls": "--"} if other else style)
+                    if other:
+                        other_lengths = True
+                        if other not in ends or med.values[-1] > ends[other][1][-1]:
+                            ends[other] = ([xs[-1]], [float(med.values[-1])])
+                handles.setdefault(str(name), Line2D([], [], ms=3, lw=1.5, **style))
+            mark_other_lengths(ax, ends)
+        if other_lengths:
+            extra[OTHER_LENGTH_LEGEND] = Line2D([], [], ls="--", color="#444444", lw=1.5)
         handles.update(extra)
         axes[0].set_ylabel("relative L2 error vs fp64")
         out.figures.append(finish_figure(
             fig, ctx, f"{panel.slug}-{slug(title)}",
-            f"{title}: dots are cases, lines the median per {x}; dashed: the median bound; red "
-            "rings: over their own bound.",
+            f"{title}: dots are cases, lines the median per {x}; dashed grey: the median bound; "
+            "red rings: over their own bound" + ("; dashed colour: cases with seqlen_q != "
+                                                 "seqlen_kv, one line per other length "
+                                                 "(labelled)" if other_lengths else "") + ".",
             title=f"Error vs {x}: {title}" if title else f"Error vs {x}", legend=handles))
     return out
 

@@ -17,8 +17,9 @@ import pandas as pd
 
 from attnbench.dtypes import FP8_DTYPES
 from attnbench.report.page.dashboard import Panel
-from attnbench.report.page.figures import (Context, FigureFile, PanelOutput, facet_groups,
-                                           facet_title, finish_figure, mpl_text, new_figure, slug)
+from attnbench.report.page.figures import (Context, FigureFile, PanelOutput, cap_note,
+                                           facet_groups, facet_title, finish_figure, mpl_text,
+                                           new_figure, slug)
 from attnbench.report.read.data import Run, apply_filter
 from attnbench.results.records import RAN_VERDICTS
 from attnbench.sweep.case import case_fields
@@ -46,8 +47,8 @@ def draw_fp8(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         out.notes.append("On CPU the Triton kernels run in the interpreter: their speed-ups "
                          "measure it, not a GPU's fp8 tensor cores.")
     if len(groups) > panel["max_figures"]:
-        out.notes.append(f"{len(groups) - panel['max_figures']} more facets not drawn: this "
-                         f"panel draws at most max_figures={panel['max_figures']} (use filter:).")
+        out.notes.append(cap_note(panel, len(groups) - panel["max_figures"], "facets",
+                                  len(groups)))
     return out
 
 

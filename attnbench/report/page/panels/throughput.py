@@ -19,9 +19,10 @@ from matplotlib.lines import Line2D
 
 from attnbench.report.page.dashboard import Panel
 from attnbench.report.read.data import Run, apply_filter
-from attnbench.report.page.figures import (DIRECTION_LABELS, Context, FigureFile, PanelOutput,
-                                      facet_groups, facet_title, finish_figure, new_figure, setup_x,
-                                      slug)
+from attnbench.report.page.figures import (DIRECTION_LABELS, OTHER_LENGTH, OTHER_LENGTH_LEGEND,
+                                           Context, FigureFile, PanelOutput, cap_note,
+                                           facet_groups, facet_title, finish_figure, length_lines,
+                                           mark_other_lengths, new_figure, setup_x, slug)
 from attnbench.report.page.panels.throughput_bars import draw_bars
 from attnbench.report.page.panels.throughput_common import (bar_rows, facet_key, peak_axis,
                                                        throughput_stats)
@@ -40,7 +41,8 @@ def _throughput_frame(panel: Panel, run: Run) -> tuple[pd.DataFrame, pd.DataFram
     """(the panel's rows, those of them timed that ran to the end)."""
     dirs = panel["directions"]
     every = apply_filter(run.frame, panel.include, panel.exclude, columns=[
-        "id", "verdict", panel["x"], panel["series"], *panel["facets"], *_read_stats(dirs)])
+        "id", "verdict", panel["x"], panel["series"], *panel["facets"], *_read_stats(dirs),
+        *([OTHER_LENGTH[panel["x"]]] if panel["x"] in OTHER_LENGTH else [])])
     # one mask, one copy of the rows (two copies of 10^6 rows cost ~0.2 GB more)
     timed = every[[f"{d}_tflops" for d in dirs]].notna().any(axis=1)
     return every, every[every.verdict.isin(RAN_VERDICTS) & timed]
@@ -102,11 +104,9 @@ def draw_throughput(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
         hidden = [k for i, (k, _) in enumerate(curves) if i not in drawn]
         rest = [facet_title(facets, k) for k in hidden]
         shown = ", ".join(rest[:6]) + (f" and {len(rest) - 6} more" if len(rest) > 6 else "")
-        out.notes.append(
-            f"{len(rest)} more line plots not drawn ({shown}): this panel draws at most "
-            f"max_figures={cap}, a few of each {' x '.join(facets[:-1]) or 'kind'}. Pick the "
-            "ones you want in the dashboard YAML with this panel's filter: / exclude: (for "
-            f"example {_filter_example(panel, hidden[0], facets)}), or raise max_figures.")
+        out.notes.append(cap_note(
+            panel, len(rest), "line plots", len(curves), named=shown,
+            example=_filter_example(panel, hidden[0], facets)))
     if not any(df[f"{d}_pct_peak"].notna().any() for d in dirs):
         out.notes.append("No percent-of-peak axis: the device has no peak in the table "
                          "(timing.*.pct_peak is null, as on CPU).")
@@ -141,16 +141,30 @@ def _memory_notes(df: pd.DataFrame, series_col: str, dirs: list[str]) -> list[st
 
 def _spread(curves: list, cap: int) -> list[int]:
     """Indices of at most ``cap`` facets, taken in turn from each value of the leading facets
-    (GPU kind x dtype), so that a capped page still shows every GPU kind and dtype."""
+    (GPU kind x dtype), so that a capped page still shows every GPU kind and dtype; within one,
+    in turn from each attention kind (the first word of a feature combination: MHA, GQA, MQA),
+    so that the MQA plots, last by name, are not the ones always left out (issue 40)."""
     groups: dict[tuple, list[int]] = {}
     for i, (key, _) in enumerate(curves):
         groups.setdefault(facet_key(key[:-1]), []).append(i)
-    order, queues = [], list(groups.values())
+    order, queues = [], [_by_attention_kind(q, curves) for q in groups.values()]
     while len(order) < cap and any(queues):
         for q in queues:
             if q and len(order) < cap:
                 order.append(q.pop(0))
     return sorted(order)
+
+
+def _by_attention_kind(indices: list[int], curves: list) -> list[int]:
+    """``indices`` interleaved by the first word of their last facet: MHA causal, MQA causal,
+    MHA none, MQA none (not MHA causal, MHA none, MQA causal, ...)."""
+    seen: dict[str, int] = {}
+    rank = {}
+    for i in indices:
+        word = (facet_key(curves[i][0][-1:]) or ("",))[0].split(" ")[0]
+        rank[i] = seen.get(word, 0)
+        seen[word] = rank[i] + 1
+    return sorted(indices, key=lambda i: (rank[i], i))
 
 
 def _filter_example(panel: Panel, key: tuple, facets: list[str]) -> str:
@@ -169,38 +183,56 @@ def _filter_example(panel: Panel, key: tuple, facets: list[str]) -> str:
 
 def _throughput_lines(panel: Panel, key: tuple, sub: pd.DataFrame, ctx: Context,
                       unit_scale: float, unit: str) -> FigureFile:
-    x, series, facets, dirs = panel["x"], panel["series"], panel["facets"], panel["directions"]
+    x, series, facets = panel["x"], panel["series"], panel["facets"]
+    # a forward-only facet (decode, fp8, backward: false) beside facets with a backward: no
+    # empty backward subplot (the panel-wide check drops a direction no case of it timed)
+    dirs = [d for d in panel["directions"] if sub[f"{d}_tflops"].notna().any()]
     title = facet_title(facets, key)
     fig = new_figure(4.2 * len(dirs) + 0.6, 3.5)
     axes = fig.subplots(1, len(dirs), squeeze=False)[0]
     handles: dict[str, Any] = {}
-    many = noisy = False
+    many = noisy = other_lengths = False
     for ax, d in zip(axes, dirs):
         pos = setup_x(ax, sub[x].tolist(), x)
+        ends: dict[str, tuple[list, list]] = {}  # Sq != Sk line -> where its label goes
         for name, s in sub.groupby(series, sort=True):
-            agg = throughput_stats(s, d, unit_scale, by=x)
-            if agg.empty:
-                continue
-            many |= bool((agg.n > 1).any())
-            xs = [pos(v) for v in agg.index]
-            color = ctx.color(name)
-            (line,) = ax.plot(xs, agg.t, marker="o", ms=3.5, lw=1.6, color=color)
-            if panel["band"]:
-                ax.fill_between(xs, agg.lo, agg.hi, color=color, alpha=0.2, lw=0)
-            handles[str(name)] = line
-            if agg.noisy.any():  # hollow: a timing of this point never settled
-                ax.plot(np.array(xs)[agg.noisy.to_numpy()], agg.t[agg.noisy], ls="", marker="o",
-                        ms=5.5, mfc="white", mec=color, mew=1.3, zorder=3)
-                noisy = True
+            style = ctx.style(name)
+            for other, rows in length_lines(s, x):
+                agg = throughput_stats(rows, d, unit_scale, by=x)
+                if agg.empty:
+                    continue
+                many |= bool((agg.n > 1).any())
+                xs = [pos(v) for v in agg.index]
+                (line,) = ax.plot(xs, agg.t, ms=3.5, lw=1.6, **{**style, "ls": "--"} if other
+                                  else style)
+                if panel["band"]:
+                    ax.fill_between(xs, agg.lo, agg.hi, color=style["color"], alpha=0.2, lw=0)
+                if other:
+                    other_lengths = True
+                    top = ends.setdefault(other, ([], []))
+                    if not top[1] or agg.t.iloc[-1] > top[1][-1]:
+                        ends[other] = ([xs[-1]], [float(agg.t.iloc[-1])])
+                # the legend's entry: the series' own style (its first line may be dashed)
+                handles.setdefault(str(name), Line2D([], [], ms=3.5, lw=1.6, **style))
+                if agg.noisy.any():  # hollow: a timing of this point never settled
+                    ax.plot(np.array(xs)[agg.noisy.to_numpy()], agg.t[agg.noisy], ls="",
+                            marker=style["marker"], ms=5.5, mfc="white", mec=style["color"],
+                            mew=1.3, zorder=3)
+                    noisy = True
+        mark_other_lengths(ax, ends)
         ax.set_title(DIRECTION_LABELS[d])
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
         peak_axis(ax, sub, d, unit_scale)
     caption = f"{title}: median {unit}" + (", median over cases per point" if many else "") + \
         (", band q1..q3" if panel["band"] else "") + \
-        ("; hollow: noisy (a timing's spread never settled)" if noisy else "")
+        ("; hollow: noisy (a timing's spread never settled)" if noisy else "") + \
+        ("; dashed: cases with seqlen_q != seqlen_kv, one line per other length (labelled), "
+         "not joined to the Sq = Sk line" if other_lengths else "")
     if noisy:
         handles["hollow: noisy"] = Line2D([], [], ls="", marker="o", ms=5.5, mfc="white",
                                           mec="#444444")
+    if other_lengths:
+        handles[OTHER_LENGTH_LEGEND] = Line2D([], [], ls="--", color="#444444", lw=1.6)
     return finish_figure(fig, ctx, f"{panel.slug}-{slug(title)}", caption, title=title,
                          legend=handles)
