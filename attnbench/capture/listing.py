@@ -30,6 +30,7 @@ def call_line(number: int, meta: dict) -> str:
 def list_capture(path: Path | str) -> list[str]:
     """A heading line, then one line per recorded call."""
     index = read_index(path)
-    head = (f"{printable(path, 400)}: {index.format}, {len(index.calls)} calls, "
+    head = (f"{printable(path, 400)}: {index.format}, {len(index.calls)} "
+            f"call{'' if len(index.calls) == 1 else 's'}, "
             f"{index.data_bytes} bytes of tensors")
     return [head, *(call_line(i, meta) for i, meta in enumerate(index.calls))]
