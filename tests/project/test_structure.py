@@ -547,7 +547,7 @@ def layout() -> str:
 SIDE_WORDS = {"client": "client, no torch", "client + worker": "client and Dask worker, no torch",
               "worker + rank": "Dask worker (no torch) and rank side", "rank": "rank side",
               "shared": "shared (torch only in device)", "top": "top",
-              "user + shared": "user script or any side, lazy torch",
+              "user + shared": "any side, lazy torch",
               "driver + steps": "driver (no torch, no Dask) and its steps' processes"}
 
 
