@@ -17,5 +17,6 @@ __all__, __getattr__ = package_face(__name__, {
     "listing": ("call_line", "list_capture"),
     "loader": ("CaptureIndex", "CapturedCall", "TensorEntry", "load_capture", "read_index"),
     "recorder": ("AttentionRecorder", "capture_attention"),
-    "replay": ("contradictions", "file_digest", "replay_fields", "replay_tensors"),
+    "replay": ("contradictions", "file_digest", "parse_reference", "reference", "replay_fields",
+               "replay_tensors"),
 })

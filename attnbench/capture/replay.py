@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -30,6 +31,23 @@ SCALE_TOLERANCE = 1e-6
 DIGEST_CHARS = 16
 """Hex characters of the sha256 kept: 64 bits, as case ids keep."""
 _CHUNK = 1 << 20
+
+
+def reference(path: str, call: int, digest: str) -> str:
+    """How a case names a captured call: ``/abs/acts.safetensors:3@0123456789abcdef``."""
+    return f"{path}:{call}@{digest}"
+
+
+def parse_reference(text: str) -> tuple[str, int, str]:
+    """``FILE[:call][@digest]`` -> (file, call (0 when not given), digest or "")."""
+    digest = ""
+    head, at, tail = text.rpartition("@")
+    if at and re.fullmatch(f"[0-9a-f]{{{DIGEST_CHARS}}}", tail):
+        text, digest = head, tail
+    match = re.fullmatch(r"(.+):([0-9]{1,6})", text, re.S)
+    if match:
+        return match.group(1), int(match.group(2)), digest
+    return text, 0, digest
 
 
 def _refuse(index: CaptureIndex, call: int, what: str, expected: str) -> CaptureError:

@@ -4,8 +4,8 @@
 :class:`~.load.Sweep` of :class:`~.case.Case` records, every mistake one line ``FILE: FIELD: got
 X, expected Y``. :mod:`~.case` holds the case and the rule of every field; :mod:`~.axes` ranges,
 zipped groups and ``-s`` overrides; :mod:`~.options` the harness options; :mod:`~.packed_rules`,
-:mod:`~.length_mix`, :mod:`~.decode_rules` and :mod:`~.fp8_rules` the rules of packed, decode and
-fp8 cases; :mod:`~.flops` the one work model (FLOPs and minimal bytes of a case, read by the
+:mod:`~.length_mix`, :mod:`~.decode_rules`, :mod:`~.fp8_rules` and :mod:`~.capture_rules` the rules of packed, decode,
+fp8 and captured cases; :mod:`~.flops` the one work model (FLOPs and minimal bytes of a case, read by the
 timing on the ranks and by the reports); :mod:`~.schema` the JSON Schema editors check sweeps
 with; :mod:`~.coverage` which pairs of feature values a set of sweeps never puts together.
 """
@@ -13,6 +13,7 @@ with; :mod:`~.coverage` which pairs of feature values a set of sweeps never puts
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
+    "capture_rules": ("CAPTURED", "resolve_capture"),
     "case": ("ATTENTION_KINDS", "CASE_FIELDS", "CP_ALGOS", "Case", "MAX_CASES", "PUBLIC_FIELDS",
              "RING_ALGOS", "attention_kind", "case_dict_passes", "case_fields",
              "check_case_dict", "make_case"),

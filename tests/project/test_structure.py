@@ -43,10 +43,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "base": set(),
     "offline": {"base"},  # runs before anything is installed: the standard library
     "capture": {"base"},  # a user's activations: read by the sweep (shapes) and the inputs
-    "sweep": {"base"},
+    "sweep": {"base", "capture"},  # capture: a captured case's shapes (its header only)
     "hardware": {"base"},
     "results": {"base", "sweep", "hardware"},
-    "problem": {"base", "sweep"},
+    "problem": {"base", "sweep", "capture"},
     "kernels": {"base", "problem"},
     "backends": {"base", "sweep", "results", "problem", "kernels"},
     "accuracy": {"base", "sweep", "results", "problem", "backends"},
