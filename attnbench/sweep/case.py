@@ -28,8 +28,11 @@ from attnbench.validation import fail as _fail
 
 MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
-INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink", "kv_apart", "shifted_v",
-          CAPTURED)
+DRAWN_INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink", "kv_apart",
+                "shifted_v")
+"""The input kinds drawn from the seed (:mod:`attnbench.problem.inputs`)."""
+INPUTS = (*DRAWN_INPUTS, CAPTURED)
+"""And a user's own activations (:mod:`attnbench.sweep.capture_rules`)."""
 CP_ALGOS = ("ring", "zigzag", "allgather")
 RING_ALGOS = ("ring", "zigzag")
 """The CP algorithms that pass K/V blocks around a ring (split softmax sums, merged by their
