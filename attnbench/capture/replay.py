@@ -102,7 +102,12 @@ def contradictions(fields: Mapping[str, Any], given: Mapping[str, Any]) -> list[
 def file_digest(path: Path | str, max_bytes: int = DEFAULT_MAX_BYTES) -> str:
     """The sha256 of the file's bytes (its first :data:`DIGEST_CHARS` hex characters); a file
     larger than ``max_bytes`` plus a header's worth is refused before it is read."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise CaptureError(printable(f"capture {path}: cannot open: {exc.strerror or exc}",
+                                     2000)) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes + (1 << 21):

@@ -46,7 +46,7 @@ def resolve_capture(where: str, values: dict[str, Any]) -> None:
                          f"{values.get('inputs', 'normal')!r}, expected inputs: {CAPTURED}")
     if not values.get(CAPTURED):
         raise SweepError(f"{where}: inputs: {CAPTURED} needs captured: FILE[:call]")
-    for field in ("seqlens_q", "seqlens_kv", "decode", "page_size"):
+    for field in ("seqlens_q", "seqlens_kv", "decode"):  # (a page_size needs decode)
         if values.get(field):
             raise SweepError(f"{where}: {field}: a captured case is dense attention, expected "
                              f"no {field} with inputs: {CAPTURED}")

@@ -246,7 +246,14 @@ class Case(_IdSlot):
             f"h{self.heads_q}/{self.heads_kv} d{self.head_dim}"
             + (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
             + f" {self.features} seed{self.seed}"
+            + (f" {self.captured_name}" if self.captured else "")
         )
+
+    @property
+    def captured_name(self) -> str:
+        """``acts.safetensors:3``: the captured call, as a label shows it (file name, call)."""
+        head = self.captured.rpartition("@")[0] or self.captured
+        return head.rpartition("/")[2]
 
     def to_dict(self) -> dict[str, Any]:
         """Every field; a dense case leaves out the empty ``seqlens_*`` (its id stays the one

@@ -42,7 +42,7 @@ def test_the_shapes_come_from_the_capture(tmp_path, capture):
         2, 16, 16, 4, 4, 8, 8, "causal", "fp32")
     path, _, rest = case.captured.rpartition(":")
     assert path == str(tmp_path / "acts.safetensors") and rest.startswith("1@")
-    assert "captured" in case.features
+    assert "captured" in case.features and case.label.endswith(" seed0 acts.safetensors:1")
     # a stored record's case reads back, and a case that is not captured stays valid
     assert check_case_dict("r", case.to_dict()) == case
     assert check_case_dict("r", {"backend": "naive", "captured": ""}).captured == ""
