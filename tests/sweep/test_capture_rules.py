@@ -109,3 +109,18 @@ def test_a_hostile_capture_is_bad_input_not_a_traceback(tmp_path, capture):
                                          r"bytes \(expected at most 1048576\)"):
         _sweep(tmp_path, "defaults: {backend: naive, inputs: captured, "
                          "captured: evil.safetensors}\n")
+
+
+@pytest.mark.parametrize("backend, verdict", [("naive", "pass"), ("sdpa", "pass"),
+                                              ("mutant.dq_log2_scale", "fail")])
+def test_a_captured_case_is_judged_on_the_captured_tensors(tmp_path, capture, backend, verdict):
+    """The whole judge (fp64 reference, fused baseline, identities) runs on the capture: a
+    correct backend passes, a dQ off by a constant factor (the seed bug 2a) fails."""
+    from attnbench.execution.case_runner import run_case
+    from attnbench.sweep.options import RunOptions, TimingOptions
+
+    (case,) = _sweep(tmp_path, f"defaults: {{backend: {backend}, inputs: captured, "
+                               "captured: acts.safetensors:1}\n")
+    record = run_case(case, RunOptions(timing=TimingOptions(enabled=False)))
+    assert record["verdict"] == verdict, record["reason"]
+    assert record["case"]["captured"] == case.captured
