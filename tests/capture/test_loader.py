@@ -207,3 +207,19 @@ def test_a_torch_save_file_is_checked_as_a_safetensors_one(tmp_path):
     assert read_index(path, max_bytes=10**9).data_bytes == 3 * 256
     with pytest.raises(CaptureError, match=r"768 bytes of tensors \(expected at most 767\)"):
         read_index(path, max_bytes=767)
+
+
+def test_the_safetensors_package_reads_a_capture_bit_for_bit(tmp_path):
+    """The file is plain safetensors (checked with safetensors 0.8.0, installed apart: the
+    project does not depend on it)."""
+    st = pytest.importorskip("safetensors.torch", reason="safetensors is not installed")
+    path = tmp_path / "c.safetensors"
+    q = torch.randn(1, 2, 8, 4, dtype=torch.bfloat16, requires_grad=True)
+    mask = torch.eye(8, dtype=torch.bool)
+    with capture_attention(path):
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask).float() \
+            .sum().backward()
+    theirs = st.load_file(str(path))
+    (ours,) = load_capture(path)
+    assert sorted(theirs) == sorted(f"0.{p}" for p in ours.tensors)
+    assert all(torch.equal(ours.tensors[name[2:]], t) for name, t in theirs.items())
