@@ -3,7 +3,8 @@
 
 ``captured: FILE[:call]`` (call 0 when not given; FILE relative to the directory the command
 runs in) becomes ``/abs/FILE:call@digest``: the sha256 of the file's content is part of the
-case, so of its id and its record, and two runs on different captures never compare as one.
+case, so of its id and its record, and two runs on different captures never compare as one
+(the id keeps the call and digest, not the directory: the same file elsewhere is the same case).
 The call fixes batch, lengths, heads, head dims, mask and dtype; a sweep value that says
 otherwise is an error naming both, and a field the sweep leaves out takes the capture's.
 Read once per file (header only, torch-free: validate needs no torch).

@@ -75,6 +75,22 @@ def test_the_digest_is_in_the_id(tmp_path, capture):
         make_inputs(first)
 
 
+def test_the_same_capture_elsewhere_is_the_same_case(tmp_path, capture):
+    """The id holds the call and the digest, not the directory: a run on a laptop and one on a
+    cluster that mounts the capture elsewhere compare."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "copy.safetensors").write_bytes(
+        (tmp_path / "acts.safetensors").read_bytes())
+    (here,) = _sweep(tmp_path, "defaults: {backend: naive, inputs: captured, "
+                               "captured: acts.safetensors:1}\n")
+    (there,) = _sweep(tmp_path, "defaults: {backend: naive, inputs: captured, "
+                                "captured: elsewhere/copy.safetensors:1}\n")
+    assert here.captured != there.captured and here.id == there.id
+    (other_call,) = _sweep(tmp_path, "defaults: {backend: naive, inputs: captured, "
+                                     "captured: acts.safetensors:0}\n")
+    assert other_call.id != here.id
+
+
 def test_a_sweep_that_contradicts_the_capture_is_refused(tmp_path, capture):
     with pytest.raises(SweepError) as info:
         _sweep(tmp_path, "defaults: {backend: naive, inputs: captured, "
