@@ -401,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--all", action="store_true", help="include test-only backends and mutants")
     be.set_defaults(func=cmd_backends)
 
+    from attnbench.capture.command import add_capture_command
     from attnbench.dispatch.detach import add_detach_commands
     from attnbench.gpu_check.command import add_gpu_check_command
     from attnbench.report.commands import add_report_commands
@@ -415,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_selftest_command(sub)
     add_detach_commands(sub, _seconds, _verdicts, write_report)
     add_gpu_check_command(sub)
+    add_capture_command(sub)
     return parser
 
 

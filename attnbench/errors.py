@@ -73,6 +73,11 @@ class UsageError(UserError, ValueError):
     """A command-line argument that cannot be used (checked before anything is created)."""
 
 
+class CaptureError(UserError, ValueError):
+    """A capture file (:mod:`attnbench.capture`) that cannot be read or written: one line,
+    ``capture FILE: what (expected ...)``."""
+
+
 class ClusterError(UserError, RuntimeError):
     """The cluster cannot be used (unreachable, no workers, scheduler lost)."""
 

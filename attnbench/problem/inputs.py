@@ -23,6 +23,9 @@ Distributions:
                 the mean, so an accumulator that drops low bits of the running P @ V (a bf16
                 or unpromoted fp8 accumulator, a rescale rounded in low precision) loses
                 them on a value of size ~1, where around zero it loses little (issue 39)
+  captured      q, k, v and dout as one call of a user's model saw them (``case.captured``,
+                :mod:`attnbench.capture`), checked against the digest the case names; a call
+                captured without a backward gets dout ~ N(0, 1) from the seed
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from dataclasses import dataclass
 
 import torch
 
+from attnbench.capture.replay import parse_reference, replay_tensors
 from attnbench.dtypes import is_fp8
 from attnbench.problem.fp8 import FORMATS, Quantized, output_dtype, quantize, torch_dtype
+from attnbench.sweep.capture_rules import CAPTURED
 from attnbench.sweep.case import Case
 
 
@@ -104,6 +109,17 @@ def _randn(shape: tuple[int, ...], gen: torch.Generator, seed: int, name: str) -
     return out.view(shape)
 
 
+def _captured(case: Case) -> dict[str, torch.Tensor]:
+    """The captured call's tensors, in the capture's dtype (the case's: the sweep took it)."""
+    path, call, digest = parse_reference(case.captured)
+    q, k, v, dout = replay_tensors(path, call, digest)
+    if dout is None:
+        gen = torch.Generator(device="cpu").manual_seed(case.seed)
+        dout = torch.randn((case.batch, case.heads_q, case.seqlen_q, case.head_dim_v),
+                           generator=gen)
+    return {"q": q, "k": k, "v": v, "dout": dout}
+
+
 KV_APART = 4.0
 """How much larger v is than k in ``kv_apart``, head by head: 4 = 2^2, two binades, so the
 power-of-two fp8 scales differ however the two tensors' largest draws happen to fall (a
@@ -140,7 +156,7 @@ def make_inputs(case: Case, device: torch.device | str = "cpu"):
     the fp8 values of :func:`make_fp8_inputs` (their descales are there), dout bf16."""
     if is_fp8(case.dtype):
         return make_fp8_inputs(case, device).tensors
-    tensors = _draw(case)
+    tensors = _captured(case) if case.inputs == CAPTURED else _draw(case)
     dtype = torch_dtype(case.dtype)
     return tuple(tensors[n].to(dtype).to(device) for n in ("q", "k", "v", "dout"))
 

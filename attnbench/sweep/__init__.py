@@ -5,8 +5,8 @@
 X, expected Y``, all in one pass (:mod:`~.one_pass`: the cases are checked despite wrong
 fields, a cause many cases share said once). :mod:`~.case` holds the case and the rule of every field; :mod:`~.axes` ranges,
 zipped groups and ``-s`` overrides; :mod:`~.options` the harness options; :mod:`~.packed_rules`,
-:mod:`~.length_mix`, :mod:`~.decode_rules` and :mod:`~.fp8_rules` the rules of packed, decode and
-fp8 cases; :mod:`~.flops` the one work model (FLOPs and minimal bytes of a case, read by the
+:mod:`~.length_mix`, :mod:`~.decode_rules`, :mod:`~.fp8_rules` and :mod:`~.capture_rules` the rules of packed, decode,
+fp8 and captured cases; :mod:`~.flops` the one work model (FLOPs and minimal bytes of a case, read by the
 timing on the ranks and by the reports); :mod:`~.schema` the JSON Schema editors check sweeps
 with; :mod:`~.coverage` which pairs of feature values a set of sweeps never puts together.
 """
@@ -14,8 +14,9 @@ with; :mod:`~.coverage` which pairs of feature values a set of sweeps never puts
 from attnbench import package_face
 
 __all__, __getattr__ = package_face(__name__, {
-    "case": ("ATTENTION_KINDS", "CASE_FIELDS", "CP_ALGOS", "Case", "MAX_CASES", "PUBLIC_FIELDS",
-             "RING_ALGOS", "attention_kind", "case_dict_passes", "case_fields",
+    "capture_rules": ("CAPTURED", "resolve_capture"),
+    "case": ("ATTENTION_KINDS", "CASE_FIELDS", "CP_ALGOS", "Case", "DRAWN_INPUTS", "MAX_CASES",
+             "PUBLIC_FIELDS", "RING_ALGOS", "attention_kind", "case_dict_passes", "case_fields",
              "check_case_dict", "make_case"),
     "coverage": ("FEATURES", "Coverage", "excluded", "meaningful_pairs", "pair_coverage",
                  "values"),

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from attnbench.dtypes import ALIASES, NAMES, is_fp8
 from attnbench.errors import SweepError
+from attnbench.sweep.capture_rules import CAPTURED, resolve_capture
 from attnbench.sweep.decode_rules import MAX_PAGE_SIZE, check_capacity, check_decode
 from attnbench.sweep.fp8_rules import FP8_SCALINGS, MAX_FP8_PROMOTION, check_fp8, default_backward
 from attnbench.sweep.packed_rules import MAX_SEQUENCES, check_stored_lengths, resolve_packing
@@ -27,7 +28,11 @@ from attnbench.validation import fail as _fail
 
 MASKS = ("none", "causal", "window")
 BIASES = ("none", "alibi")
-INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink", "kv_apart", "shifted_v")
+DRAWN_INPUTS = ("normal", "large_logits", "outliers", "loud_heads", "sink", "kv_apart",
+                "shifted_v")
+"""The input kinds drawn from the seed (:mod:`attnbench.problem.inputs`)."""
+INPUTS = (*DRAWN_INPUTS, CAPTURED)
+"""And a user's own activations (:mod:`attnbench.sweep.capture_rules`)."""
 CP_ALGOS = ("ring", "zigzag", "allgather")
 RING_ALGOS = ("ring", "zigzag")
 """The CP algorithms that pass K/V blocks around a ring (split softmax sums, merged by their
@@ -69,6 +74,8 @@ def _case_id(case: "Case") -> str:
     for name, default in _LATER_FIELDS.items():
         if content[name] == default:
             del content[name]
+    if "captured" in content:  # the call and the content's digest: not where the file sits,
+        content["captured"] = content["captured"].rpartition(":")[2]  # so two hosts compare
     payload = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -143,6 +150,10 @@ class Case(_IdSlot):
     ``mma_promotion_interval``; a power of two, at least one wgmma's K of 32). 0: the kernel's
     default, which on sm_90 never promotes (Triton's, and FA3's choice). The accuracy record's
     ``fp8`` section models what each setting costs (:mod:`attnbench.accuracy.fp8_accumulation`)."""
+    captured: str = ""
+    """``inputs: captured``: the call of a capture file (:mod:`attnbench.capture`) whose q, k, v
+    and dout are the inputs, as ``/abs/FILE:call@digest`` (a sweep says ``FILE[:call]``; the
+    content's digest makes two captures two cases: :mod:`attnbench.sweep.capture_rules`)."""
 
     def __post_init__(self):  # lists from JSON: keep the case hashable
         for name in ("seqlens_q", "seqlens_kv"):
@@ -237,7 +248,14 @@ class Case(_IdSlot):
             f"h{self.heads_q}/{self.heads_kv} d{self.head_dim}"
             + (f"/{self.head_dim_v}" if self.head_dim_v != self.head_dim else "")
             + f" {self.features} seed{self.seed}"
+            + (f" {self.captured_name}" if self.captured else "")
         )
+
+    @property
+    def captured_name(self) -> str:
+        """``acts.safetensors:3``: the captured call, as a label shows it (file name, call)."""
+        head = self.captured.rpartition("@")[0] or self.captured
+        return head.rpartition("/")[2]
 
     def to_dict(self) -> dict[str, Any]:
         """Every field; a dense case leaves out the empty ``seqlens_*`` (its id stays the one
@@ -280,7 +298,8 @@ _PACKED_FIELDS = ("seqlens_q", "seqlens_kv")
 SWEEP_ONLY_FIELDS = ("varlen",)  # a length generator, expanded into seqlens_q (length_mix)
 _CASE_DEFAULTS = {f.name: f.default for f in fields(Case)}
 _LATER_FIELDS = {name: _CASE_DEFAULTS[name] for name in ("decode", "page_size", "backward",
-                                                                 "fp8_scaling", "fp8_promotion")}
+                                                                 "fp8_scaling", "fp8_promotion",
+                                                                 "captured")}
 """Fields added after ids were first stored (left out of :attr:`Case.id` at their default)."""
 
 
@@ -290,6 +309,17 @@ _LATER_FIELDS = {name: _CASE_DEFAULTS[name] for name in ("decode", "page_size", 
 _SIZE = Int(1, MAX_SIZE, f"a positive integer <= {MAX_SIZE}")
 _RANKS = Int(1, MAX_RANKS, f"a positive integer <= {MAX_RANKS} (ranks of one case, on one worker)")
 _PRINTABLE = r"[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+"
+MAX_PATH = 4096
+"""Characters of a file a case names (PATH_MAX on Linux)."""
+
+
+class _OrUnset(Name):
+    """A :class:`Name`, or "" (the field unset: every case that is not captured)."""
+
+    def check(self, where: str, value: Any) -> str:
+        return value if value == "" else Name.check(self, where, value)
+
+
 CASE_RULES: dict[str, Any] = {
     "backend": Name(_PRINTABLE, "a backend name", MAX_TEXT),
     "batch": _SIZE, "seqlen_q": _SIZE, "seqlen_kv": _SIZE,
@@ -311,6 +341,7 @@ CASE_RULES: dict[str, Any] = {
     "backward": Flag(),
     "fp8_scaling": Choice(FP8_SCALINGS),
     "fp8_promotion": PowerOfTwo(MAX_FP8_PROMOTION),
+    "captured": _OrUnset(_PRINTABLE, "a capture as FILE[:call]", MAX_PATH),
 }
 """The rule of every Case field; a sweep's values (:func:`_norm_value`) and a stored record's
 case (:func:`check_case_dict`) go through it."""
@@ -384,6 +415,8 @@ def make_case(where: str, values: Mapping[str, Any]) -> Case:
     v = dict(values)
     if "backend" not in v:
         raise SweepError(f"{where}: backend: missing; give it in defaults or axes")
+    if v.get("inputs") == CAPTURED or v.get("captured"):
+        resolve_capture(where, v)  # the shapes come from the capture
     check_capacity(where, v)
     if v.get("seqlens_q") or v.get("seqlens_kv"):
         resolve_packing(where, v, _CASE_DEFAULTS["seqlen_q"], MAX_SIZE)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from attnbench.dtypes import BY_NAME, is_fp8
-from attnbench.sweep.case import ATTENTION_KINDS, BIASES, CP_ALGOS, INPUTS, MASKS, Case
+from attnbench.sweep.case import ATTENTION_KINDS, BIASES, CP_ALGOS, DRAWN_INPUTS, MASKS, Case
 from attnbench.sweep.fp8_rules import FP8_SCALINGS
 
 FEATURES: dict[str, tuple[str, ...]] = {
@@ -39,7 +39,7 @@ FEATURES: dict[str, tuple[str, ...]] = {
     "page": ("contiguous", "paged"),  # decode cases only
     "dtype": tuple(BY_NAME),
     "fp8_scaling": FP8_SCALINGS,  # fp8 cases only
-    "inputs": INPUTS,
+    "inputs": DRAWN_INPUTS,  # a captured case's inputs are a user's file: no sweep ships one
     "cp_algo": ("none", *CP_ALGOS),
     "tp": ("no", "yes"),
 }
@@ -93,6 +93,8 @@ def values(case: Case) -> dict[str, str]:
         "decode": "yes" if case.decode else "no", "dtype": case.dtype, "inputs": case.inputs,
         "cp_algo": case.cp_algo if case.cp > 1 else "none", "tp": "yes" if case.tp > 1 else "no",
     }
+    if case.inputs not in DRAWN_INPUTS:
+        del found["inputs"]
     if case.decode:
         found["page"] = "paged" if case.page_size else "contiguous"
     if is_fp8(case.dtype):

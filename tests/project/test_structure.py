@@ -34,7 +34,7 @@ TOP = "top"
 """cli, selftest, __main__: the commands, which may import anything."""
 TOP_MODULES = {"attnbench.cli", "attnbench.selftest", "attnbench.__main__"}
 
-ORDER = ("base", "offline", "sweep", "hardware", "results", "problem", "kernels", "backends",
+ORDER = ("base", "offline", "capture", "sweep", "hardware", "results", "problem", "kernels", "backends",
          "accuracy", "timing", "parallel", "execution", "mutants", "cluster", "dispatch", "report",
          "gpu_check", "top")
 """Lowest first: a package imports only packages before it."""
@@ -42,10 +42,11 @@ ORDER = ("base", "offline", "sweep", "hardware", "results", "problem", "kernels"
 MAY_IMPORT: dict[str, set[str]] = {
     "base": set(),
     "offline": {"base"},  # runs before anything is installed: the standard library
-    "sweep": {"base"},
+    "capture": {"base"},  # a user's activations: read by the sweep (shapes) and the inputs
+    "sweep": {"base", "capture"},  # capture: a captured case's shapes (its header only)
     "hardware": {"base"},
     "results": {"base", "sweep", "hardware"},
-    "problem": {"base", "sweep"},
+    "problem": {"base", "sweep", "capture"},
     "kernels": {"base", "problem"},
     "backends": {"base", "sweep", "results", "problem", "kernels"},
     "accuracy": {"base", "sweep", "results", "problem", "backends"},
@@ -62,7 +63,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "top": set(ORDER) - {"top"},
 }
 
-SIDE = {"base": "shared", "offline": "client",
+SIDE = {"base": "shared", "offline": "client", "capture": "user + shared",
         "sweep": "client", "hardware": "shared", "results": "client",
         "problem": "rank", "kernels": "rank", "backends": "rank", "accuracy": "rank",
         "timing": "rank", "parallel": "rank", "execution": "worker + rank", "mutants": "rank",
@@ -548,6 +549,7 @@ def layout() -> str:
 SIDE_WORDS = {"client": "client, no torch", "client + worker": "client and Dask worker, no torch",
               "worker + rank": "Dask worker (no torch) and rank side", "rank": "rank side",
               "shared": "shared (torch only in device)", "top": "top",
+              "user + shared": "any side, lazy torch",
               "driver + steps": "driver (no torch, no Dask) and its steps' processes"}
 
 

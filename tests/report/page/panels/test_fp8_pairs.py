@@ -56,4 +56,5 @@ def test_the_hand_kept_keys_are_caught(monkeypatch):
                     _row("bf16", 30.0, tp=2, dropout=0.1)) == [20.0]
     missed = [f for f in CASE_FIELDS if f not in fp8.PAIR_FREE
               and _speedup(_row("fp8_e4m3", 1.0), _row("bf16", 2.0, **{f: "another"}))]
-    assert missed == ["dropout", "cp", "cp_algo", "tp", "decode", "page_size"]
+    # (and every field added since: captured, issue 42)
+    assert missed == ["dropout", "cp", "cp_algo", "tp", "decode", "page_size", "captured"]
