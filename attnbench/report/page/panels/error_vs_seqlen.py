@@ -47,10 +47,13 @@ def draw_error_vs_seqlen(panel: Panel, run: Run, ctx: Context) -> PanelOutput:
             ax.set_yscale("log")
             ax.set_title(TENSOR_LABELS[t])
             col = f"{t}_rel_l2"
-            bound = sub[[x, f"{t}_bound"]].dropna().groupby(x)[f"{t}_bound"].median()
+            # The bound's line follows the Sq == Sk cases only, as the series' lines do; dotted,
+            # so it is not read as a dashed Sq != Sk line.
+            square = next((rows for label, rows in length_lines(sub, x) if not label), sub[:0])
+            bound = square[[x, f"{t}_bound"]].dropna().groupby(x)[f"{t}_bound"].median()
             if len(bound):
                 # a bound at a single x (a smoke run) is a line of one point: mark it
-                (bl,) = ax.plot([pos(v) for v in bound.index], bound.values, ls="--", lw=1.2,
+                (bl,) = ax.plot([pos(v) for v in bound.index], bound.values, ls=":", lw=1.4,
                                 color="#444444", zorder=1, ms=14,
                                 marker="_" if len(bound) == 1 else "")
                 extra.setdefault("bound (median)", bl)
