@@ -29,13 +29,19 @@ class TimingOptions:
     """...and at least this much measured time in those calls (GPU clocks ramp up; do_bench's
     default). CPU correctness sweeps set 0."""
     min_sample_ms: float = field(default=0.1, metadata={"rule": Real(0.0, 10_000.0)})
-    """A call shorter than this is repeated within one sample (``calls_per_sample``), so a
-    sample is not mostly event resolution and launch latency. 0 = always one call."""
+    """On a GPU: a call shorter than this is repeated within one sample (``calls_per_sample``),
+    so a sample is not mostly event resolution and launch latency. 0 = always one call."""
+    cpu_min_sample_ms: float = field(default=2.0, metadata={"rule": Real(0.0, 10_000.0)})
+    """The same on a CPU device (ignored on a GPU): a sample is a block of calls that lasts at
+    least this long. One call a sample never settles under a millisecond on a shared box
+    (a 0.3 ms forward: 7-22 % spread at 100 samples; blocks of 2 ms: 2-3 %). 0 = one call."""
     mode: str = field(default="eager", metadata={"rule": Choice(("eager", "graph"))})
     """eager: the backend's calls as a user makes them; graph: captured once into a CUDA graph
     and replayed (no host launch overhead; falls back to eager, with a note, when a backend
     cannot be captured)."""
     min_samples: int = field(default=5, metadata={"rule": Int(0, 10_000)})
+    """A floor: ``max_seconds`` does not stop sampling below it (only a call so slow that the
+    floor would take ``FLOOR_CAP`` x ``max_seconds``, :mod:`attnbench.timing.loop`, does)."""
     max_samples: int = field(default=100, metadata={"rule": Int(1, 10_000)})
     """At most 10,000: every sample is kept in the record (``samples_ms``)."""
     target_rel_iqr: float = field(default=0.05, metadata={"rule": Real(0.0, 100.0,
