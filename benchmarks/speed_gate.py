@@ -11,7 +11,7 @@ and backward, through :func:`attnbench.timing.case.time_case` under the options
 docs/compare.md prescribes, twice: the backend as it is, and a copy that makes every call 3
 times (the edit a gate must catch). Run pair ``i`` is runs ``2i`` and ``2i + 1``; every timing
 of the second run is set against the first's with
-:func:`attnbench.report.compare.comparison.classify` at ``--threshold``:
+:func:`attnbench.report.compare.gate.classify` at ``--threshold``:
 
 * unchanged (backend against backend): a SLOW is a false alarm, the worst outcome;
 * slowed (backend against its 3x copy): anything but SLOW is a slowdown the gate missed.
@@ -117,7 +117,7 @@ def _side(stats: dict) -> dict:
 
 def judge(runs: list[dict], setting: str, threshold: float) -> dict:
     """Classes of the unchanged and slowed timings of every run pair, and how many pairs fail."""
-    from attnbench.report.compare.comparison import classify
+    from attnbench.report.compare.gate import classify
 
     classes = {"same": Counter(), "slowed": Counter()}
     failing_pairs, ratios, spreads, samples, blocks = 0, [], [], [], []
@@ -177,11 +177,18 @@ def main(argv=None) -> int:
     p.add_argument("--single", action="store_true",
                    help="also time with one call a sample (cpu_min_sample_ms: 0)")
     p.add_argument("--load", type=int, default=0, help="busy processes beside the runs")
+    p.add_argument("--save", help="write the runs' timings to this JSON file")
+    p.add_argument("--judge", help="judge the runs of a --save file again, without timing")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     settings = ["blocked"] + (["single"] if args.single else [])
     if args.worker:
         print(json.dumps(one_run(settings)))
+        return 0
+    if args.judge:
+        saved = json.loads(open(args.judge).read())
+        for setting in saved["settings"]:
+            report(judge(saved["runs"], setting, args.threshold), setting, args.threshold)
         return 0
     loaders = busy(args.load)
     try:
@@ -209,6 +216,9 @@ def _benchmark(args, settings: list[str], load: int) -> int:
         runs.append(json.loads(proc.stdout.splitlines()[-1]))
         print(f"  run {i + 1}/{2 * args.pairs} done, {time.monotonic() - started:.0f} s, "
               f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump({"settings": settings, "runs": runs}, f)
     for setting in settings:
         report(judge(runs, setting, args.threshold), setting, args.threshold)
     print(f"\n# {time.monotonic() - started:.0f} s; load average at the end "
