@@ -9,13 +9,13 @@ the spread of its samples settles.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from attnbench.dtypes import BY_NAME, is_fp8
 from attnbench.sweep.case import Case
 from attnbench.sweep.flops import case_bytes, case_flops
-from attnbench.sweep.options import RunOptions, TimingOptions
-from attnbench.timing.loop import FLOOR_CAP, calls_per_sample
+from attnbench.sweep.options import FLOOR_CAP, RunOptions, TimingOptions
 
 # -- the machines ---------------------------------------------------------------------------------
 
@@ -134,7 +134,7 @@ def timing_seconds(call_s: float, timing: TimingOptions) -> float:
         return 0.0
     wall = call_s + FLUSH_S + LAUNCH_S
     warm = max(timing.warmup * wall, timing.warmup_ms / 1e3)
-    calls = calls_per_sample(call_s * 1e3, timing.min_sample_ms)
+    calls = max(1, min(1000, math.ceil(timing.min_sample_ms / 1e3 / call_s)))
     sample = calls * wall
     floor = min(timing.min_samples * sample, FLOOR_CAP * timing.max_seconds + sample)
     return warm + min(timing.max_samples * sample, max(timing.max_seconds + sample, floor))

@@ -17,6 +17,12 @@ from attnbench.validation import Choice, Flag, Int, PowerOfTwo, Problems, Real, 
 from attnbench.validation import fail as _fail
 
 
+FLOOR_CAP = 10
+"""Below ``min_samples`` sampling stops only after ``FLOOR_CAP`` x ``max_seconds``: the floor
+holds on a loaded box (wall time 4.5x the CPU time at load 9 on 2 cores), yet a call of seconds
+cannot run on for min_samples calls (the case's ``timeout_s`` bounds a hung one)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimingOptions:
     """How each case is timed (see :mod:`attnbench.timing.loop`)."""
@@ -41,7 +47,7 @@ class TimingOptions:
     cannot be captured)."""
     min_samples: int = field(default=5, metadata={"rule": Int(0, 10_000)})
     """A floor: ``max_seconds`` does not stop sampling below it (only a call so slow that the
-    floor would take ``FLOOR_CAP`` x ``max_seconds``, :mod:`attnbench.timing.loop`, does)."""
+    floor would take :data:`FLOOR_CAP` x ``max_seconds`` does)."""
     max_samples: int = field(default=100, metadata={"rule": Int(1, 10_000)})
     """At most 10,000: every sample is kept in the record (``samples_ms``)."""
     target_rel_iqr: float = field(default=0.05, metadata={"rule": Real(0.0, 100.0,

@@ -40,14 +40,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
-from attnbench.sweep.options import TimingOptions
+from attnbench.sweep.options import FLOOR_CAP, TimingOptions
 
 L2_FLUSH_BYTES = 256 << 20
 """H100/H200 have 50 MiB of L2, B200 126 MiB: 256 MiB evicts every current part's."""
-FLOOR_CAP = 10
-"""Below ``min_samples`` sampling stops only after ``FLOOR_CAP`` x ``max_seconds``: the floor
-holds on a loaded box (wall time 4.5x the CPU time at load 9 on 2 cores), yet a call of seconds
-cannot run on for min_samples calls (the case's ``timeout_s`` bounds a hung one)."""
 MAX_CALLS_PER_SAMPLE = 1000
 
 

@@ -40,7 +40,8 @@ import numpy as np
 import pandas as pd
 from pandas.api.extensions import ExtensionDtype
 
-from attnbench.report.compare.gate import float_column, timing_columns as _timing_columns
+from attnbench.report.compare.gate import classify as _classify, float_column
+from attnbench.report.compare.gate import timing_columns as _timing_columns
 from attnbench.report.read.code_changes import backend_warnings, options_warnings
 from attnbench.report.read.data import DIRECTIONS, Run
 from attnbench.report.read.environment import (kind_text, mixed_kinds, representative, run_warnings,
@@ -513,10 +514,9 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None,
 
 def __getattr__(name: str) -> Any:
     """The timing rule's old home: ``classify`` and ``timing_columns`` are in :mod:`.gate`."""
-    if name in ("classify", "timing_columns"):
-        from attnbench.report.compare import gate
-
-        warnings.warn(f"{__name__}.{name} moved to {gate.__name__}.{name}; import it from there",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(gate, name)
+    moved = {"classify": _classify, "timing_columns": _timing_columns}
+    if name in moved:
+        warnings.warn(f"{__name__}.{name} moved to attnbench.report.compare.gate.{name}; import "
+                      "it from there", DeprecationWarning, stacklevel=2)
+        return moved[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
