@@ -11,12 +11,12 @@ With A the baseline, B the other run and ``t`` the threshold, each side's robust
 ``bound`` is the side's q3; when either side has too few samples (``n`` under
 :data:`~attnbench.report.read.doubt.FEW_SAMPLES`), its upper fence ``q3 + 1.5 (q3 - q1)``
 (Tukey's): a minimum of a few draws is no quiet moment, and a q3 of a few is one sample, so
-intervals must be apart by more than the spread before they say SLOW. Seeded draws of one noisy
-distribution at 3 samples a side (lognormal sigma 0.2, a fifth of the samples stretched up to
-2x): 46 false SLOW in 5000 pairs by q3, 11 by the fence (the floor of ``min_samples``,
-:mod:`attnbench.timing.loop`, is what makes them 0). With 8 samples and more the rule is the q3
-one of issue 27: a spread that never settled widens an interval, it does not move every sample
-of B past most of A's.
+intervals must be apart by more than the spread before they say SLOW. Seeded draws of one
+noisy distribution at 3 samples a side (``python benchmarks/speed_gate.py --simulate``): 42
+false SLOW in 5000 pairs by the q3, 10 by the fence, which catches fewer 3x slowdowns (3542 of
+5000, not 4449): the floor of ``min_samples`` (:mod:`attnbench.timing.loop`) is what makes
+both right. With 8 samples and more the rule is the q3 one of issue 27: a spread that never
+settled widens an interval, it does not move every sample of B past most of A's.
 
 :func:`classify` is the rule a pair at a time, :func:`timing_columns` every pair at once (the
 two agree on every pair: tests/report/compare/test_compare_columns.py).
