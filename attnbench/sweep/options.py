@@ -39,8 +39,9 @@ class TimingOptions:
     so a sample is not mostly event resolution and launch latency. 0 = always one call."""
     cpu_min_sample_ms: float = field(default=2.0, metadata={"rule": Real(0.0, 10_000.0)})
     """The same on a CPU device (ignored on a GPU): a sample is a block of calls that lasts at
-    least this long. One call a sample never settles under a millisecond on a shared box
-    (a 0.3 ms forward: 7-22 % spread at 100 samples; blocks of 2 ms: 2-3 %). 0 = one call."""
+    least this long (sized from the warm-up). Sub-millisecond calls one a sample spread wide on
+    a shared box (IQR / median 52 % p95 at load 8 on 2 cores; blocks of 2 ms: 28 %,
+    benchmarks/speed_gate.py). 0 = one call."""
     mode: str = field(default="eager", metadata={"rule": Choice(("eager", "graph"))})
     """eager: the backend's calls as a user makes them; graph: captured once into a CUDA graph
     and replayed (no host launch overhead; falls back to eager, with a note, when a backend
