@@ -18,9 +18,13 @@ from attnbench.validation import fail as _fail
 
 
 FLOOR_CAP = 10
-"""Below ``min_samples`` sampling stops only after ``FLOOR_CAP`` x ``max_seconds``: the floor
-holds on a loaded box (wall time 4.5x the CPU time at load 9 on 2 cores), yet a call of seconds
+"""Below ``min_samples`` sampling stops only once the calls themselves (the clock's own time:
+CPU time with ``cpu_clock: cpu``) have taken ``FLOOR_CAP`` x ``max_seconds``, or the wall clock
+:data:`FLOOR_WALL_CAP` x ``max_seconds``: the floor holds on a loaded box, yet a call of seconds
 cannot run on for min_samples calls (the case's ``timeout_s`` bounds a hung one)."""
+FLOOR_WALL_CAP = 60
+"""Wall time runs ~20x the CPU time of a rank at load 8 on 2 cores (a 20 ms forward, 13
+samples in 5 s of wall time): a cap on wall time alone cut the floor short there."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,8 +51,8 @@ class TimingOptions:
     and replayed (no host launch overhead; falls back to eager, with a note, when a backend
     cannot be captured)."""
     min_samples: int = field(default=5, metadata={"rule": Int(0, 10_000)})
-    """A floor: ``max_seconds`` does not stop sampling below it (only a call so slow that the
-    floor would take :data:`FLOOR_CAP` x ``max_seconds`` does)."""
+    """A floor: ``max_seconds`` does not stop sampling below it (only calls so slow that the
+    floor would take :data:`FLOOR_CAP` x ``max_seconds`` do)."""
     max_samples: int = field(default=100, metadata={"rule": Int(1, 10_000)})
     """At most 10,000: every sample is kept in the record (``samples_ms``)."""
     target_rel_iqr: float = field(default=0.05, metadata={"rule": Real(0.0, 100.0,

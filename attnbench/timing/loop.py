@@ -15,7 +15,8 @@ On a GPU the loop is do_bench / nvbench grade:
   sample is their mean), so one sample is not one event pair's resolution and jitter; or --
   ``mode: graph`` -- the call is captured once into a CUDA graph that is replayed, which removes
   the host's launch overhead.
-* **Adaptive stop**: ``min_samples`` is a floor; past it, stop once (q3 - q1) / median <=
+* **Adaptive stop**: ``min_samples`` is a floor (capped by the calls' own time, not the wall
+  clock's, which a loaded box stretches); past it, stop once (q3 - q1) / median <=
   ``target_rel_iqr``, or anyway at ``max_samples`` or ``max_seconds``. A result whose spread
   never settled is flagged ``noisy``, so ``attnbench compare`` can call it ambiguous instead of
   a result. Raw samples are kept.
@@ -41,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Protocol
 
-from attnbench.sweep.options import FLOOR_CAP, TimingOptions
+from attnbench.sweep.options import FLOOR_CAP, FLOOR_WALL_CAP, TimingOptions
 
 L2_FLUSH_BYTES = 256 << 20
 """H100/H200 have 50 MiB of L2, B200 126 MiB: 256 MiB evicts every current part's."""
@@ -92,13 +93,18 @@ class StopRule:
         return (len(samples) >= self.options.min_samples
                 and summarize(samples).rel_iqr <= self.options.target_rel_iqr)
 
-    def should_stop(self, samples: list[float], elapsed_s: float) -> bool:
+    def should_stop(self, samples: list[float], elapsed_s: float,
+                    measured_s: Optional[float] = None) -> bool:
+        """``elapsed_s``: wall seconds of sampling; ``measured_s``: what the clock measured of
+        them (the calls' own time; None: the wall time)."""
         o = self.options
         n = len(samples)
         if n >= o.max_samples:
             return True
         if n < o.min_samples:  # the floor: max_seconds does not cut it short (issue 40)
-            return elapsed_s >= FLOOR_CAP * o.max_seconds
+            measured_s = elapsed_s if measured_s is None else measured_s
+            return (measured_s >= FLOOR_CAP * o.max_seconds
+                    or elapsed_s >= FLOOR_WALL_CAP * o.max_seconds)
         return self.settled(samples) or elapsed_s >= o.max_seconds
 
     def noisy(self, samples: list[float]) -> bool:
@@ -229,7 +235,8 @@ def measure(fn: Callable[[], object], clock: Clock, options: TimingOptions,
     while True:
         ranks.align()
         samples.append(ranks.slowest(clock.sample(fn, calls)))
-        if ranks.decide(rule.should_stop(samples, time.perf_counter() - start)):
+        measured_s = sum(samples) * calls / 1e3
+        if ranks.decide(rule.should_stop(samples, time.perf_counter() - start, measured_s)):
             break
     return summarize(samples, calls_per_sample=calls, warmup_calls=warm_calls,
                      warmup_ms=warm_ms, noisy=rule.noisy(samples))

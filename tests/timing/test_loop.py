@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnbench.sweep.case import make_case
-from attnbench.sweep.options import FLOOR_CAP, TimingOptions
+from attnbench.sweep.options import FLOOR_CAP, FLOOR_WALL_CAP, TimingOptions
 from attnbench.timing import loop
 from attnbench.timing.case import time_case
 from attnbench.timing.loop import (CpuClock, EventClock, ProcessClock, StopRule, calls_per_sample,
@@ -50,21 +50,30 @@ def test_min_samples_is_a_floor_past_max_seconds():
     assert not rule.should_stop(unsettled[:19], elapsed_s=1.5)  # old code: stopped at 2x 0.5 s
     assert not rule.should_stop(unsettled[:19], elapsed_s=FLOOR_CAP * 0.5 - 0.01)
     assert rule.should_stop(unsettled[:19], elapsed_s=FLOOR_CAP * 0.5)  # a call of seconds
+    # the calls' own time decides, not the wall clock a loaded box stretches ...
+    assert not rule.should_stop(unsettled[:19], elapsed_s=FLOOR_CAP * 0.5, measured_s=0.1)
+    assert rule.should_stop(unsettled[:19], elapsed_s=1.0, measured_s=FLOOR_CAP * 0.5)
+    # ... up to a wall cap
+    assert rule.should_stop(unsettled[:19], elapsed_s=FLOOR_WALL_CAP * 0.5, measured_s=0.1)
     assert not rule.should_stop(unsettled[:20], elapsed_s=0.4)  # past the floor, unsettled
     assert rule.should_stop(unsettled[:20], elapsed_s=0.5)      # ... until max_seconds
     assert rule.should_stop([1.0] * 20, elapsed_s=0.0)          # ... or settled
     assert StopRule(TimingOptions(min_samples=5, max_samples=5)).should_stop([1.0] * 5, 0.0)
 
 
-def test_a_loaded_box_still_gets_min_samples(fake_wall):
-    """Each sample takes 0.1 s of wall time: max_seconds (0.5 s) runs out after 5; the old
-    rule stopped at 10 (2x max_seconds), the floor takes 20 (margin: 2x the old count)."""
-    clock = fake_wall(SlowWall([1.0, 1.5], wall_s=0.1))
+@pytest.mark.parametrize("cpu_ms, wall_s, n", [
+    ([1.0, 1.5], 0.1, 20),     # max_seconds (0.5 s) out after 5; the old rule stopped at 10
+    ([1.0, 1.5], 1.0, 20),     # wall 1000x the work (a 20 ms forward took 0.4 s at load 8)
+    ([1.0, 1.5], 2.0, FLOOR_WALL_CAP * 0.5 / 2.0),  # the wall cap: 30 s of 2 s samples
+    ([600.0], 0.6, 9),         # calls of 0.6 s: the floor's cap, 5 s of them, after 9
+])
+def test_a_loaded_box_still_gets_min_samples(fake_wall, cpu_ms, wall_s, n):
+    """Each sample takes ``wall_s`` of wall time: the floor holds (margin: 2x the old rule's
+    10 samples) until the calls' own time reaches FLOOR_CAP x max_seconds, or the wall clock
+    FLOOR_WALL_CAP x max_seconds."""
+    clock = fake_wall(SlowWall(cpu_ms, wall_s=wall_s))
     stats = measure(lambda: None, clock, TimingOptions(**GATE, cpu_min_sample_ms=0))
-    assert stats.n == 20 and stats.noisy  # the spread of 1.0 / 1.5 never settles
-    clock = fake_wall(SlowWall([1.0, 1.5], wall_s=1.0))  # 20 samples would take 20 s
-    stats = measure(lambda: None, clock, TimingOptions(**GATE, cpu_min_sample_ms=0))
-    assert stats.n == FLOOR_CAP * 0.5 / 1.0  # the cap: 5 s of 1 s samples
+    assert stats.n == n
 
 
 def test_cpu_samples_are_blocks_sized_from_the_fastest_of_the_last_warm_up_calls(fake_wall):
