@@ -46,8 +46,8 @@ def _slower(rec: dict) -> None:
         for d in ("fwd", "bwd"):
             stats = (rec.get("timing") or {}).get(d) or {}
             for key in ("median_ms", "q1_ms", "q3_ms", "min_ms"):
-                if isinstance(stats.get(key), float):  # 4x: past the upper fence of the
-                    stats[key] *= 4                        # tiny sweep's 3-5 samples (gate.bound)
+                if isinstance(stats.get(key), float):  # 10x: past the upper fence of the
+                    stats[key] *= 10  # tiny sweep's 3-5 samples on a loaded box (gate.bound)
 
 
 def _one_fails(rec: dict) -> None:
@@ -58,7 +58,7 @@ def _one_fails(rec: dict) -> None:
 
 @pytest.fixture(scope="module")
 def gates(tiny, tmp_path_factory) -> dict[str, Path]:
-    """base; slower (sdpa 4x as slow: speed only); failing (one pass -> fail: accuracy
+    """base; slower (sdpa 10x as slow: speed only); failing (one pass -> fail: accuracy
     only); hostile (base with a backend named like an injection, in both)."""
     tmp = tmp_path_factory.mktemp("gates")
     runs = {"base": _rewrite(tiny, tmp / "base", lambda r: None),
@@ -171,9 +171,9 @@ def test_compare_json_has_every_pair_and_no_nan(gates, capsys):
     comp = body["comparisons"][0]
     assert len(comp["pairs"]) == comp["matched"] > 0
     sdpa = [p for p in comp["pairs"] if p["backend"] == "sdpa" and p["fwd"]["class"] != "n/a"]
-    assert sdpa and all(p["fwd"]["speed"] == pytest.approx(0.25) for p in sdpa)
+    assert sdpa and all(p["fwd"]["speed"] == pytest.approx(0.1) for p in sdpa)
     assert any(p["fwd"]["class"] == "SLOW" for p in sdpa)
-    for p in sdpa:  # 4x as slow but a wide spread of a few samples: AMBIGUOUS, and why
+    for p in sdpa:  # 10x as slow but a wide spread of a few samples: AMBIGUOUS, and why
         assert p["fwd"]["class"] in ("SLOW", "AMBIGUOUS")
         assert (p["fwd"]["why"] or "").startswith("too ") == (p["fwd"]["class"] != "SLOW")
 
