@@ -19,8 +19,9 @@ of the second run is set against the first's with
 
 ``--load N`` starts N processes that multiply matrices (one thread each: caches, memory
 bandwidth and the cores taken, as other jobs do) for the whole benchmark, on top of whatever
-else the box runs. A run pair fails the gate (``compare`` exits 1) when any of its unchanged timings is SLOW. The
-table printed at the end is the one docs/compare.md quotes. Timings, not a test: run it by hand.
+else the box runs. A run pair fails the gate (``compare`` exits 1) when any of its unchanged
+timings is SLOW. The figures printed at the end are the ones docs/compare.md quotes. Timings,
+not a test: run it by hand (``--save FILE`` keeps the runs, ``--judge FILE`` judges them again).
 """
 
 from __future__ import annotations
@@ -193,14 +194,16 @@ def _quantiles(values: list[float]) -> str:
 def report(result: dict, setting: str, threshold: float) -> None:
     same, slowed = result["classes"]["same"], result["classes"]["slowed"]
     n_same, n_slowed = sum(same.values()), sum(slowed.values())
-    print(f"\n## {setting} ({'blocks of >= cpu_min_sample_ms' if setting == 'blocked' else 'one call a sample'}), threshold {threshold:.0%}")
+    how = "blocks of >= cpu_min_sample_ms" if setting == "blocked" else "one call a sample"
+    print(f"\n## {setting} ({how}), threshold {threshold:.0%}")
     print(f"unchanged timings: {n_same}: " + ", ".join(f"{n} {k}" for k, n in same.most_common()))
     print(f"  false SLOW: {same['SLOW']}; run pairs failing the gate: "
           f"{result['failing_pairs']} of {result['pairs']}")
     print(f"  closest to a false SLOW: B.min / (bound(A) x {1 + threshold:g}) = "
           f"{result['worst_false']:.2f} (SLOW above 1)")
     print(f"  median ratio B/A min / median / p95 / max: {_quantiles(result['ratios'])}")
-    print(f"3x slowed timings: {n_slowed}: " + ", ".join(f"{n} {k}" for k, n in slowed.most_common()))
+    print(f"3x slowed timings: {n_slowed}: "
+          + ", ".join(f"{n} {k}" for k, n in slowed.most_common()))
     print(f"  caught (SLOW): {slowed['SLOW']} of {n_slowed}; the tightest: B.min / (bound(A) x "
           f"{1 + threshold:g}) = {result['tightest_catch']:.2f}")
     print(f"spread (q3-q1)/median min / median / p95 / max: {_quantiles(result['spreads'])}")
