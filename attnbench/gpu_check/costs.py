@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from attnbench.dtypes import BY_NAME, is_fp8
 from attnbench.sweep.case import Case
 from attnbench.sweep.flops import case_bytes, case_flops
-from attnbench.sweep.options import RunOptions, TimingOptions
+from attnbench.sweep.options import FLOOR_CAP, RunOptions, TimingOptions
 
 # -- the machines ---------------------------------------------------------------------------------
 
@@ -128,14 +128,16 @@ def call_seconds(case: Case, machine: Machine) -> tuple[float, float]:
 def timing_seconds(call_s: float, timing: TimingOptions) -> float:
     """Wall seconds :func:`attnbench.timing.loop.measure` spends on one direction, at most:
     the warm-up (calls and milliseconds), then samples until ``max_seconds`` (the loop's
-    cap; it stops sooner once the spread settles) or ``max_samples``."""
+    cap; it stops sooner once the spread settles) or ``max_samples``, and at least
+    ``min_samples`` of them (a floor, capped at ``FLOOR_CAP`` x ``max_seconds``)."""
     if call_s <= 0:
         return 0.0
     wall = call_s + FLUSH_S + LAUNCH_S
     warm = max(timing.warmup * wall, timing.warmup_ms / 1e3)
     calls = max(1, min(1000, math.ceil(timing.min_sample_ms / 1e3 / call_s)))
     sample = calls * wall
-    return warm + min(timing.max_samples * sample, timing.max_seconds + sample)
+    floor = min(timing.min_samples * sample, FLOOR_CAP * timing.max_seconds + sample)
+    return warm + min(timing.max_samples * sample, max(timing.max_seconds + sample, floor))
 
 
 def accuracy_seconds(case: Case, machine: Machine) -> float:

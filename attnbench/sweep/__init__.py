@@ -24,7 +24,7 @@ __all__, __getattr__ = package_face(__name__, {
     "length_mix": ("expand",),
     "load": ("Sweep", "load_sweep", "parse_sweep", "single_case_sweep"),
     "one_pass": ("Doubt", "SharedCauses", "shared_line", "valid_part"),
-    "options": ("RunOptions", "TimingOptions", "check_options_dict"),
+    "options": ("FLOOR_CAP", "FLOOR_WALL_CAP", "RunOptions", "TimingOptions", "check_options_dict"),
     "packed_rules": ("MAX_SEQUENCES",),
     "schema": ("add_schema_command", "schema_text", "sweep_schema"),
 })

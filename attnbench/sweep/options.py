@@ -17,6 +17,16 @@ from attnbench.validation import Choice, Flag, Int, PowerOfTwo, Problems, Real, 
 from attnbench.validation import fail as _fail
 
 
+FLOOR_CAP = 10
+"""Below ``min_samples`` sampling stops only once the calls themselves (the clock's own time:
+CPU time with ``cpu_clock: cpu``) have taken ``FLOOR_CAP`` x ``max_seconds``, or the wall clock
+:data:`FLOOR_WALL_CAP` x ``max_seconds``: the floor holds on a loaded box, yet a call of seconds
+cannot run on for min_samples calls (the case's ``timeout_s`` bounds a hung one)."""
+FLOOR_WALL_CAP = 60
+"""Wall time runs ~20x the CPU time of a rank at load 8 on 2 cores (a 20 ms forward, 13
+samples in 5 s of wall time): a cap on wall time alone cut the floor short there."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimingOptions:
     """How each case is timed (see :mod:`attnbench.timing.loop`)."""
@@ -29,13 +39,20 @@ class TimingOptions:
     """...and at least this much measured time in those calls (GPU clocks ramp up; do_bench's
     default). CPU correctness sweeps set 0."""
     min_sample_ms: float = field(default=0.1, metadata={"rule": Real(0.0, 10_000.0)})
-    """A call shorter than this is repeated within one sample (``calls_per_sample``), so a
-    sample is not mostly event resolution and launch latency. 0 = always one call."""
+    """On a GPU: a call shorter than this is repeated within one sample (``calls_per_sample``),
+    so a sample is not mostly event resolution and launch latency. 0 = always one call."""
+    cpu_min_sample_ms: float = field(default=2.0, metadata={"rule": Real(0.0, 10_000.0)})
+    """The same on a CPU device (ignored on a GPU): a sample is a block of calls that lasts at
+    least this long (sized from the warm-up). Sub-millisecond calls one a sample spread wide on
+    a shared box (IQR / median 52 % p95 at load 8 on 2 cores; blocks of 2 ms: 28 %,
+    benchmarks/speed_gate.py). 0 = one call."""
     mode: str = field(default="eager", metadata={"rule": Choice(("eager", "graph"))})
     """eager: the backend's calls as a user makes them; graph: captured once into a CUDA graph
     and replayed (no host launch overhead; falls back to eager, with a note, when a backend
     cannot be captured)."""
     min_samples: int = field(default=5, metadata={"rule": Int(0, 10_000)})
+    """A floor: ``max_seconds`` does not stop sampling below it (only calls so slow that the
+    floor would take :data:`FLOOR_CAP` x ``max_seconds`` do)."""
     max_samples: int = field(default=100, metadata={"rule": Int(1, 10_000)})
     """At most 10,000: every sample is kept in the record (``samples_ms``)."""
     target_rel_iqr: float = field(default=0.05, metadata={"rule": Real(0.0, 100.0,

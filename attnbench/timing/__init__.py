@@ -12,5 +12,5 @@ __all__, __getattr__ = package_face(__name__, {
     "bench": ("bench_ms",),
     "case": ("time_case",),
     "loop": ("CpuClock", "EventClock", "ProcessClock", "StopRule", "calls_per_sample",
-             "make_clock", "measure", "summarize"),
+             "make_clock", "measure", "sample_target_ms", "summarize"),
 })

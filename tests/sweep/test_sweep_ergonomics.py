@@ -223,8 +223,8 @@ def test_override_mistakes_name_the_override():
         "-s seqlen_q: got [100], expected values zipped in axes.tokens: 32, 64, 128",
         "-s options.timeout_s: got -1, expected a positive number <= 604800 (a week)",
         "-s options.timing.warmpu: unknown option 'warmpu' (did you mean warmup?), expected one "
-        "of enabled, warmup, warmup_ms, min_sample_ms, mode, min_samples, max_samples, "
-        "target_rel_iqr, max_seconds, cpu_clock",
+        "of enabled, warmup, warmup_ms, min_sample_ms, cpu_min_sample_ms, mode, min_samples, "
+        "max_samples, target_rel_iqr, max_seconds, cpu_clock",
     ]
 
 

@@ -164,8 +164,8 @@ def test_stop_rule_and_noisy_flag():
                                   max_seconds=60))
     assert noisy.n == 12 and noisy.noisy  # never settles: stops at max_samples, flagged
     rule = StopRule(TimingOptions(min_samples=3, max_samples=10, max_seconds=1.0))
-    assert not rule.should_stop([1.0, 5.0], elapsed_s=1.5)      # under min_samples, < 2x cap
-    assert rule.should_stop([1.0, 5.0], elapsed_s=2.5)          # a very slow call
+    assert not rule.should_stop([1.0, 5.0], elapsed_s=2.5)      # under min_samples: a floor
+    assert rule.should_stop([1.0, 5.0], elapsed_s=10.5)         # a very slow call (FLOOR_CAP)
     assert rule.should_stop([1.0, 5.0, 9.0], elapsed_s=1.1)     # min_samples and the cap
     real = measure(lambda: sum(range(1000)), CpuClock(), TimingOptions(max_seconds=0.05,
                                                                         warmup_ms=0))

@@ -5,14 +5,10 @@ matches case for case), and within a match on the exact GPU kind that actually r
 (``record.env.gpu_kind``: ``H100-SXM5-80GB`` and ``H100-PCIe-80GB`` are two kinds) when both
 runs have it.
 
-Timing, per direction (fwd, bwd), compares robust intervals: the median with ``[min, q3]``.
-With A the baseline, B the other run and ``t`` the threshold (default 5%)::
-
-    SLOW       B.min > A.q3 * (1 + t)     B's best sample is slower than most of A's
-    FAST       A.min > B.q3 * (1 + t)
-    SAME       otherwise, when the medians are within t of each other
-    AMBIGUOUS  otherwise (the intervals overlap, the medians do not agree), or when they
-               overlap and either side's timing is ``noisy`` (its spread never settled)
+Timing, per direction (fwd, bwd), compares robust intervals, the median with ``[min, q3]``,
+by the rule of :mod:`attnbench.report.compare.gate` (default threshold 5%): SLOW when B's best
+sample is slower than most of A's by the threshold, FAST the other way round, SAME when the
+medians agree and both spreads settled, AMBIGUOUS otherwise.
 
 SLOW and FAST need no settled spread: B's best sample slower than A's q3 by ``t`` is a
 slowdown however wide either spread was (a noisy shared box widens intervals, it does not move
@@ -35,6 +31,7 @@ are compared too, and every difference is a warning line (:mod:`attnbench.report
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Sequence
@@ -43,9 +40,10 @@ import numpy as np
 import pandas as pd
 from pandas.api.extensions import ExtensionDtype
 
+from attnbench.report.compare.gate import classify as _classify, float_column
+from attnbench.report.compare.gate import timing_columns as _timing_columns
 from attnbench.report.read.code_changes import backend_warnings, options_warnings
 from attnbench.report.read.data import DIRECTIONS, Run
-from attnbench.report.read.doubt import why_ambiguous
 from attnbench.report.read.environment import (kind_text, mixed_kinds, representative, run_warnings,
                                           software_text, warned_labels)
 from attnbench.report.read.pool import read_run_jobs
@@ -66,91 +64,6 @@ COMPARED = ("id", "label", "verdict", "reason", "features", "backend", "dtype", 
             *(f"{t}_rel_l2" for t in TENSORS))
 """The frame columns a comparison reads of each run (its pages and formats too): a run of
 10^6 cases is loaded as these ~30 columns, not the report's ~100 (:func:`load_compared`)."""
-
-
-def classify(a: dict[str, float], b: dict[str, float], threshold: float) -> str:
-    """FAST / SLOW / SAME / AMBIGUOUS for B against A; ``a`` and ``b`` hold median, min, q3
-    and optionally ``noisy`` (a timing whose spread never settled: SAME is then AMBIGUOUS;
-    intervals that do not overlap are SLOW or FAST all the same)."""
-    vals = [a.get(k) for k in ("median", "min", "q3")] + [b.get(k) for k in ("median", "min", "q3")]
-    if any(v is None or not math.isfinite(v) or v <= 0 for v in vals):
-        return "n/a"
-    # Intervals apart by the threshold settle it whatever either spread did: B's best sample
-    # slower than most of A's is a slowdown, noisy or not (a 10x one was AMBIGUOUS, issue 27).
-    if b["min"] > a["q3"] * (1 + threshold):
-        return "SLOW"
-    if a["min"] > b["q3"] * (1 + threshold):
-        return "FAST"
-    if a.get("noisy") or b.get("noisy"):
-        return "AMBIGUOUS"  # overlapping intervals of a spread that never settled: no verdict
-    if abs(b["median"] / a["median"] - 1) <= threshold:
-        return "SAME"
-    return "AMBIGUOUS"
-
-
-CLASS_CODES = np.array(["n/a", "SLOW", "FAST", "AMBIGUOUS", "SAME", "RATIO"], dtype=object)
-NOISY_CODES = np.array(["", "A", "B", "A and B"], dtype=object)
-"""A class or noisy text per code: every pair's cell refers to one of these strings (a string
-made per cell, as numpy's astype(object) does, was ~60 B a pair a column)."""
-
-
-def _floats(column: Any) -> np.ndarray:
-    """A column as float64, a missing value NaN (a taken numpy array is used as it is)."""
-    if isinstance(column, np.ndarray):
-        return column.astype(float, copy=False)
-    return column.to_numpy(dtype=float, na_value=np.nan)
-
-
-def _flags(column: Any) -> np.ndarray:
-    """A noisy column as bool, as a pair's dict held it: a missing flag True (``bool(NaN)``)."""
-    if np.asarray(column).dtype == bool:
-        return np.asarray(column)
-    return np.array([bool(v) for v in column], dtype=bool)
-
-
-def timing_columns(pairs: Any, d: str, threshold: float) -> dict[str, Any]:
-    """Direction ``d``'s columns of the pairs, all rows at once (:func:`classify` a pair at a
-    time, over the ``<d>_<stat>_a`` / ``_b`` columns and ``same_kind`` of ``pairs``, a frame or
-    a dict of arrays; a Python loop cost ~10 us a pair, 20 s for 10^6): ``<d>_class`` (RATIO
-    across GPU kinds), ``<d>_speed`` (A's median over B's; above 1: B is faster) and its robust
-    range ``_lo`` / ``_hi``, ``<d>_noisy`` ("", "A", "B" or "A and B": whose timing never
-    settled) and ``<d>_why`` (AMBIGUOUS only:
-    :func:`~attnbench.report.read.doubt.why_ambiguous`)."""
-    # per side, as a pair's dict held them: a missing value NaN, a missing flag True (bool())
-    side = {s: {stat: _floats(pairs[f"{d}_{stat}_{s}"])
-                for stat in ("median_ms", "min_ms", "q3_ms")} for s in "ab"}
-    for s in "ab":
-        side[s]["noisy"] = _flags(pairs[f"{d}_noisy_{s}"])
-    a, b = side["a"], side["b"]
-    a_noisy, b_noisy = a["noisy"], b["noisy"]
-    same_kind = np.asarray(pairs["same_kind"], dtype=bool)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        none = np.zeros(len(same_kind), dtype=bool)  # classify's "n/a"
-        for x in (a, b):
-            for k in ("median_ms", "min_ms", "q3_ms"):
-                none |= ~np.isfinite(x[k]) | (x[k] <= 0)
-        code = np.select(
-            [none, b["min_ms"] > a["q3_ms"] * (1 + threshold),
-             a["min_ms"] > b["q3_ms"] * (1 + threshold), a_noisy | b_noisy,
-             np.abs(b["median_ms"] / a["median_ms"] - 1) <= threshold],
-            [np.int8(k) for k in range(5)], np.int8(3))  # CLASS_CODES
-        code[~none & ~same_kind] = 5  # RATIO
-        speed, lo, hi = (np.where(none, math.nan, a[x] / b[y]) for x, y in
-                         (("median_ms", "median_ms"), ("min_ms", "q3_ms"), ("q3_ms", "min_ms")))
-    why = np.full(len(same_kind), "", dtype=object)
-    ambiguous = np.flatnonzero(code == 3)  # the few a run has, a pair at a time
-    if len(ambiguous):  # q1 and n: read by why_ambiguous alone, for these pairs
-        for s, x in (("a", a), ("b", b)):
-            x.update({stat: _floats(pairs[f"{d}_{stat}_{s}"])[ambiguous]
-                      for stat in ("q1_ms", "n")})
-    for j, i in enumerate(ambiguous):
-        sa, sb = ({"median": float(x["median_ms"][i]), "min": float(x["min_ms"][i]),
-                   "q3": float(x["q3_ms"][i]), "q1": float(x["q1_ms"][j]), "n": float(x["n"][j]),
-                   "noisy": bool(x["noisy"][i])} for x in (a, b))
-        why[i] = why_ambiguous(sa, sb, threshold)
-    noisy = NOISY_CODES[a_noisy.astype(np.int8) + 2 * b_noisy.astype(np.int8)]
-    return {f"{d}_class": CLASS_CODES[code].tolist(), f"{d}_speed": speed, f"{d}_speed_lo": lo,
-            f"{d}_speed_hi": hi, f"{d}_noisy": noisy.tolist(), f"{d}_why": why.tolist()}
 
 
 NAMES = {"a": ("id",), "b": ("id", "label")}
@@ -339,7 +252,7 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
     for d in DIRECTIONS:  # each statistic taken as it is read, then let go
         stats = _Taken(fa, fb, rows, same_kind=pairs.same_kind.to_numpy(),
                        **{f"{d}_median_ms_{s}": pairs[f"{d}_median_ms_{s}"] for s in "ab"})
-        for name, column in timing_columns(stats, d, threshold).items():
+        for name, column in _timing_columns(stats, d, threshold).items():
             pairs[name] = column
         del stats
     # Accuracy: only between judged verdicts. A case not judged on either side (timed) has no
@@ -348,7 +261,7 @@ def compare_runs(a: Run, b: Run, threshold: float = 0.05) -> Comparison:
               ).to_numpy()
     for t in TENSORS:  # each tensor's errors taken, set against each other, let go
         errors = _taken(fa, fb, rows, {f"{t}_rel_l2_a", f"{t}_rel_l2_b"})
-        ea, eb = _floats(errors[f"{t}_rel_l2_a"]), _floats(errors[f"{t}_rel_l2_b"])
+        ea, eb = float_column(errors[f"{t}_rel_l2_a"]), float_column(errors[f"{t}_rel_l2_b"])
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             pairs[f"{t}_err_ratio"] = np.where(judged & (ea > 0) & (eb >= 0),
                                                eb / np.where(ea > 0, ea, np.nan), np.nan)
@@ -598,3 +511,12 @@ def summary_text(comps: Sequence[Comparison], index: Path | None = None,
         lines.append(f"dashboard: {index}")
     return "\n".join(lines)
 
+
+def __getattr__(name: str) -> Any:
+    """The timing rule's old home: ``classify`` and ``timing_columns`` are in :mod:`.gate`."""
+    moved = {"classify": _classify, "timing_columns": _timing_columns}
+    if name in moved:
+        warnings.warn(f"{__name__}.{name} moved to attnbench.report.compare.gate.{name}; import "
+                      "it from there", DeprecationWarning, stacklevel=2)
+        return moved[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Why a timing cannot carry a verdict: too few samples, or too noisy.
 
 ``attnbench compare`` calls a pair AMBIGUOUS when it cannot say FAST, SLOW or SAME
-(:func:`attnbench.report.compare.comparison.classify`); this module says why, in the words a user acts on:
+(:func:`attnbench.report.compare.gate.classify`); this module says why, in the words a user acts on:
 
 * ``too few samples`` -- a side has fewer than :data:`FEW_SAMPLES` samples: its quartiles rest
   on one or two samples each, so the robust interval is a guess. Act: raise ``min_samples``.

@@ -1,5 +1,5 @@
 """``compare`` classifies every pair at once
-(:func:`attnbench.report.compare.comparison.timing_columns`,
+(:func:`attnbench.report.compare.gate.timing_columns`,
 issue 29: a Python loop over 10^6 pairs cost ~20 s); :func:`classify` is the rule, one pair at
 a time. Both must agree on every pair, including the edges: missing, zero and negative times,
 intervals exactly at the threshold, noisy flags (missing ones read True, as ``bool()`` reads
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnbench.report.compare.comparison import classify, timing_columns
+from attnbench.report.compare.gate import classify, timing_columns
 from attnbench.report.read.doubt import why_ambiguous
 
 STATS = ("median_ms", "min_ms", "q1_ms", "q3_ms", "n")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from attnbench.report import commands
-from attnbench.report.compare.comparison import classify, compare_runs, describe, run_facts
+from attnbench.report.compare.comparison import compare_runs, describe, run_facts
+from attnbench.report.compare.gate import classify
 from attnbench.report.read.reader import read_run
 from attnbench.report.read.environment import env_view, representative, run_warnings
 from report_runs import edit_run  # tests/support/ is on sys.path (pyproject: pythonpath)

@@ -18,7 +18,7 @@ import pytest
 
 from attnbench.cli import main
 from attnbench.errors import EXIT_BAD_INPUT, EXIT_FAILURES, EXIT_OK
-from attnbench.report.compare.comparison import classify
+from attnbench.report.compare.gate import classify
 from attnbench.report.read.doubt import FEW_SAMPLES, timing_doubt, why_ambiguous
 from helpers import ROOT
 
@@ -46,8 +46,8 @@ def _slower(rec: dict) -> None:
         for d in ("fwd", "bwd"):
             stats = (rec.get("timing") or {}).get(d) or {}
             for key in ("median_ms", "q1_ms", "q3_ms", "min_ms"):
-                if isinstance(stats.get(key), float):
-                    stats[key] *= 2
+                if isinstance(stats.get(key), float):  # 10x: past the upper fence of the
+                    stats[key] *= 10  # tiny sweep's 3-5 samples on a loaded box (gate.bound)
 
 
 def _one_fails(rec: dict) -> None:
@@ -58,7 +58,7 @@ def _one_fails(rec: dict) -> None:
 
 @pytest.fixture(scope="module")
 def gates(tiny, tmp_path_factory) -> dict[str, Path]:
-    """base; slower (sdpa twice as slow: speed only); failing (one pass -> fail: accuracy
+    """base; slower (sdpa 10x as slow: speed only); failing (one pass -> fail: accuracy
     only); hostile (base with a backend named like an injection, in both)."""
     tmp = tmp_path_factory.mktemp("gates")
     runs = {"base": _rewrite(tiny, tmp / "base", lambda r: None),
@@ -171,11 +171,11 @@ def test_compare_json_has_every_pair_and_no_nan(gates, capsys):
     comp = body["comparisons"][0]
     assert len(comp["pairs"]) == comp["matched"] > 0
     sdpa = [p for p in comp["pairs"] if p["backend"] == "sdpa" and p["fwd"]["class"] != "n/a"]
-    assert sdpa and all(p["fwd"]["speed"] == pytest.approx(0.5) for p in sdpa)
+    assert sdpa and all(p["fwd"]["speed"] == pytest.approx(0.1) for p in sdpa)
     assert any(p["fwd"]["class"] == "SLOW" for p in sdpa)
-    for p in sdpa:  # twice as slow but a wide spread: AMBIGUOUS, and why
+    for p in sdpa:  # 10x as slow but a wide spread of a few samples: AMBIGUOUS, and why
         assert p["fwd"]["class"] in ("SLOW", "AMBIGUOUS")
-        assert (p["fwd"]["why"] or "").startswith("too noisy") == (p["fwd"]["class"] != "SLOW")
+        assert (p["fwd"]["why"] or "").startswith("too ") == (p["fwd"]["class"] != "SLOW")
 
 
 def test_compare_markdown_is_a_pull_request_comment_that_escapes_the_runs_text(gates, capsys):
