@@ -18,8 +18,8 @@ import numpy as np
 from attnbench.report.history.collect import HistoryRun
 from attnbench.report.history.series import METRICS, UNITS, CaseHistory, FoundStep, GpuHistory
 from attnbench.report.history.table import code_text, commit_text, run_names, when
-from attnbench.report.page.html import (claim_output_dir, esc, finish_output_dir, fmt, page,
-                                        sort_key, verdict_badge)
+from attnbench.report.page.html import (abandon_output_dir, claim_output_dir, esc,
+                                        finish_output_dir, fmt, page, sort_key, verdict_badge)
 from attnbench.results.files import write_atomic
 
 MAX_STEPS_DRAWN = 1_000  # step rows (each with its SVG, ~0.6 KB) per GPU kind
@@ -131,14 +131,18 @@ def build_history_page(histories: Sequence[GpuHistory], runs: Sequence[HistoryRu
                        out_dir: Path, command: Sequence[str]) -> Path:
     """Write ``out_dir/index.html``; returns its path. :class:`ReportError` when ``out_dir`` is
     not attnbench's to write (:func:`claim_output_dir`)."""
-    old = claim_output_dir(out_dir)
-    sections, nav = [], []
-    for i, h in enumerate(histories):
-        anchor = f"gpu{i + 1}"
-        nav.append((anchor, h.gpu))
-        sections.append(gpu_section(h, runs, anchor))
-    index = Path(out_dir) / "index.html"
-    write_atomic(index, page("attnbench history · " + ", ".join(h.gpu for h in histories),
-                             header(runs, order, command), nav, "\n".join(sections)))
-    finish_output_dir(out_dir, [index], old)
+    claim = claim_output_dir(Path(out_dir))
+    try:
+        sections, nav = [], []
+        for i, h in enumerate(histories):
+            anchor = f"gpu{i + 1}"
+            nav.append((anchor, h.gpu))
+            sections.append(gpu_section(h, runs, anchor))
+        index = Path(out_dir) / "index.html"
+        write_atomic(index, page("attnbench history · " + ", ".join(h.gpu for h in histories),
+                                 header(runs, order, command), nav, "\n".join(sections)))
+    except BaseException:
+        abandon_output_dir(claim)  # a failed page leaves no empty directory behind
+        raise
+    finish_output_dir(claim, [index])
     return index
