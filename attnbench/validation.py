@@ -87,6 +87,11 @@ def unknown_name(where: str, given: Any, known: Sequence[str], what: str) -> Swe
                       f"expected one of {', '.join(map(str, known))}")
 
 
+_FIELD_PATH = re.compile(r"[A-Za-z_][\w.\[\]]*")
+"""A place in a document (``axes.backend[0]``, ``include[1].heads_kv``): a line naming one is a
+mistake at that place, and the same mistake at several places is one line."""
+
+
 class Problems:
     """The mistakes of one input, gathered in one pass so that a user fixes a file once rather
     than once per mistake. ``with problems.check(): ...`` records a :class:`SweepError` raised
@@ -102,6 +107,10 @@ class Problems:
         self.count = 0
         self.overridden: set[str] = set()
         """Document paths set by ``-s`` (``options.timeout_s``): their mistakes name ``-s``."""
+        self._by_cause: dict[str, int] = {}
+        self._places: dict[int, list[str]] = {}
+        self._folded = 0
+        """A message's cause (after ``place: ``) -> its line, and the places that share it."""
 
     def __bool__(self) -> bool:
         return self.count > 0
@@ -109,7 +118,17 @@ class Problems:
     def add(self, exc: SweepError) -> None:
         for line in str(exc).split("\n"):
             self.count += 1
+            where, sep, cause = line.partition(": ")
+            shared = self._by_cause.get(cause) if sep and _FIELD_PATH.fullmatch(where) else None
+            if shared is not None:  # the same mistake at another place: said once, with both
+                if where not in self._places[shared] and len(self._places[shared]) < 1000:
+                    self._places[shared].append(where)
+                self._folded += 1
+                continue
             if len(self.messages) < self.LIMIT and line not in self.messages:
+                if sep and _FIELD_PATH.fullmatch(where):
+                    self._by_cause[cause] = len(self.messages)
+                    self._places[len(self.messages)] = [where]
                 self.messages.append(line)
 
     @contextlib.contextmanager
@@ -126,9 +145,13 @@ class Problems:
         lines = [m if m.startswith(("-s ", f"{self.filename}: ")) else
                  f"-s {m}" if by_hand and m.startswith(by_hand) else f"{self.filename}: {m}"
                  for m in self.messages]
-        if self.count > len(self.messages):
-            lines.append(f"{self.filename}: ... {self.count - len(self.messages)} more "
-                         "mistakes like these")
+        for index, places in self._places.items():
+            if len(places) > 1:
+                shown = ", ".join(places[1:4]) + (", ..." if len(places) > 4 else "")
+                lines[index] += f" (the same at {len(places) - 1} more places: {shown})"
+        unshown = self.count - len(self.messages) - self._folded
+        if unshown > 0:
+            lines.append(f"{self.filename}: ... {unshown} more mistakes like these")
         raise SweepError("\n".join(lines))
 
 

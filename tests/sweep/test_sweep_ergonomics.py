@@ -151,9 +151,18 @@ def test_every_mistake_is_reported_in_one_pass():
 
 
 def test_a_flood_of_mistakes_is_cut_to_a_readable_count():
-    values = ", ".join(["-1"] * 200)
+    values = ", ".join(str(-n) for n in range(1, 201))  # 200 different mistakes
     lines = _mistakes(BASE + f"axes: {{seqlen_q: [{values}]}}\n")
     assert len(lines) == 31 and lines[-1] == "bad.yaml: ... 170 more mistakes like these"
+
+
+def test_the_same_mistake_at_many_places_is_one_line():
+    """Issue 40 item 3: a cause shared by many places is said once, with a count."""
+    values = ", ".join(["-1"] * 200)
+    (line,) = _mistakes(BASE + f"axes: {{seqlen_q: [{values}]}}\n")
+    assert line.startswith("bad.yaml: axes.seqlen_q[0]: got -1")
+    assert line.endswith("(the same at 199 more places: axes.seqlen_q[1], axes.seqlen_q[2], "
+                         "axes.seqlen_q[3], ...)"), line
 
 
 def test_a_misspelt_backend_gets_a_suggestion():
