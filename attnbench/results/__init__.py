@@ -4,7 +4,8 @@
 manifest checked when read: run directories travel between people), :mod:`~.store` (the run
 directory: ``manifest.json`` and ``records.jsonl``, appended and flushed as records arrive) and
 :mod:`~.lock` (one writer per run directory, also across hosts); :mod:`~.journal` (the one
-journal reader: streamed, each line capped), :mod:`~.ledger` (what a run keeps of each recorded
+journal reader: streamed, each line capped), :mod:`~.columnar` (its clean blocks as Arrow
+columns, where that reads the same), :mod:`~.ledger` (what a run keeps of each recorded
 case: verdict and attempt, never the record) and :mod:`~.files` (every file written in a run
 directory: a new temporary file, then a rename; no link followed).
 """
@@ -15,13 +16,15 @@ __all__, __getattr__ = package_face(__name__, {
     "files": ("create_temp", "open_append", "open_update", "refusal", "write_atomic"),
     "journal": ("JournalLine", "MAX_FIELD_CHARS", "MAX_LINE_BYTES", "fit_line", "journal_lines",
                 "journal_records", "read_lines"),
-    "ledger": ("Entry", "LineRange", "last_records", "line_ranges", "range_records",
-               "read_ledger"),
+    "ledger": ("Entry", "LineRange", "SecondPass", "last_records", "line_ranges",
+               "range_records", "read_ledger"),
     "lock": ("Cancelled", "LOCK", "RunLock", "describe_holder"),
     "records": ("BAD_VERDICTS", "CHECKS", "DIED_VERDICTS", "JUDGED_VERDICTS",
                 "NOT_JUDGED_VERDICTS", "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS",
                 "VERDICTS", "handled_crash", "make_record"),
     "schema": ("check_record",),
     "store": ("RunStore", "default_run_dir", "latest_run_dir", "load_manifest", "load_records",
-              "stream_records"),
+              "stream_record_blocks", "stream_records"),
+    "columnar": ("CASE_COLUMNS", "RecordBlock", "SCHEMA", "block_records",
+                 "last_record_blocks"),
 })
