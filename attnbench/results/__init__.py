@@ -19,7 +19,7 @@ __all__, __getattr__ = package_face(__name__, {
     "ledger": ("Entry", "LineRange", "SecondPass", "last_records", "line_ranges",
                "range_records", "read_ledger"),
     "lock": ("Cancelled", "LOCK", "RunLock", "describe_holder"),
-    "records": ("BAD_VERDICTS", "CHECKS", "DIED_VERDICTS", "JUDGED_VERDICTS",
+    "records": ("BAD_VERDICTS", "CHECKS", "DIED_VERDICTS", "IDENTITIES", "JUDGED_VERDICTS",
                 "NOT_JUDGED_VERDICTS", "RAN_VERDICTS", "RecordMaker", "SEVERITY", "TENSORS",
                 "VERDICTS", "handled_crash", "make_record"),
     "schema": ("check_record",),

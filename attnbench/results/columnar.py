@@ -18,8 +18,8 @@ had. Taken as columns only:
 - an explicit schema (:data:`SCHEMA`, from :mod:`~attnbench.results.schema`'s tables and the
   case's fields): a field of another type, a key it does not name, a key twice make pyarrow
   refuse the block; an int where a case field is a float (``dropout: 0``: its text is ``0``,
-  not ``0.0``) and a null case field, label or reason (null and absent are one in Arrow, not in
-  Python) are looked for in the bytes;
+  not ``0.0``) is looked for in the bytes; every case field, label and reason present and not
+  null (null and absent are one in Arrow, not in Python);
 - the schema's values checked as :func:`~attnbench.results.schema.check_record` checks them:
   ids of 1-64 characters, known verdicts, attempts >= 1, no null in a list of numbers, each
   distinct case value through its field's rule (:func:`~attnbench.sweep.case.
@@ -44,7 +44,7 @@ from attnbench.results.journal import (_LONG_EXPONENT, _LONG_INTEGER, _SHAPES, M
                                        TORN, JournalLine, open_journal, read_lines)
 from attnbench.results.ledger import SecondPass, _last_lines
 from attnbench.results import schema
-from attnbench.results.records import VERDICTS
+from attnbench.results.records import IDENTITIES, TENSORS, VERDICTS
 from attnbench.sweep.case import MAX_RANKS, Case, case_value_passes
 
 try:
@@ -67,21 +67,18 @@ CASE_COLUMNS = {f.name: _CASE_TYPES[f.type] for f in dataclasses.fields(Case)
 """Case field -> its Arrow type (the packed lengths, lists, are not: a case with them is read
 line by line)."""
 _FLOAT_FIELDS = tuple(name for name, kind in CASE_COLUMNS.items() if kind == "float64")
-_NULLS_READ = (*CASE_COLUMNS, "label", "reason")
-"""Keys whose null a reader tells from their absence: ``case.get("seqlen_kv")`` of a case
-without it is its default; ``r.get("label", "")``."""
+_NULLS_READ = ("label", "reason")
+"""Keys whose null a reader tells from its absence (``r.get("label", "")``), as it does a case
+field's (``case.get("seqlen_kv")`` of a case without it is its default): a block where one is
+null or absent is read line by line."""
 
-
-def _keys(names) -> bytes:
-    return b"(?:" + b"|".join(re.escape(n).encode("ascii") for n in names) + b")"
-
-
-_ODD = re.compile(rb'"' + _keys(_NULLS_READ) + rb'"[ \t\r]*:[ \t\r]*null'
-                  rb'|"' + _keys(_FLOAT_FIELDS) + rb'"[ \t\r]*:[ \t\r]*(?:-|[0-9]+[ \t\r]*[,}])')
-"""A null where its absence reads otherwise, an int where a case field is a float, or a
-negative one (-0.0 has a text of its own, but Arrow groups it with 0.0). With
-no backslash in the block a quote is a string's end, so ``"dropout":`` is a key (of some
-object: a false alarm costs the block its columns, never a value)."""
+_ODD = tuple(re.compile(rb'"' + re.escape(name.encode("ascii"))
+                        + rb'"[ \t\r]*:[ \t\r]*(?:-|[0-9]+[ \t\r]*[,}])')
+             for name in _FLOAT_FIELDS)
+"""An int where a case field is a float (its text is ``0``, not ``0.0``), or a negative one
+(-0.0 has a text of its own, but Arrow groups it with 0.0). With no backslash in the block
+a quote is a string's end, so ``"dropout":`` is a key (of some object: a false alarm costs the
+block its columns, never a value). One pattern a field: a literal start is searched in C."""
 _STOPS = (b"\\", b"NaN", b"Infinity")
 
 
@@ -119,8 +116,9 @@ def _schema():
           for k, kind in s._RECORD.items()),
         pa.field("attempt", pa.int64()),
         pa.field("checks", pa.list_(_struct(s._CHECK))),
-        pa.field("accuracy", _struct({"reference": s.TEXT}, {"tensors": pa.struct(
-            [pa.field(t, metrics) for t in ("out", "dq", "dk", "dv")])})),
+        pa.field("accuracy", _struct({"reference": s.TEXT}, {
+            "tensors": pa.struct([pa.field(t, metrics) for t in TENSORS]),
+            "identities": pa.struct([pa.field(t, metrics) for t in IDENTITIES])})),
         pa.field("timing", timing),
         pa.field("crash", _struct(s._CRASH)),
         pa.field("compile", _struct(s._COMPILE)),
@@ -250,14 +248,33 @@ def _columns(block: bytes, count: int, first: int, second: SecondPass):
 
 
 def _plain(block: bytes) -> bool:
-    """No escape, NaN or number that may overflow; no null or int that Arrow would read
-    otherwise (:data:`_ODD`)."""
-    if any(stop in block for stop in _STOPS):
+    """No escape, NaN or number that may overflow; no int Arrow would read as a float
+    (:data:`_ODD`)."""
+    if any(stop in block for stop in _STOPS) or not _numbers_fit(block):
         return False
-    shapes = block.translate(_SHAPES, b"+")
-    if _LONG_EXPONENT in shapes or _LONG_INTEGER in shapes:
-        return False
-    return _ODD.search(block) is None
+    return not any(pattern.search(block) for pattern in _ODD)
+
+
+_BLOCK_SHAPES = _SHAPES[:ord("+")] + b"e" + _SHAPES[ord("+") + 1:]
+""":data:`~attnbench.results.journal._SHAPES` with ``+`` read as ``e`` (not deleted: a shape's
+place is its byte's), so ``1e+309`` reads ``0ee000``."""
+
+
+def _numbers_fit(block: bytes) -> bool:
+    """No integer of 19 digits or more, no exponent of 3 digits, outside a string (an even
+    count of quotes before it: the block has no backslash, and a line of an odd count does not
+    parse): what :func:`~attnbench.results.journal.parse_line` leaves to ``parse_json``. Ids
+    such as ``...e000`` are shapes in strings; the quotes are counted once per block."""
+    shapes = block.translate(_BLOCK_SHAPES)
+    for pattern, skip in ((_LONG_EXPONENT, 0), (_LONG_INTEGER, 1)):
+        at, counted, quotes = shapes.find(pattern), 0, 0
+        while at >= 0:
+            quotes += block.count(b'"', counted, at + skip)
+            counted = at + skip
+            if quotes % 2 == 0:
+                return False
+            at = shapes.find(pattern, at + 1)
+    return True
 
 
 def _checked(table) -> bool:
@@ -277,8 +294,9 @@ def _checked(table) -> bool:
         if numbers.null_count:
             return False
     case = table.column("case").chunk(0)
-    if case.null_count or case.field("backend").null_count:
-        return False
+    if case.null_count or any(case.field(name).null_count for name in CASE_COLUMNS) \
+            or any(table.column(key).null_count for key in _NULLS_READ):
+        return False  # null or absent: Arrow does not tell them apart
     for name in CASE_COLUMNS:
         values = pc.unique(case.field(name)).to_pylist()
         if not all(v is None or case_value_passes(name, v) for v in values):
@@ -308,14 +326,7 @@ def _own_lines(table, first: int, last: dict) -> bool:
 
 def block_records(block: RecordBlock, rows=None) -> list[dict]:
     """Rows of a block (all, or those at the indices ``rows``) as records, as a reader of a
-    record reads them: a case without the fields its row lacks (null is absence here: the
-    block has no null case field), no ``label`` or ``reason`` where it had none; other
-    fields absent from the line are None."""
+    record reads them: every case field, label and reason as on its line (a block has them
+    all); another field absent from the line is None, as a null would be."""
     table = block.table if rows is None else block.table.take(rows)
-    records = table.to_pylist()
-    for r in records:
-        r["case"] = {k: v for k, v in r["case"].items() if v is not None}
-        for key in ("label", "reason"):
-            if r[key] is None:
-                del r[key]
-    return records
+    return table.to_pylist()

@@ -103,6 +103,8 @@ NOT_JUDGED_VERDICTS = tuple(v for v in RAN_VERDICTS if v not in JUDGED_VERDICTS)
 DIED_VERDICTS = tuple(v for v in BAD_VERDICTS if v not in RAN_VERDICTS)
 """error, crash, timeout, oom, lost: the case did not run to the end, so it has no result."""
 TENSORS = ("out", "dq", "dk", "dv")
+IDENTITIES = ("dv_v", "dq_q", "dk_sum")
+"""The reference-free identities a record's ``accuracy.identities`` names (DESIGN.md)."""
 CHECKS = ("reference", "baseline_ratio", "identity", "nonfinite", "determinism", "parity",
           "dropout", "dropout_independence", "ranks_mask_replay", "lse")
 """What a ``checks`` entry may be: an error against the fp64 reference held to an absolute
