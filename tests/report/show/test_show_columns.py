@@ -32,7 +32,8 @@ def _plain(i: int, backend: str, verdict: str = "pass", **fields) -> dict:
 def _records(odd: bool = True) -> list[dict]:
     records = [_plain(i, ("naive", "sdpa")[i % 2]) for i in range(60)]
     records += [_plain(60, "naive", "timed"), _plain(61, "sdpa", "unsupported")]
-    records += [_plain(62 + i, "sdpa", "fail") for i in range(4)]  # sdpa fails on 8 heads
+    records += [_plain(62 + i, "sdpa", "fail", heads_kv=(2, 4)[i % 2])  # sdpa fails on GQA
+                for i in range(6)]
     records += gqa(range(8))
     records += [case_record("pass", error=2e-3 * 2 ** i, seqlen=n, seed=9)  # a finding
                 for i, n in enumerate(LADDER)]
