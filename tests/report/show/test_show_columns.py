@@ -15,11 +15,24 @@ from attnbench import cli
 from attnbench.report.show.columns import add_block
 from attnbench.report.show.summary import RunSummary
 from attnbench.results.columnar import RecordBlock, last_record_blocks
+from attnbench.results.records import TENSORS, make_record
 from attnbench.sweep.case import make_case
 from helpers import simulated_record
-from test_failure_summary import LADDER, case_record, gqa
 
 pytest.importorskip("pyarrow")
+
+
+def _judged(verdict="pass", failing=(), *, seqlen=256, error=2e-3, **fields):
+    """A judged record (as tests/report/show/test_failure_summary.py's): ``failing`` tensors
+    fail their reference check; ``error``: dQ's (the fused baseline's is 2e-3)."""
+    case = make_case("columns", {"backend": "mutant.gqa_dkv_mean", "dtype": "bf16",
+                                 "heads_q": 4, "seqlen_q": seqlen, **fields})
+    tensors = {t: {"rel_l2": 2e-3, "fused_rel_l2": 2e-3, "baseline": "fused"} for t in TENSORS}
+    tensors["dq"]["rel_l2"] = error
+    checks = [{"check": "reference", "tensor": t, "metric": "rel_l2", "value": 1.0,
+               "bound": 1.0, "passed": t not in failing} for t in tensors]
+    return make_record(case, verdict=verdict, reason="dk rel_l2 0.5 > bound 0.01" if failing
+                       else "", checks=checks, accuracy={"tensors": tensors}, env={})
 
 
 def _plain(i: int, backend: str, verdict: str = "pass", **fields) -> dict:
@@ -34,9 +47,10 @@ def _records(odd: bool = True) -> list[dict]:
     records += [_plain(60, "naive", "timed"), _plain(61, "sdpa", "unsupported")]
     records += [_plain(62 + i, "sdpa", "fail", heads_kv=(2, 4)[i % 2])  # sdpa fails on GQA
                 for i in range(6)]
-    records += gqa(range(8))
-    records += [case_record("pass", error=2e-3 * 2 ** i, seqlen=n, seed=9)  # a finding
-                for i, n in enumerate(LADDER)]
+    records += [_judged("fail" if h == 2 else "pass", ("dk", "dv") if h == 2 else (),
+                        heads_kv=h, seed=s) for h in (4, 2) for s in range(8)]
+    records += [_judged("pass", error=2e-3 * 2 ** i, seqlen=n, seed=9)  # a finding
+                for i, n in enumerate((512, 1024, 2048, 4096, 8192))]
     no_reason = _plain(70, "naive", "crash")
     del no_reason["reason"]
     null_label = {**_plain(71, "naive", "error"), "label": None}
