@@ -81,6 +81,8 @@ def test_show_holds_no_record(tmp_path, flags):
 
 def test_the_bound_catches_a_show_that_lists_the_records(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "stream_records", lambda run_dir: iter(load_records(run_dir)))
+    monkeypatch.setattr(cli, "stream_record_blocks",  # show's columns (results/columnar.py)
+                        lambda run_dir: iter(load_records(run_dir)))
     assert _growth_per_line(tmp_path) > 3 * BOUND_BYTES
 
 
