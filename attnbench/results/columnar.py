@@ -58,8 +58,10 @@ except ImportError:  # the per-line path alone
 BLOCK_BYTES = 4 << 20
 """Bytes read and parsed at a time: ~3,500 records of ~1.2 KB, ~10 MB of Arrow columns."""
 MISSES = 3
-"""Blocks in a row that cannot be columns before the rest of the journal is read line by line
-(a journal of records this schema does not cover costs three tries, not one a block)."""
+"""Blocks in a row that cannot be columns before only one block in :data:`RETRY` is tried
+(a journal of records this schema does not cover costs a parse every 16 blocks, not one a
+block; a journal clean again after a stretch that was not is read as columns again)."""
+RETRY = 16
 
 _CASE_TYPES = {"int": "int64", "float": "float64", "bool": "bool_", "str": "string"}
 CASE_COLUMNS = {f.name: _CASE_TYPES[f.type] for f in dataclasses.fields(Case)
@@ -176,7 +178,7 @@ def _read(path: Path, second: SecondPass, columns: bool) -> Iterator["dict | Rec
             if block:
                 count = block.count(b"\n")
                 table = _columns(block, count, number + 1, second) \
-                    if columns and misses < MISSES else None
+                    if columns and (misses < MISSES or misses % RETRY == 0) else None
                 misses = 0 if table is not None else misses + 1
                 if table is not None:
                     yield RecordBlock(table, number + 1)

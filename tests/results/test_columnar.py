@@ -207,3 +207,15 @@ def test_blocks_of_every_size_give_the_same_records(tmp_path, monkeypatch):
     for size in (1, 700, 1300, 5000, 1 << 20):
         monkeypatch.setattr(columnar, "BLOCK_BYTES", size)
         assert all(map(_same, _records(_items(path)), expected))
+
+
+def test_after_a_stretch_of_odd_blocks_columns_come_back(tmp_path, monkeypatch):
+    # Mutant: once MISSES blocks in a row fail, never trying again (a journal with a stretch
+    # of escaped texts read line by line to its end).
+    monkeypatch.setattr(columnar, "BLOCK_BYTES", 1)  # a line a block
+    monkeypatch.setattr(columnar, "RETRY", 4)
+    odd = [_edited(i, reason="a \\ b") for i in range(40, 46)]
+    path = _journal(tmp_path, odd + CLEAN)
+    items = _assert_same_outcome(path)
+    assert all(isinstance(i, dict) for i in items[:6])
+    assert sum(isinstance(i, RecordBlock) for i in items) >= len(CLEAN) - 4
