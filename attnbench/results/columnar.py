@@ -3,7 +3,8 @@
 :func:`last_record_blocks` yields what :func:`~attnbench.results.ledger.last_records` yields,
 but a block of ~4 MiB of clean lines comes as one :class:`RecordBlock` (an Arrow table, a row a
 record, in journal order) instead of ~3,500 dicts: pyarrow parses and types it in C
-(~10 us a record, not the ~30 of a parse and a check in Python; issue 44), and a reader
+(~16 us a record on a loaded box, the checks below ~7 more, where a parse and a check in
+Python cost ~30 and the dicts the rest; benchmarks/readers.md, issue 44), and a reader
 aggregates its columns. The journal stays the truth: nothing is kept of it.
 
 A block is taken as columns only where the per-line path would pass every line and read the
