@@ -26,7 +26,7 @@ from attnbench.resources import DISPATCHES
 from attnbench.results.outcome import nothing_ran
 from attnbench.results.records import NOT_RUN_VERDICTS, VERDICTS
 from attnbench.results.store import (RunStore, default_run_dir, latest_run_dir, load_manifest,
-                                     stream_records, sweep_case_ids)
+                                     stream_record_blocks, stream_records, sweep_case_ids)
 from attnbench.sweep.load import load_sweep, single_case_sweep
 from attnbench.validation import positive_int_argument
 
@@ -259,7 +259,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     recorded = RunSummary()
     ids, foreign = sweep_case_ids(manifest), set()  # the sweep's own cases, where cheap to know
     with SortedLines() as lines:  # --all: one line per case, sorted by label
-        for record in stream_records(run_dir):  # one pass; no record is held
+        # One pass; no record is held. A sweep small enough to know its cases (ids) is read
+        # a record at a time, counting only its own cases; a large one reads clean blocks of the
+        # journal as columns (issue 44: the summary of 10^6 records without 10^6 dicts).
+        blocks = not args.all and ids is None
+        for record in stream_record_blocks(run_dir) if blocks else stream_records(run_dir):
+            if not isinstance(record, dict):
+                from attnbench.report.show.columns import add_block
+                add_block(recorded, record)
+                continue
             if ids is not None and record["id"] not in ids:
                 foreign.add(record["id"])
                 continue

@@ -61,33 +61,56 @@ def last_records(path: Path | str) -> Iterator[dict]:
     not the one the first pass read (a record with two ids)."""
     path = Path(path)
     last, lines = _last_lines(path)
-    sent: set[str] = set()  # retried cases already yielded (at their first line)
-    fd = None
+    second = SecondPass(path, last, lines)
     try:
         for line in journal_lines(path):
-            if line.number > lines:
-                return
-            record = _checked_record(path, line)
+            record = second.take(line)
             if record is TORN:
                 return
-            if record is None:
-                continue
-            rid = record["id"]
-            seen = last.get(rid)
-            if isinstance(seen, int):  # its only record
-                if seen != line.number:
-                    raise _changed(path, line.number)
+            if record is not None:
                 yield record
-            elif seen is not None and rid not in sent:  # retried: its last record, here
-                sent.add(rid)
-                if fd is None:
-                    fd = open_journal(path)
-                yield _record_at(path, fd, rid, *seen)
-            elif seen is None:
-                raise _changed(path, line.number)
     finally:
-        if fd is not None:
-            os.close(fd)
+        second.close()
+
+
+class SecondPass:
+    """:func:`last_records`' second pass, a line at a time: what it yields at each line (also
+    for the lines :mod:`~attnbench.results.columnar` cannot take as columns, so a bad line
+    says what it says here). ``last`` and ``lines``: pass 1's (:func:`_last_lines`)."""
+
+    def __init__(self, path: Path, last: dict, lines: int):
+        self.path, self.last, self.lines = path, last, lines
+        self.sent: set[str] = set()  # retried cases already yielded (at their first line)
+        self._fd = None
+
+    def take(self, line: JournalLine):
+        """The record to yield at ``line``, None for none, :data:`TORN` where the pass ends (a
+        torn last line, or past the lines pass 1 read); a bad line raises :class:`RunDirError`."""
+        path = self.path
+        if line.number > self.lines:
+            return TORN
+        record = _checked_record(path, line)
+        if not isinstance(record, dict):
+            return record
+        rid = record["id"]
+        seen = self.last.get(rid)
+        if isinstance(seen, int):  # its only record
+            if seen != line.number:
+                raise _changed(path, line.number)
+            return record
+        if seen is not None and rid not in self.sent:  # retried: its last record, here
+            self.sent.add(rid)
+            if self._fd is None:
+                self._fd = open_journal(path)
+            return _record_at(path, self._fd, rid, *seen)
+        if seen is None:
+            raise _changed(path, line.number)
+        return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 _ID = re.compile(rb'\{[ \t\r\n]*"id"[ \t\r\n]*:[ \t\r\n]*"([\x20\x21\x23-\x5b\x5d-\x7e]{1,64})"'

@@ -106,6 +106,8 @@ NOT_RUN_VERDICTS = tuple(v for v in VERDICTS if v not in RAN_VERDICTS + DIED_VER
 """unsupported, skipped: the case never started (its backend refused it; no connected worker
 could run it). A run whose every case is one of these ran nothing (:mod:`~.outcome`)."""
 TENSORS = ("out", "dq", "dk", "dv")
+IDENTITIES = ("dv_v", "dq_q", "dk_sum")
+"""The reference-free identities a record's ``accuracy.identities`` names (DESIGN.md)."""
 CHECKS = ("reference", "baseline_ratio", "identity", "nonfinite", "determinism", "parity",
           "dropout", "dropout_independence", "ranks_mask_replay", "lse")
 """What a ``checks`` entry may be: an error against the fp64 reference held to an absolute

@@ -580,6 +580,19 @@ def stream_records(run_dir: Path | str) -> Iterator[dict]:
     yield from last_records(path)
 
 
+def stream_record_blocks(run_dir: Path | str) -> Iterator:
+    """:func:`stream_records`, but blocks of clean lines as Arrow columns where pyarrow is
+    installed (:func:`~attnbench.results.columnar.last_record_blocks`: records and
+    ``RecordBlock`` s, the same records in the same order)."""
+    from attnbench.results.columnar import last_record_blocks
+
+    path = Path(run_dir) / RECORDS
+    if not path.exists():
+        yield from stream_records(run_dir)  # its refusal, or nothing
+        return
+    yield from last_record_blocks(path)
+
+
 def records_frame(records: Iterable[dict]):
     """Records as a flat pandas DataFrame (columns like ``case.seqlen_q``,
     ``timing.fwd.tflops``)."""

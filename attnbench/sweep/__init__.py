@@ -16,8 +16,8 @@ from attnbench import package_face
 __all__, __getattr__ = package_face(__name__, {
     "capture_rules": ("CAPTURED", "resolve_capture"),
     "case": ("ATTENTION_KINDS", "CASE_FIELDS", "CP_ALGOS", "Case", "DRAWN_INPUTS", "MAX_CASES",
-             "PUBLIC_FIELDS", "RING_ALGOS", "attention_kind", "case_dict_passes", "case_fields",
-             "check_case_dict", "make_case"),
+             "MAX_RANKS", "PUBLIC_FIELDS", "RING_ALGOS", "attention_kind", "case_dict_passes",
+             "case_fields", "case_value_passes", "check_case_dict", "make_case"),
     "coverage": ("FEATURES", "Coverage", "excluded", "meaningful_pairs", "pair_coverage",
                  "values"),
     "flops": ("BACKWARD_FACTOR", "case_bytes", "case_flops", "decode_bytes", "visible_pairs"),

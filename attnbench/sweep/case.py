@@ -403,6 +403,28 @@ def case_dict_passes(data: Any) -> bool:
     return known and data.get("cp", 1) * data.get("tp", 1) <= MAX_RANKS
 
 
+def case_value_passes(name: str, value: Any) -> bool:
+    """Whether the rule of case field ``name`` passes ``value`` alone (looked up in
+    :data:`_PASSED`, else the rule asked and the answer remembered): what
+    :func:`check_case_dict` asks of each field but the lengths, for a column's distinct values
+    (:mod:`attnbench.results.columnar`). False for a field that is not a case field, a packed
+    length, or a value its rule refuses."""
+    rule = CASE_RULES.get(name)
+    if rule is None or name in _PACKED_FIELDS:
+        return False
+    try:
+        if (name, type(value), value) in _PASSED:
+            return True
+    except TypeError:  # unhashable: asked below
+        pass
+    try:
+        rule.check(f"case.{name}", value)
+    except SweepError:
+        return False
+    _remember(name, value)
+    return True
+
+
 PUBLIC_FIELDS = tuple(f for f in CASE_FIELDS
                       if f not in ("window_left", "window_right")) + SWEEP_ONLY_FIELDS
 """The fields a sweep names (``mask`` sets the window bounds; ``varlen`` expands into

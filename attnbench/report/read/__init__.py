@@ -19,7 +19,7 @@ __all__, __getattr__ = package_face(__name__, {
     "code_changes": ("backend_code", "backend_warnings", "options_warnings"),
     "doubt": ("FEW_SAMPLES", "timing_doubt", "why_ambiguous"),
     "environment": ("env_view", "representative", "run_warnings"),
-    "commonality": ("Commonality",),
+    "commonality": ("Commonality", "case_attention", "value_text"),
     "trends": ("GROWTH_BOUND", "LEVEL_BOUND", "NAIVE_EXCESS", "Point", "SLOPE_BOUND", "Series",
                "findings", "fit"),
 })

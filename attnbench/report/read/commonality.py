@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import json
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from attnbench.results.records import BAD_VERDICTS, TENSORS
 from attnbench.sweep.case import attention_kind
@@ -70,7 +70,7 @@ def tensor_of(name: Any) -> str:
     return head if head in TENSORS else name
 
 
-def _attention(case: dict) -> str:
+def case_attention(case: dict) -> str:
     """MHA, GQA or MQA from a stored case's heads ('' where they are not plain integers): a
     bug of the head groups fails GQA and MQA cases, which share no single heads_kv."""
     heads_q, heads_kv = case.get("heads_q"), case.get("heads_kv") or case.get("heads_q")
@@ -137,7 +137,7 @@ class _Backend:
     def add(self, case: dict, record: dict) -> None:
         self.cases += 1
         texts = {k: value_text(v) for k, v in case.items() if k != "backend"}
-        kind = _attention(case)
+        kind = case_attention(case)
         if kind:
             texts["attention"] = kind
         _count(self.values, texts)
@@ -289,6 +289,29 @@ class Commonality:
                 return
             tally = self._backends[backend] = _Backend()
         tally.add(case, record)
+
+    def has_room(self, backends: Iterable[str]) -> bool:
+        """Whether every one of ``backends`` is tallied, or can be (:data:`MAX_BACKENDS`): then
+        the order in which their records come does not choose which are."""
+        new = set(backends) - self._backends.keys()
+        return len(self._backends) + len(new) <= MAX_BACKENDS
+
+    def add_counts(self, backend: str, cases: int, texts: dict[str, dict[str, int]]) -> None:
+        """What :meth:`add` tallies of ``cases`` records of ``backend`` that are not failures,
+        in bulk: per case field (and ``attention``), how many have each value's text
+        (:func:`value_text`). The columns of a journal block (:mod:`attnbench.report.show.
+        columns`)."""
+        tally = self._backends.get(backend)
+        if tally is None:
+            if len(self._backends) >= MAX_BACKENDS:
+                return
+            tally = self._backends[backend] = _Backend()
+        tally.cases += cases
+        for name, counted in texts.items():
+            counts = tally.values.get(name, collections.Counter())
+            if counts is not _MANY:
+                counts.update(counted)
+                tally.values[name] = counts if len(counts) <= MAX_VALUES else _MANY
 
     def merge(self, other: "Commonality") -> None:
         """Add what ``other`` tallied of the records after these."""

@@ -38,9 +38,8 @@ from typing import Any, Iterable
 import pandas as pd
 
 from attnbench.errors import ReportError  # noqa: F401  (raised here, importers' name)
-from attnbench.results.records import TENSORS
+from attnbench.results.records import IDENTITIES, TENSORS  # IDENTITIES: its home is records
 
-IDENTITIES = ("dv_v", "dq_q", "dk_sum")
 # Heatmap columns besides the tensors: the identities, then CP/TP parity.
 CHECK_COLUMNS = IDENTITIES + ("parity",)
 from attnbench.sweep.case import CASE_FIELDS, attention_kind
