@@ -505,8 +505,7 @@ def _differences(old: dict, new: dict, prefix: str = "") -> list[str]:
 
 MAX_IDS_EXPANDED = 10_000
 """Cases of a sweep that ``status`` and ``show`` expand (from the manifest's copy of the sweep)
-to tell its own records from others (~140 us a case: 1.4 s at most); a larger sweep is
-counted by its records alone."""
+to tell its own records from others (~140 us a case: 1.4 s at most)."""
 
 
 def sweep_case_ids(manifest: dict) -> Optional[frozenset[str]]:
@@ -515,8 +514,8 @@ def sweep_case_ids(manifest: dict) -> Optional[frozenset[str]]:
     source that no longer parses, or other cases than the manifest counts: ``--case``)."""
     sweep = manifest.get("sweep") or {}
     source, cases, overrides = sweep.get("source"), sweep.get("cases"), sweep.get("overrides")
-    if not isinstance(source, str) or not isinstance(cases, int) \
-            or not 0 < cases <= MAX_IDS_EXPANDED:
+    if not (isinstance(source, str) and isinstance(cases, int)
+            and 0 < cases <= MAX_IDS_EXPANDED):
         return None
     try:
         ids = frozenset(c.id for c in parse_sweep(source, str(sweep.get("path") or "sweep"),
