@@ -3,9 +3,10 @@ and compare a kernel's error on them with the synthetic input kinds at the same 
 
 A 2-layer causal transformer (d_model 64, 4 heads of 16, 128 tokens, seed 0) learns an
 induction task (the second half of each sequence repeats the first: predict it) for
-:data:`STEPS` Adam steps, in well under a minute on one core. Its trained keys have the
-structure Gaussian inputs lack: every key row shares a large common direction (the mean key),
-so the rows are strongly correlated. One bf16 step is then captured (both layers, with dout).
+:data:`STEPS` Adam steps (loss 3.47 -> 0.20; about a minute of CPU). Its trained keys have
+structure Gaussian inputs lack -- the rows share a direction (mean cosine 0.12 in layer 0,
+about 0 for Gaussian keys) and layer 1's induction head attends sharply -- which is what an
+unsmoothed int8 K cannot carry. One bf16 step is then captured (both layers, with dout).
 
     python benchmarks/capture_example.py [--out DIR]     # writes DIR/captured_example.safetensors
     attnbench run sweeps/captured_example.yaml --out RUN  # from the repository root

@@ -4,8 +4,8 @@ Trained keys share a large common direction (the mean key over the sequence, cha
 large in every row); Gaussian keys do not. Quantizing K to int8 with a scale set by the largest
 magnitude spends the 8 bits on that shared part, which softmax ignores (a shift of all keys
 shifts each score row by a constant), and rounds away the differences between keys, which is
-all softmax sees. SageAttention (Zhang et al., ICLR 2025, arXiv:2410.02367, section 3.2,
-"smoothing K") subtracts the mean key before quantizing for this reason; this mutant skips it.
+all softmax sees. SageAttention (Zhang et al., ICLR 2025, arXiv:2410.02367, "smoothing K")
+subtracts the mean key before quantizing for this reason; this mutant skips it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def int8_per_channel(k: torch.Tensor) -> torch.Tensor:
 
 class KInt8Unsmoothed(NaiveBackend):
     """Extra -- K quantized to int8 per channel without subtracting the mean key first
-    (SageAttention's smoothing, arXiv:2410.02367 section 3.2). Within the bound on Gaussian
+    (SageAttention's smoothing, arXiv:2410.02367). Within the bound on Gaussian
     keys; on trained keys, whose rows share a large mean, the scores' differences are rounded
     away. Backward is naive's at the quantized K (a straight-through estimator, as quantized
     kernels use)."""
