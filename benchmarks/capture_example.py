@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         print(f"{call.meta['layer']}: mean cosine between key rows "
               f"{key_correlation(call.tensors['k']):.2f}")
     for backend, inputs, worst in margins(path):
-        print(f"{backend:28s} {inputs:44s} error/bound {worst:.3f}")
+        print(f"{backend:28s} {inputs:44s} worst value/bound {worst:.3f}")
     return 0
 
 
