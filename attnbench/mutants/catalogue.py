@@ -245,6 +245,10 @@ SEEDED_DROPOUT_CONTROL = "mutant.hidden_seed_dropout"
 """A correct kernel whose hidden mask is a function of the seed it is handed (a custom Triton
 kernel's): it must pass single-device, packed and CP/TP dropout cases alike."""
 CONTROLS = (CONTROL, FUSED_CONTROL, HIDDEN_DROPOUT_CONTROL, SEEDED_DROPOUT_CONTROL)
+CAPTURED_ONLY = {"mutant.k_int8_unsmoothed": f"{M}.quantized:KInt8Unsmoothed"}
+"""Mutants outside the selftest's catalogue: their bug shows only on captured activations (keys
+with real structure), which no shipped synthetic sweep holds; the capture example
+(``sweeps/captured_example.yaml``, docs/mutants.md) shows them caught."""
 LONG_SEQLEN = 1024
 """Cases with at least this many keys are "long": only ``long`` mutants take them over."""
 
@@ -252,7 +256,7 @@ BACKENDS: dict[str, str] = {CONTROL: f"{M}.base:RecomputingNaive",
                             FUSED_CONTROL: f"{M}.fused:FusedModel",
                             HIDDEN_DROPOUT_CONTROL: f"{M}.dropout:HiddenTorchRngDropout",
                             SEEDED_DROPOUT_CONTROL: f"{M}.dropout:HiddenSeedDropout",
-                            **{m.name: m.ref for m in CATALOGUE}}
+                            **CAPTURED_ONLY, **{m.name: m.ref for m in CATALOGUE}}
 
 
 def by_name(name: str) -> Mutant:

@@ -66,6 +66,7 @@ PINNED_DIGESTS = {
     "gpu_check_speed": "49746b2ce778", "kernel_cpu": "41f218ff6df4",
     "kernel_gpu": "bbe78090102e", "smoke": "56de263d2f2f", "standard": "4d0cc47902a6",
     "varlen": "551928ab5b12", "varlen_gpu": "6bc3147c25b6",
+    "captured_example": "c964f377e662",  # its ids hold the committed capture's sha256
 }
 
 

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Optional
 
 from attnbench.report.read.commonality import failed_tensors
 from attnbench.results.records import JUDGED_VERDICTS, TENSORS
+from attnbench.sweep.case import Case
 
 MIN_LENGTHS = 3
 """Distinct key lengths a series needs before a slope means anything."""
@@ -359,4 +360,6 @@ def _label(case: dict) -> str:
     extras = [f"{k}={case[k]}" for k in ("mask", "bias", "dropout", "softcap", "inputs", "cp",
                                          "tp") if case.get(k) not in (None, "none", 0, 0.0, 1,
                                                                       "normal")]
+    if case.get("captured"):  # two calls of one capture are two series: name the call
+        extras.append(Case.from_dict(case).captured_name)
     return " ".join(parts) + ratio + (" " + " ".join(extras) if extras else "")

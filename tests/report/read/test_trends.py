@@ -130,3 +130,16 @@ def test_a_series_that_fails_the_tensor_is_marked_and_the_panel_lists_no_finding
                                               "passed": False}])
     (trend,) = findings(other)  # dv failed, dq's growth is news
     assert not trend.series.failing and _finding(trend)
+
+
+def test_two_calls_of_one_capture_are_two_series_told_apart_by_their_call():
+    """Issue 42 item 4: a finding on a captured case names the call, not just inputs=captured
+    (before, the two calls' lines read the same)."""
+    calls = []
+    for call in (0, 1):
+        r = declared(128, 3.2e-3 * 3, 3.2e-3)
+        r["case"].update(inputs="captured", captured=f"/abs/acts.safetensors:{call}@{call}abc")
+        calls.append(r)
+    found = findings(calls)
+    assert [f.describe().split(": ")[0] for f in found] == [
+        f"k bf16 b1 h1/1 d64 inputs=captured acts.safetensors:{call}" for call in (0, 1)]
