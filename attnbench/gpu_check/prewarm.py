@@ -173,8 +173,12 @@ def _failed(variant: dict, job: int, returncode: int, scratch: Path) -> dict:
 def _say(result: dict) -> None:
     variant = result.get("variant")
     name = variant.get("name") or variant.get("label") if isinstance(variant, dict) else None
-    what = name or json.dumps(variant, default=str)[:120]
-    if result["status"] == "ok":
+    what = name or result.get("label") or json.dumps(variant, default=str)[:120]
+    if result["status"] == "ok" and "launched" in result:  # the rehearsal: nothing compiles
+        print(f"prewarm: {what}: {result['launched']} kernels launched in the interpreter "
+              f"({float(result.get('launch_s') or 0):.1f} s; {result['process_s']:.1f} s with "
+              "the process start)", flush=True)
+    elif result["status"] == "ok":
         seconds = float(result.get("seconds") or 0)
         print(f"prewarm: {what}: {result.get('kernels')} kernels, {seconds:.1f} s compiling "
               f"({result['process_s']:.1f} s with the process start)"
@@ -198,5 +202,10 @@ def compile_child(argv: list[str]) -> int:
                       "note": exception_summary(exc)[:300],
                       "output_tail": traceback.format_exc()[-2000:]}
         result.setdefault("variant", variant)
+        if callable(getattr(warm, "label", None)) and isinstance(variant, dict):
+            try:  # a short name for the step's output (the variant itself is a long dict)
+                result.setdefault("label", str(warm.label(variant))[:200])
+            except Exception:  # noqa: BLE001 - a name is a nicety, never a failure
+                pass
         Path(results_dir, f"{n}.json").write_text(json.dumps(result, default=str))
     return 0
