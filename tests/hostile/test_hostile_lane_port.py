@@ -29,7 +29,7 @@ from attnbench.results.records import make_record
 from attnbench.sweep.case import Case
 from cluster_rig import certificate, wait_for  # noqa: F401
 from lane_rig import (SEEDS, closed_by_driver, finish, key_of, lane_id, listening,  # noqa: F401
-                      raw, run, serves_a_genuine_lane, wait_refused)
+                      raw, run, serves_a_genuine_lane, serves_a_tls_lane, wait_refused)
 
 CAP = 4
 EXTRA = 6
@@ -97,14 +97,7 @@ def test_silent_connections_to_a_tls_port_count_against_its_cap(tmp_path, certif
         wait_for(lambda: _open_fds() <= before and not run.server.unproven, 2,
                  "the driver's side of connections the attacker closed")
 
-        from attnbench.dispatch.lane_wire import LaneChannel
-
-        context = Security(tls_ca_file=cert, tls_worker_cert=cert, tls_worker_key=key
-                           ).get_connection_args("worker")["ssl_context"]
-        channel = LaneChannel.open(run.address, run.tag, lane_id(run, 1), key_of(run, 1),
-                                   context, 10)
-        assert channel.ask({"done": None}, 10)["case"] is not None
-        channel.close()
+        serves_a_tls_lane(run, cert, key)
     finally:
         finish(run)
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"

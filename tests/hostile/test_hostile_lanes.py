@@ -37,7 +37,7 @@ from attnbench.sweep.case import Case
 from cluster_rig import certificate, wait_for  # noqa: F401
 from lane_rig import (SEEDS, authenticated, closed_by_driver, finish, genuine,  # noqa: F401
                       key_of, lane_id, listening, raw, read_frame, run, serves_a_genuine_lane,
-                      wait_refused)
+                      serves_a_tls_lane, wait_refused)
 
 
 class _Touch:
@@ -381,12 +381,7 @@ def test_tls_lanes_refuse_strangers_and_serve_a_lane_with_a_certificate(tmp_path
             channel = LaneChannel.open(run.address, run.tag, lane_id(run, 0), key_of(run, 0),
                                        anonymous, 10)
             channel.ask({"done": None}, 10)
-        worker = Security(tls_ca_file=cert, tls_worker_cert=cert, tls_worker_key=key)
-        context = worker.get_connection_args("worker")["ssl_context"]
-        channel = LaneChannel.open(run.address, run.tag, lane_id(run, 1), key_of(run, 1),
-                                   context, 10)
-        assert channel.ask({"done": None}, 10)["case"] is not None
-        channel.close()
+        serves_a_tls_lane(run, cert, key)
     finally:
         finish(run)
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"

@@ -143,5 +143,17 @@ def serves_a_genuine_lane(run: LaneRun, n: int = 1) -> None:
     channel.close()
 
 
+def serves_a_tls_lane(run: LaneRun, cert, key, n: int = 1) -> None:
+    """Lane n, with the worker's certificate, is still given a case over TLS."""
+    from distributed.security import Security
+
+    context = Security(tls_ca_file=cert, tls_worker_cert=cert, tls_worker_key=key
+                       ).get_connection_args("worker")["ssl_context"]
+    channel = LaneChannel.open(run.address, run.tag, lane_id(run, n), key_of(run, n), context,
+                               10)
+    assert channel.ask({"done": None}, 10)["case"] is not None
+    channel.close()
+
+
 def wait_refused(run: LaneRun, count: int) -> None:
     wait_for(lambda: run.server.refused >= count, 10, f"{count} refusals")
