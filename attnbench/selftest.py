@@ -42,7 +42,7 @@ from attnbench.mutants.catalogue import (CATALOGUE, CONTROL, FUSED_CONTROL,
                                         SEEDED_DROPOUT_CONTROL, Mutant, by_name)
 from attnbench.report.read.trends import LEVEL_BOUND, SLOPE_BOUND, findings, trends
 from attnbench.resources import ENV_DEVICE, ENV_THREADS
-from attnbench.results.records import BAD_VERDICTS, DIED_VERDICTS
+from attnbench.results.records import BAD_VERDICTS, DIED_VERDICTS, NOT_RUN_VERDICTS
 from attnbench.sweep.case import Case
 from attnbench.sweep.load import Sweep, load_sweep
 from attnbench.sweep.options import RunOptions, TimingOptions
@@ -281,7 +281,7 @@ def judge_mutant(mutant: Mutant, records: Sequence[dict]) -> MutantResult:
     everything = []
     for r in records:
         result.run += 1
-        if r["verdict"] in ("unsupported", "skipped"):
+        if r["verdict"] in NOT_RUN_VERDICTS:
             result.unsupported += 1
         found = evidence(r)
         if found is None:

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from attnbench.errors import ReportError
 from attnbench.errors import short_repr, shown_key
 from attnbench.report.read.data import CHECK_COLUMNS, DIRECTIONS, FILTER_COLUMNS
-from attnbench.results.records import TENSORS
+from attnbench.results.records import NOT_RUN_VERDICTS, TENSORS
 from attnbench.validation import load_yaml, read_input_file
 
 # kind -> {option: default}. The type of the default is the type an option must have
@@ -115,7 +115,7 @@ def default_dashboard() -> Dashboard:
     panels: list[dict[str, Any]] = [{"kind": k} for k in PANEL_KINDS]
     for p in panels:
         if p["kind"] == "accuracy_heatmap":
-            p["exclude"] = {"verdict": ["unsupported", "skipped"]}
+            p["exclude"] = {"verdict": list(NOT_RUN_VERDICTS)}
         if p["kind"] == "throughput":
             p["filter"] = {"world_size": 1}  # multi-rank cases have their own panel
             p["exclude"] = {"decode": [True]}  # memory-bound: GB/s in the decode panel
